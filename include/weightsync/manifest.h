@@ -1,0 +1,45 @@
+// Manifest: what one side holds — names, dtypes, shapes and byte sizes, in registration order.
+// Both sides build one at Register(); the plan matches them at the first update.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weightsync/dtype.h"
+#include "weightsync/status.h"
+#include "weightsync/tensor_view.h"
+
+namespace weightsync {
+
+// Limits every decoder and every Register() enforces (also documented in docs/wire_format.md).
+inline constexpr uint32_t kMaxTensors = 1u << 20;
+inline constexpr uint32_t kMaxNameBytes = 1024;
+inline constexpr uint32_t kMaxDims = 16;
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;  // derived from dtype and shape
+};
+
+class Manifest {
+ public:
+  // Validates names (non-empty, unique, ≤ kMaxNameBytes), dims (≤ kMaxDims, ≥ 0) and byte sizes
+  // (overflow-checked). One error lists every problem found.
+  static Result<Manifest> Build(std::vector<TensorSpec> specs);
+  static Result<Manifest> FromTensors(const std::vector<NamedTensor>& tensors);
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  size_t size() const { return tensors_.size(); }
+  uint64_t total_bytes() const { return total_bytes_; }
+  // Index of `name`, or -1.
+  int64_t Find(const std::string& name) const;
+
+ private:
+  std::vector<TensorSpec> tensors_;
+  uint64_t total_bytes_ = 0;
+};
+
+}  // namespace weightsync

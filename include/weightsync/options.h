@@ -1,0 +1,53 @@
+// Options for Publisher and Subscriber. Every field has a safe default; see docs/env_vars.md for
+// the environment knobs that override defaults.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace weightsync {
+
+// How a subscriber applies a version.
+enum class UpdateMode : uint8_t {
+  kStaged,   // receive into a shadow buffer, verify, then commit; old weights untouched on failure
+  kInPlace,  // write destinations directly (no extra memory); a failure marks weights invalid
+};
+
+// How the plan treats names present on one side only.
+enum class MatchPolicy : uint8_t {
+  kStrict,  // both sides must hold exactly the same names
+  kSubset,  // the subscriber may register a subset of the publisher's names
+};
+
+struct PublisherOptions {
+  // "local://NAME": a Unix socket, owner-only, in $WEIGHTSYNC_SOCKET_DIR or /tmp/weightsync-UID.
+  std::string endpoint;
+  // Versions held in the arena at once for registered (copied) tensors. Two lets a subscriber read
+  // version N while version N+1 is written.
+  int slots = 2;
+  // Largest contiguous byte range covered by one digest.
+  uint64_t segment_bytes = 8ull << 20;
+  // Threads used by Publish() to copy and hash; 0 picks min(4, hardware threads).
+  int copy_threads = 0;
+  // Accepted connections at once; further ones are refused with a logged reason.
+  int max_connections = 64;
+  // Deadline for a Publish() that must wait for readers to release a slot, and for any single
+  // control-frame read or write on a connection.
+  std::chrono::milliseconds timeout{10000};
+};
+
+struct SubscriberOptions {
+  std::string endpoint;  // same form as PublisherOptions::endpoint
+  UpdateMode mode = UpdateMode::kStaged;
+  MatchPolicy policy = MatchPolicy::kStrict;
+  // Deadline for each update, end to end, including connecting and preparing.
+  std::chrono::milliseconds timeout{10000};
+  // Threads copying bytes; 0 picks min(4, hardware threads).
+  int copy_threads = 0;
+  // Verify every segment against the publisher's xxHash3 digest before committing (per update
+  // overridable).
+  bool verify = false;
+};
+
+}  // namespace weightsync

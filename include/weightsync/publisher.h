@@ -1,0 +1,60 @@
+// A Publisher makes versions of named CPU tensors available to Subscribers on the same host.
+//
+// Two ways to hand over tensors:
+//  * Register(): the tensors stay in caller memory; Publish(step) copies them into a shared-memory
+//    slot, so the trainer may change them as soon as Publish returns.
+//  * Allocate(): the tensor lives in the shared-memory arena itself; Publish(step) copies nothing.
+//    Call BeginWrite() before changing allocated tensors: it waits until no subscriber is reading
+//    them, and makes the previous version unavailable until the next Publish.
+// All registration (Register/Allocate) happens before the first Publish.
+//
+// Thread safety: Publish/BeginWrite/Close are serialized internally; connection handling runs on
+// the publisher's own threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "weightsync/manifest.h"
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "weightsync/tensor_view.h"
+
+namespace weightsync {
+
+struct PublishStats {
+  int64_t step = -1;
+  uint64_t bytes_copied = 0;  // 0 for arena-allocated tensors
+  double seconds = 0;
+  double gbps = 0;
+};
+
+class Publisher {
+ public:
+  // Binds the endpoint and starts serving. Fails with AlreadyExists if a live publisher serves it.
+  static Result<std::unique_ptr<Publisher>> Create(const PublisherOptions& options);
+  ~Publisher();  // Close(), logging any failure
+
+  Status Register(const std::vector<NamedTensor>& tensors);
+  // Returns a view into the arena, zero-filled. Valid until Close().
+  Result<TensorView> Allocate(const std::string& name, DType dtype,
+                              const std::vector<int64_t>& shape);
+  Status BeginWrite();
+  // Makes `step` the latest version. Steps must increase.
+  Result<PublishStats> Publish(int64_t step);
+  int64_t latest_step() const;  // -1 before the first Publish
+  const Manifest& manifest() const;
+  // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
+  Status Close();
+
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+  struct Impl;
+
+ private:
+  explicit Publisher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weightsync

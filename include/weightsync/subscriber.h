@@ -1,0 +1,54 @@
+// A Subscriber applies published weight versions into tensors the caller owns.
+//
+// Ownership: never owns caller memory; it writes it. Call Sleep() (or Close()) before freeing it.
+// Lifecycle: the first Update() prepares a transfer handle (connection, mapping, plan, staging);
+// later updates reuse it. A failed update destroys it; the next update prepares a new one.
+// Thread safety: one Update() at a time; a concurrent call returns Busy. Close() may be called
+// from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "weightsync/tensor_view.h"
+#include "weightsync/update_stats.h"
+
+namespace weightsync {
+
+struct UpdateOptions {
+  std::optional<int64_t> step;  // nullopt: the latest published step
+  std::optional<bool> verify;   // nullopt: SubscriberOptions::verify
+};
+
+class Subscriber {
+ public:
+  // Cheap: validates options; connects lazily at the first Update().
+  static Result<std::unique_ptr<Subscriber>> Create(const SubscriberOptions& options);
+  ~Subscriber();
+
+  // Registers destination tensors (before the first update, or after Sleep()).
+  Status Register(const std::vector<NamedTensor>& tensors);
+  Result<UpdateStats> Update(const UpdateOptions& options = {});
+  Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{step, std::nullopt}); }
+  // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.
+  Status Sleep();
+  Status Close();
+
+  int64_t committed_step() const;  // -1 before the first successful update
+  // False after a failed in_place update, until the next successful one.
+  bool weights_valid() const;
+
+  Subscriber(const Subscriber&) = delete;
+  Subscriber& operator=(const Subscriber&) = delete;
+  struct Impl;
+
+ private:
+  explicit Subscriber(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weightsync

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages weightsync builds with, only those missing (fast when all present).
+set -euo pipefail
+pkgs=(cmake make g++ pkg-config googletest libgtest-dev libbenchmark-dev libxxhash-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,421 @@
+#include "weightsync/publisher.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "plan/plan.h"
+#include "transport/endpoint.h"
+#include "transport/shm/arena.h"
+#include "transport/shm/shm_server.h"
+#include "util/deadline.h"
+#include "util/fail_point.h"
+#include "util/hash.h"
+#include "util/logging.h"
+#include "util/worker_pool.h"
+#include "wire/messages.h"
+
+namespace weightsync {
+
+using transport::shm::Arena;
+using transport::shm::ShmServer;
+using util::Deadline;
+
+namespace {
+// Address space reserved for arena-allocated tensors and slots; only what is used is committed.
+constexpr uint64_t kDefaultReserve = 1ull << 40;
+constexpr auto kWaitSlice = std::chrono::milliseconds(50);
+}  // namespace
+
+struct Publisher::Impl final : transport::shm::VersionSource {
+  PublisherOptions options;
+  transport::Endpoint endpoint;
+  std::unique_ptr<Arena> arena;
+  std::unique_ptr<ShmServer> server;
+  std::unique_ptr<util::WorkerPool> workers;
+
+  // Registration (before the first Publish), in manifest order.
+  struct Source {
+    const uint8_t* data = nullptr;  // caller memory (registered) or nullptr (allocated)
+  };
+  std::vector<TensorSpec> specs;
+  std::vector<wire::TensorPlacement> placements;
+  std::vector<Source> sources;
+  uint64_t slot_used = 0;
+  Manifest manifest;
+
+  // One unit of Publish() work: copy (registered tensors) then hash one segment.
+  struct Task {
+    const uint8_t* src = nullptr;  // null: hash in place (allocated tensor)
+    uint64_t arena_offset = 0;     // direct tensors: from arena start; slot tensors: from slot
+    bool in_slot = false;
+    uint64_t bytes = 0;
+    uint32_t digest = 0;
+  };
+  std::vector<Task> tasks;
+  wire::Welcome welcome;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  struct Version {
+    int64_t step = -1;  // -1: holds no available version
+    int readers = 0;
+    bool writing = false;
+    std::vector<uint64_t> digests;
+  };
+  std::vector<Version> versions;  // guarded by mu
+  int latest = -1;                // guarded by mu
+  int64_t latest_step = -1;       // guarded by mu
+  bool direct_writing = false;    // guarded by mu
+  bool closed = false;            // guarded by mu
+  bool frozen = false;            // guarded by mu
+  std::mutex publish_mu;          // serializes Publish/BeginWrite/Close
+
+  struct PublishJob {
+    Impl* self;
+    uint32_t version;
+  };
+  static void RunTask(void* context, uint32_t index) {
+    auto* job = static_cast<PublishJob*>(context);
+    Impl* self = job->self;
+    const Task& t = self->tasks[index];
+    uint8_t* dst = t.in_slot ? self->arena->slot(job->version) + t.arena_offset
+                             : self->arena->base() + t.arena_offset;
+    if (t.src != nullptr) std::memcpy(dst, t.src, t.bytes);
+    uint64_t digest = util::Hash64(dst, t.bytes);
+    if (util::FailPoints::Check("publisher.corrupt_after_digest").action ==
+        util::FailAction::kFlip) {
+      dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
+    }
+    self->versions[job->version].digests[t.digest] = digest;
+  }
+
+  Status Freeze();
+  Result<std::pair<const wire::Welcome*, int>> WaitLayout(
+      const Deadline& deadline, const std::function<bool()>& give_up) override;
+  Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
+                                  const std::function<bool()>& give_up) override;
+  void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) override;
+  bool has_direct() const { return arena && arena->direct_bytes() > 0; }
+};
+
+Publisher::Publisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Publisher::~Publisher() {
+  if (impl_) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "publisher") << "cleanup: " << s;
+  }
+}
+
+Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& options) {
+  WS_RETURN_IF_ERROR(util::FailPoints::LoadFromEnv());
+  if (options.slots < 1 || options.slots > static_cast<int>(wire::kMaxSlots)) {
+    return Status::InvalidArgument("PublisherOptions.slots = ", options.slots,
+                                   ": must be 1..", wire::kMaxSlots);
+  }
+  if (options.segment_bytes == 0) {
+    return Status::InvalidArgument("PublisherOptions.segment_bytes must be > 0");
+  }
+  if (options.max_connections < 1) {
+    return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
+  WS_ASSIGN_OR_RETURN(impl->arena, Arena::Create(impl->endpoint.name, kDefaultReserve));
+  transport::shm::ServerOptions server_options{options.max_connections, options.timeout};
+  WS_ASSIGN_OR_RETURN(impl->server, ShmServer::Start(impl->endpoint, server_options, impl.get()));
+  return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
+}
+
+Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
+  Impl& d = *impl_;
+  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return Status::FailedPrecondition("publisher is closed");
+    if (d.frozen) return Status::FailedPrecondition("Register() after the first Publish()");
+  }
+  std::vector<TensorSpec> all = d.specs;
+  for (const auto& t : tensors) {
+    all.push_back({t.name, t.view.dtype, t.view.shape, 0});
+    if (t.view.data == nullptr) {
+      WS_ASSIGN_OR_RETURN(uint64_t n, t.view.NumBytes());
+      if (n > 0) return Status::InvalidArgument("tensor '", t.name, "': null data pointer");
+    }
+  }
+  // Validates the whole set (duplicates against earlier registrations included).
+  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::Build(all));
+  for (size_t i = d.specs.size(); i < all.size(); ++i) {
+    const TensorSpec& spec = m.tensors()[i];
+    d.slot_used = (d.slot_used + 63) / 64 * 64;
+    d.placements.push_back({spec, wire::Region::kSlot, d.slot_used});
+    d.sources.push_back({static_cast<const uint8_t*>(tensors[i - d.specs.size()].view.data)});
+    d.slot_used += spec.nbytes;
+  }
+  d.specs = m.tensors();
+  d.manifest = std::move(m);
+  return Status::Ok();
+}
+
+Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
+                                       const std::vector<int64_t>& shape) {
+  Impl& d = *impl_;
+  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return Status::FailedPrecondition("publisher is closed");
+    if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
+  }
+  std::vector<TensorSpec> all = d.specs;
+  all.push_back({name, dtype, shape, 0});
+  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::Build(all));
+  const TensorSpec& spec = m.tensors().back();
+  WS_ASSIGN_OR_RETURN(uint64_t offset, d.arena->AllocateDirect(spec.nbytes));
+  d.placements.push_back({spec, wire::Region::kDirect, offset});
+  d.sources.push_back({nullptr});
+  d.specs = m.tensors();
+  d.manifest = std::move(m);
+  return TensorView{d.arena->base() + offset, dtype, shape};
+}
+
+Status Publisher::Impl::Freeze() {
+  WS_RETURN_IF_ERROR(arena->Freeze(slot_used, static_cast<uint32_t>(options.slots)));
+  welcome.session_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  welcome.arena_bytes = arena->arena_bytes();
+  welcome.direct_offset = 0;
+  welcome.direct_bytes = arena->direct_bytes();
+  welcome.slots_offset = arena->slots_offset();
+  welcome.slot_bytes = arena->slot_bytes();
+  welcome.slot_count = static_cast<uint32_t>(options.slots);
+  welcome.segment_bytes = options.segment_bytes;
+  welcome.tensors = placements;
+
+  uint32_t digest = 0;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const auto& p = placements[i];
+    for (uint64_t off = 0; off < p.spec.nbytes; off += options.segment_bytes) {
+      Task t;
+      t.bytes = std::min(options.segment_bytes, p.spec.nbytes - off);
+      t.in_slot = p.region == wire::Region::kSlot;
+      t.arena_offset = p.offset + off;
+      t.src = sources[i].data != nullptr ? sources[i].data + off : nullptr;
+      t.digest = digest++;
+      tasks.push_back(t);
+    }
+  }
+  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
+  versions.resize(options.slots);
+  for (auto& v : versions) v.digests.assign(digest, 0);
+  int threads = options.copy_threads > 0 ? options.copy_threads : util::DefaultThreads();
+  workers = std::make_unique<util::WorkerPool>(threads);
+  WS_LOG(INFO, "publisher") << "local://" << endpoint.name << " prepared: " << placements.size()
+                            << " tensors, " << manifest.total_bytes() << " bytes ("
+                            << arena->direct_bytes() << " arena-allocated), " << options.slots
+                            << " slots of " << arena->slot_bytes() << " bytes, " << tasks.size()
+                            << " segments, " << workers->size() << " threads";
+  return Status::Ok();
+}
+
+Status Publisher::BeginWrite() {
+  Impl& d = *impl_;
+  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  std::unique_lock<std::mutex> lock(d.mu);
+  if (d.closed) return Status::FailedPrecondition("publisher is closed");
+  if (!d.frozen) return Status::Ok();  // nothing published yet: nobody can be reading
+  d.direct_writing = true;
+  Deadline deadline(d.options.timeout);
+  while (true) {
+    int readers = 0;
+    for (const auto& v : d.versions) readers += v.readers;
+    if (readers == 0) break;
+    if (deadline.expired()) {
+      d.direct_writing = false;
+      d.cv.notify_all();
+      return Status::Timeout("BeginWrite: ", readers, " subscriber(s) still reading after ",
+                             d.options.timeout.count(), " ms");
+    }
+    d.cv.wait_for(lock, kWaitSlice);
+  }
+  // The allocated tensors are about to change: no held version describes them any more.
+  if (d.has_direct()) {
+    for (auto& v : d.versions) v.step = -1;
+  }
+  return Status::Ok();
+}
+
+Result<PublishStats> Publisher::Publish(int64_t step) {
+  Impl& d = *impl_;
+  auto start = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  uint32_t k = 0;
+  {
+    std::unique_lock<std::mutex> lock(d.mu);
+    if (d.closed) return Status::FailedPrecondition("publisher is closed");
+    if (step < 0) return Status::InvalidArgument("step ", step, " is negative");
+    if (step <= d.latest_step) {
+      return Status::InvalidArgument("steps must increase: step ", step, " after step ",
+                                     d.latest_step);
+    }
+    if (d.placements.empty()) {
+      return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
+    }
+    if (!d.frozen) {
+      WS_RETURN_IF_ERROR(d.Freeze());
+      d.frozen = true;
+    }
+    // A slot nobody reads and that is not the latest (unless it is the only slot).
+    Deadline deadline(d.options.timeout);
+    int chosen = -1;
+    while (true) {
+      for (int i = 0; i < static_cast<int>(d.versions.size()); ++i) {
+        if ((i != d.latest || d.versions.size() == 1) && d.versions[i].readers == 0) {
+          chosen = i;
+          break;
+        }
+      }
+      if (chosen >= 0) break;
+      if (deadline.expired()) {
+        return Status::Timeout("Publish(", step, "): every slot is still being read after ",
+                               d.options.timeout.count(), " ms");
+      }
+      d.cv.wait_for(lock, kWaitSlice);
+    }
+    k = static_cast<uint32_t>(chosen);
+    d.versions[k].step = -1;
+    d.versions[k].writing = true;
+    if (d.latest == chosen) d.latest = -1;
+  }
+  Impl::PublishJob job{&d, k};
+  d.workers->Run(static_cast<uint32_t>(d.tasks.size()), &Impl::RunTask, &job);
+  PublishStats stats;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.versions[k].writing = false;
+    d.versions[k].step = step;
+    if (d.has_direct()) {
+      // Allocated tensors are shared by every slot: older versions no longer match them.
+      for (uint32_t i = 0; i < d.versions.size(); ++i) {
+        if (i != k) d.versions[i].step = -1;
+      }
+    }
+    d.latest = static_cast<int>(k);
+    d.latest_step = step;
+    d.direct_writing = false;
+  }
+  d.cv.notify_all();
+  stats.step = step;
+  stats.bytes_copied = d.slot_used;
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
+  return stats;
+}
+
+Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
+    const Deadline& deadline, const std::function<bool()>& give_up) {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!frozen) {
+    if (closed) return Status::Unavailable("publisher closed");
+    if (give_up()) return Status::PeerLost("subscriber left before the first publish");
+    if (deadline.expired()) {
+      return Status::Timeout("no version published within ", options.timeout.count(), " ms");
+    }
+    cv.wait_for(lock, kWaitSlice);
+  }
+  if (closed) return Status::Unavailable("publisher closed");
+  return std::make_pair(static_cast<const wire::Welcome*>(&welcome), arena->fd());
+}
+
+Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
+                                                 const Deadline& deadline,
+                                                 const std::function<bool()>& give_up) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (request.step >= 0 && request.step <= request.after_step) {
+    return Status::FailedPrecondition("step ", request.step,
+                                      " is not newer than the subscriber's committed step ",
+                                      request.after_step, " (stale)");
+  }
+  while (true) {
+    if (closed) return Status::Unavailable("publisher closed");
+    if (!direct_writing && latest >= 0) {
+      int target = -1;
+      if (request.step < 0) {
+        if (latest_step == request.after_step) return wire::StepBegin{latest_step, wire::kNoSlot};
+        if (latest_step < request.after_step) {
+          return Status::FailedPrecondition("subscriber has step ", request.after_step,
+                                            " but the publisher's latest is ", latest_step);
+        }
+        target = latest;
+      } else {
+        for (int i = 0; i < static_cast<int>(versions.size()); ++i) {
+          if (versions[i].step == request.step) target = i;
+        }
+        if (target < 0 && request.step < latest_step) {
+          return Status::NotFound("step ", request.step, " is no longer held (latest is ",
+                                  latest_step, ")");
+        }
+      }
+      if (target >= 0) {
+        ++versions[target].readers;
+        return wire::StepBegin{versions[target].step, static_cast<uint32_t>(target)};
+      }
+    }
+    if (give_up()) return Status::PeerLost("subscriber left while waiting for a step");
+    if (deadline.expired()) {
+      return Status::Timeout("step ", request.step < 0 ? std::string("latest")
+                                                       : std::to_string(request.step),
+                             " not available within ", options.timeout.count(),
+                             " ms (latest is ", latest_step, ")");
+    }
+    cv.wait_for(lock, kWaitSlice);
+  }
+}
+
+void Publisher::Impl::Unpin(const wire::StepBegin& begin, wire::StepEnd* end) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Version& v = versions[begin.slot];
+    end->step = begin.step;
+    end->digests.assign(v.digests.begin(), v.digests.end());
+    --v.readers;
+  }
+  cv.notify_all();
+}
+
+int64_t Publisher::latest_step() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->latest_step;
+}
+
+const Manifest& Publisher::manifest() const { return impl_->manifest; }
+
+Status Publisher::Close() {
+  Impl& d = *impl_;
+  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return Status::Ok();
+    d.closed = true;
+  }
+  d.cv.notify_all();
+  Status result;
+  // Reverse order of creation: server (connections), workers, arena.
+  if (d.server) {
+    if (Status s = d.server->Close(); !s.ok()) {
+      WS_LOG(WARN, "publisher") << "release: server: " << s;
+      result.Update(s);
+    }
+    d.server.reset();
+  }
+  d.workers.reset();
+  if (d.arena) {
+    if (Status s = d.arena->Close(); !s.ok()) result.Update(s);  // logged by the arena
+    d.arena.reset();
+  }
+  return result;
+}
+
+}  // namespace weightsync

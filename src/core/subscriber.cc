@@ -1,0 +1,280 @@
+#include "weightsync/subscriber.h"
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "plan/plan.h"
+#include "transport/endpoint.h"
+#include "transport/transport.h"
+#include "util/deadline.h"
+#include "util/fail_point.h"
+#include "util/hash.h"
+#include "util/logging.h"
+#include "util/staging_buffer.h"
+#include "util/worker_pool.h"
+
+namespace weightsync {
+
+using util::Deadline;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
+}  // namespace
+
+struct Subscriber::Impl {
+  SubscriberOptions options;
+  transport::Endpoint endpoint;
+  std::vector<plan::Destination> destinations;
+
+  // The transfer handle and the staging it uses; created together, released together.
+  std::unique_ptr<transport::TransferHandle> handle;
+  util::StagingBuffer shadow;
+
+  std::mutex update_mu;  // one update at a time; held for the whole update
+  int64_t committed = -1;
+  bool valid = true;
+  bool closed = false;
+  uint64_t prepare_count = 0;
+
+  // Per-update scratch for parallel verify/commit (no allocation per step).
+  std::span<const uint64_t> digests;
+  uint8_t* received = nullptr;  // shadow (staged) or null (in place: destinations)
+  std::atomic<uint32_t> first_mismatch{kNoMismatch};
+
+  Status ReleaseHandle(std::string_view why);
+  Status Prepare(const Deadline& deadline);
+  uint8_t* ReceivedBytes(const plan::Segment& s) const {
+    return received != nullptr ? received + s.shadow_offset
+                               : destinations[s.destination].data + s.dst_offset;
+  }
+  static void VerifySegment(void* context, uint32_t index);
+  static void CommitSegment(void* context, uint32_t index);
+  Status DescribeMismatch(int64_t step) const;
+};
+
+Subscriber::Subscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Subscriber::~Subscriber() {
+  if (impl_) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "subscriber") << "cleanup: " << s;
+  }
+}
+
+Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& options) {
+  WS_RETURN_IF_ERROR(util::FailPoints::LoadFromEnv());
+  if (options.timeout.count() <= 0) {
+    return Status::InvalidArgument("SubscriberOptions.timeout must be > 0 ms");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
+  return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
+}
+
+Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
+  Impl& d = *impl_;
+  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::Busy("Register() during an update");
+  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
+  if (d.handle) {
+    return Status::FailedPrecondition(
+        "Register() while prepared: call Sleep() first so no mapping points at old memory");
+  }
+  std::vector<NamedTensor> all;
+  for (const auto& dst : d.destinations) {
+    all.push_back({dst.spec.name, TensorView{dst.data, dst.spec.dtype, dst.spec.shape}});
+  }
+  all.insert(all.end(), tensors.begin(), tensors.end());
+  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::FromTensors(all));
+  std::vector<plan::Destination> dests;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const TensorSpec& spec = m.tensors()[i];
+    if (all[i].view.data == nullptr && spec.nbytes > 0) {
+      return Status::InvalidArgument("tensor '", spec.name, "': null data pointer");
+    }
+    dests.push_back({spec, static_cast<uint8_t*>(all[i].view.data)});
+  }
+  d.destinations = std::move(dests);
+  return Status::Ok();
+}
+
+Status Subscriber::Impl::ReleaseHandle(std::string_view why) {
+  Status result;
+  if (handle) {
+    result.Update(handle->Release());
+    handle.reset();
+  }
+  result.Update(shadow.Close());
+  if (!result.ok()) {
+    WS_LOG(WARN, "subscriber") << "releasing the transfer handle (" << why << "): " << result;
+  }
+  return result;
+}
+
+Status Subscriber::Impl::Prepare(const Deadline& deadline) {
+  WS_ASSIGN_OR_RETURN(handle, transport::NewTransferHandle(endpoint, options));
+  WS_RETURN_IF_ERROR(handle->Prepare(destinations, options.policy, deadline));
+  if (options.mode == UpdateMode::kStaged) {
+    WS_ASSIGN_OR_RETURN(shadow, util::StagingBuffer::Allocate(handle->plan().shadow_bytes));
+  }
+  ++prepare_count;
+  return Status::Ok();
+}
+
+void Subscriber::Impl::VerifySegment(void* context, uint32_t index) {
+  auto* self = static_cast<Impl*>(context);
+  const plan::Segment& s = self->handle->plan().segments[index];
+  if (util::Hash64(self->ReceivedBytes(s), s.bytes) != self->digests[s.digest_index]) {
+    uint32_t expected = kNoMismatch;
+    // Keep the lowest failing segment so the error is deterministic.
+    while (index < expected &&
+           !self->first_mismatch.compare_exchange_weak(expected, index,
+                                                       std::memory_order_relaxed)) {
+    }
+  }
+}
+
+void Subscriber::Impl::CommitSegment(void* context, uint32_t index) {
+  auto* self = static_cast<Impl*>(context);
+  const plan::Segment& s = self->handle->plan().segments[index];
+  std::memcpy(self->destinations[s.destination].data + s.dst_offset,
+              self->shadow.data() + s.shadow_offset, s.bytes);
+}
+
+Status Subscriber::Impl::DescribeMismatch(int64_t step) const {
+  const plan::Plan& p = handle->plan();
+  uint32_t bad = first_mismatch.load(std::memory_order_relaxed);
+  size_t count = 0;
+  for (const auto& s : p.segments) {
+    count += util::Hash64(ReceivedBytes(s), s.bytes) != digests[s.digest_index];
+  }
+  const plan::Segment& s = p.segments[bad];
+  const TensorSpec& spec = destinations[s.destination].spec;
+  return Status::Corruption("step ", step, ": tensor '", spec.name, "' bytes [", s.dst_offset,
+                            ", ", s.dst_offset + s.bytes, ") (segment ", s.digest_index,
+                            ") do not match the publisher's digest; ", count,
+                            " corrupt segment(s) in all; nothing committed");
+}
+
+Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
+  Impl& d = *impl_;
+  auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::Busy("another update is in flight on this subscriber");
+  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
+  if (d.destinations.empty()) {
+    return Status::FailedPrecondition("Update() before Register(): no destination tensors");
+  }
+  if (update.step && *update.step <= d.committed) {
+    return Status::FailedPrecondition("step ", *update.step,
+                                      " is not newer than the committed step ", d.committed,
+                                      " (steps only move forward)");
+  }
+  const bool verify = update.verify.value_or(d.options.verify);
+  Deadline deadline(d.options.timeout);
+  UpdateStats stats;
+  std::string step_text = update.step ? std::to_string(*update.step) : std::string("latest");
+  bool touched_destinations = false;
+
+  // Any failure from here on destroys the handle; the next update prepares a new one.
+  auto fail = [&](const Status& s) -> Status {
+    if (touched_destinations) d.valid = false;
+    (void)d.ReleaseHandle("update failed");
+    Status out = s.WithContext("update to step " + step_text + " from " + d.options.endpoint);
+    if (touched_destinations) {
+      out = Status(out.code(), out.message() + " (in_place: weights are now marked invalid)");
+    }
+    return out;
+  };
+
+  if (!d.handle) {
+    Status s = d.Prepare(deadline);
+    if (!s.ok()) return fail(s.WithContext("prepare"));
+    stats.handle_created = true;
+    stats.prepare_seconds = Seconds(t0, Clock::now());
+  }
+  stats.prepare_count = d.prepare_count;
+  const plan::Plan& plan = d.handle->plan();
+
+  auto t_wait = Clock::now();
+  Result<int64_t> step = d.handle->BeginStep(update.step, d.committed, deadline);
+  if (!step.ok()) return fail(step.status());
+  auto t_copy = Clock::now();
+  stats.wait_seconds = Seconds(t_wait, t_copy);
+  stats.step = *step;
+  step_text = std::to_string(*step);
+  if (*step == d.committed) {
+    stats.up_to_date = true;
+    stats.seconds = Seconds(t0, Clock::now());
+    return stats;
+  }
+
+  const bool staged = d.options.mode == UpdateMode::kStaged;
+  d.received = staged ? d.shadow.data() : nullptr;
+  touched_destinations = !staged;
+  Status s = d.handle->CopyStep(d.received, deadline);
+  if (!s.ok()) return fail(s);
+  if (util::FailPoints::Check("subscriber.flip_received").action == util::FailAction::kFlip &&
+      !plan.segments.empty()) {
+    const plan::Segment& seg = plan.segments[plan.segments.size() / 2];
+    d.ReceivedBytes(seg)[seg.bytes / 2] ^= 0x04;  // a single bit, as a bad DIMM would
+  }
+  Result<std::span<const uint64_t>> digests = d.handle->EndStep(deadline);
+  if (!digests.ok()) return fail(digests.status());
+  auto t_verify = Clock::now();
+  stats.copy_seconds = Seconds(t_copy, t_verify);
+
+  if (verify) {
+    d.digests = *digests;
+    d.first_mismatch.store(kNoMismatch, std::memory_order_relaxed);
+    d.handle->workers()->Run(static_cast<uint32_t>(plan.segments.size()), &Impl::VerifySegment,
+                             &d);
+    if (d.first_mismatch.load(std::memory_order_relaxed) != kNoMismatch) {
+      return fail(d.DescribeMismatch(*step));
+    }
+    stats.verified = true;
+  }
+  auto t_commit = Clock::now();
+  stats.verify_seconds = verify ? Seconds(t_verify, t_commit) : 0;
+  if (staged) {
+    d.handle->workers()->Run(static_cast<uint32_t>(plan.segments.size()), &Impl::CommitSegment,
+                             &d);
+  }
+  auto t_end = Clock::now();
+  stats.commit_seconds = staged ? Seconds(t_commit, t_end) : 0;
+  d.committed = *step;
+  d.valid = true;
+  stats.bytes = plan.total_bytes;
+  stats.tensors = plan.tensors.size();
+  stats.seconds = Seconds(t0, t_end);
+  stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
+  return stats;
+}
+
+Status Subscriber::Sleep() {
+  Impl& d = *impl_;
+  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
+  return d.ReleaseHandle("sleep");
+}
+
+Status Subscriber::Close() {
+  Impl& d = *impl_;
+  // Waits for an update in flight (bounded by its deadline) rather than pulling memory from
+  // under it.
+  std::lock_guard<std::mutex> lock(d.update_mu);
+  if (d.closed) return Status::Ok();
+  d.closed = true;
+  return d.ReleaseHandle("close");
+}
+
+int64_t Subscriber::committed_step() const { return impl_->committed; }
+bool Subscriber::weights_valid() const { return impl_->valid; }
+
+}  // namespace weightsync

@@ -1,0 +1,319 @@
+// Plan construction. Everything here runs once per transfer handle; the hot path only walks the
+// arrays produced here, so this file favours clear, exhaustive checks over speed.
+//
+// The Welcome comes from another process. Every offset the plan emits is later used for a raw
+// memcpy out of the mapped arena, so ValidateLayout proves each byte range lies inside the arena
+// with overflow-checked arithmetic before any of those offsets are trusted.
+
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "weightsync/dtype.h"
+#include "weightsync/tensor_view.h"
+
+namespace weightsync::plan {
+namespace {
+
+// Shadow-buffer start alignment of every planned tensor: one cache line, so that copy workers
+// filling neighbouring tensors never share a line, and vectorised copies start aligned.
+constexpr uint64_t kShadowAlignment = 64;
+
+// Mismatch lines listed in one error; a wholly different pair of models would otherwise produce a
+// message of thousands of lines that nobody reads.
+constexpr size_t kMaxListedMismatches = 100;
+
+const char* RegionName(wire::Region region) {
+  switch (region) {
+    case wire::Region::kDirect:
+      return "direct";
+    case wire::Region::kSlot:
+      return "slot";
+  }
+  return "unknown";
+}
+
+// Checks that [offset, offset + size) lies inside [0, limit). `what` names the range in errors,
+// e.g. "direct region".
+Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_t limit,
+                  std::string_view limit_name) {
+  uint64_t end = 0;
+  if (__builtin_add_overflow(offset, size, &end)) {
+    return Status::ProtocolError("welcome: ", what, " offset ", offset, " + size ", size,
+                                 " overflows uint64");
+  }
+  if (end > limit) {
+    return Status::ProtocolError("welcome: ", what, " [", offset, ", ", end, ") exceeds ",
+                                 limit_name, " ", limit);
+  }
+  return Status::Ok();
+}
+
+// Collects mismatch lines, keeping the first kMaxListedMismatches but counting all of them.
+class MismatchList {
+ public:
+  template <typename... Args>
+  void Add(Args&&... args) {
+    ++count_;
+    if (count_ > kMaxListedMismatches) return;
+    std::ostringstream line;
+    (line << ... << args);
+    lines_.push_back(line.str());
+  }
+
+  bool empty() const { return count_ == 0; }
+
+  Status ToStatus() const {
+    std::ostringstream os;
+    os << "plan: " << count_ << (count_ == 1 ? " mismatch" : " mismatches")
+       << " between publisher and subscriber manifests:";
+    for (const std::string& line : lines_) os << "\n  " << line;
+    if (count_ > lines_.size()) os << "\n  ... and " << (count_ - lines_.size()) << " more";
+    return Status::InvalidArgument(os.str());
+  }
+
+ private:
+  size_t count_ = 0;
+  std::vector<std::string> lines_;
+};
+
+// Cuts every planned tensor into segments of at most `segment_bytes`. `digest_base[i]` is the
+// first digest index of publisher tensor i.
+void CutSegments(const wire::Welcome& welcome, const std::vector<uint32_t>& digest_base,
+                 Plan* plan) {
+  for (PlannedTensor& t : plan->tensors) {
+    const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
+    t.first_segment = static_cast<uint32_t>(plan->segments.size());
+    uint32_t digest = digest_base[t.publisher_index];
+    // offset + nbytes was proven not to overflow, so neither can any partial sum below.
+    for (uint64_t done = 0; done < t.nbytes; done += welcome.segment_bytes) {
+      Segment s;
+      s.region = p.region;
+      s.src_offset = p.offset + done;
+      s.destination = t.destination;
+      s.dst_offset = done;
+      s.shadow_offset = t.shadow_offset + done;
+      s.bytes = std::min(welcome.segment_bytes, t.nbytes - done);
+      s.digest_index = digest++;
+      plan->segments.push_back(s);
+    }
+    t.segment_count = static_cast<uint32_t>(plan->segments.size()) - t.first_segment;
+  }
+}
+
+// Groups consecutive segments (across tensor boundaries, so runs of small tensors such as biases
+// and norms share a bucket) until the next segment would push a bucket past `bucket_bytes`.
+void GroupBuckets(uint64_t bucket_bytes, Plan* plan) {
+  Bucket current;
+  for (uint32_t i = 0; i < plan->segments.size(); ++i) {
+    const uint64_t bytes = plan->segments[i].bytes;
+    uint64_t grown = 0;
+    const bool too_big =
+        __builtin_add_overflow(current.bytes, bytes, &grown) || grown > bucket_bytes;
+    if (current.segment_count > 0 && too_big) {
+      plan->buckets.push_back(current);
+      current = Bucket{};
+    }
+    if (current.segment_count == 0) current.first_segment = i;
+    ++current.segment_count;
+    current.bytes += bytes;  // cannot overflow: a fresh bucket, or `grown` was computed cleanly
+  }
+  if (current.segment_count > 0) plan->buckets.push_back(current);
+}
+
+}  // namespace
+
+Status ValidateLayout(const wire::Welcome& welcome) {
+  if (welcome.segment_bytes == 0) {
+    return Status::ProtocolError("welcome: segment_bytes is 0; must be > 0");
+  }
+  if (welcome.tensors.size() > kMaxTensors) {
+    return Status::ProtocolError("welcome: ", welcome.tensors.size(), " tensors exceed the limit ",
+                                 kMaxTensors);
+  }
+  if (welcome.slot_count > wire::kMaxSlots) {
+    return Status::ProtocolError("welcome: slot_count ", welcome.slot_count, " exceeds the limit ",
+                                 wire::kMaxSlots);
+  }
+  // Empty regions are never read, so a publisher without one may leave its offset at any value.
+  if (welcome.direct_bytes > 0) {
+    WS_RETURN_IF_ERROR(CheckRange("direct region", welcome.direct_offset, welcome.direct_bytes,
+                                  welcome.arena_bytes, "arena size"));
+  }
+  if (welcome.slot_count > 0 && welcome.slot_bytes > 0) {
+    uint64_t all_slots = 0;
+    if (__builtin_mul_overflow(welcome.slot_bytes, uint64_t{welcome.slot_count}, &all_slots)) {
+      return Status::ProtocolError("welcome: slot_bytes ", welcome.slot_bytes, " * slot_count ",
+                                   welcome.slot_count, " overflows uint64");
+    }
+    WS_RETURN_IF_ERROR(CheckRange("slots region", welcome.slots_offset, all_slots,
+                                  welcome.arena_bytes, "arena size"));
+  }
+
+  // Names must be unique: the plan matches by name, and a duplicate would make the match depend
+  // on which copy happened to be found.
+  std::unordered_map<std::string_view, size_t> seen;
+  seen.reserve(welcome.tensors.size());
+  uint64_t digests = 0;
+  for (size_t i = 0; i < welcome.tensors.size(); ++i) {
+    const wire::TensorPlacement& p = welcome.tensors[i];
+    const std::string& name = p.spec.name;
+    if (auto [it, inserted] = seen.emplace(name, i); !inserted) {
+      return Status::ProtocolError("welcome: tensor '", name, "' appears twice (indices ",
+                                   it->second, " and ", i, ")");
+    }
+    uint64_t region_bytes = 0;
+    switch (p.region) {
+      case wire::Region::kDirect:
+        region_bytes = welcome.direct_bytes;
+        break;
+      case wire::Region::kSlot:
+        if (welcome.slot_count == 0) {
+          return Status::ProtocolError("welcome: tensor '", name,
+                                       "' is in a slot but slot_count is 0");
+        }
+        region_bytes = welcome.slot_bytes;
+        break;
+      default:
+        return Status::ProtocolError("welcome: tensor '", name, "' region ",
+                                     static_cast<unsigned>(p.region), " is unknown");
+    }
+    uint64_t end = 0;
+    if (__builtin_add_overflow(p.offset, p.spec.nbytes, &end)) {
+      return Status::ProtocolError("welcome: tensor '", name, "' ", RegionName(p.region),
+                                   " offset ", p.offset, " + nbytes ", p.spec.nbytes,
+                                   " overflows uint64");
+    }
+    if (end > region_bytes) {
+      return Status::ProtocolError("welcome: tensor '", name, "' ", RegionName(p.region),
+                                   " range [", p.offset, ", ", end, ") exceeds ",
+                                   RegionName(p.region), " size ", region_bytes);
+    }
+    // StepEnd carries at most kMaxDigests digests and the plan indexes them with uint32, so a
+    // layout needing more can never be served. A hostile nbytes can make one term near 2^64.
+    if (__builtin_add_overflow(digests, SegmentCount(p.spec.nbytes, welcome.segment_bytes),
+                               &digests) ||
+        digests > wire::kMaxDigests) {
+      return Status::ProtocolError("welcome: tensors up to '", name,
+                                   "' need more digest segments of ", welcome.segment_bytes,
+                                   " bytes than the limit ", wire::kMaxDigests);
+    }
+  }
+  return Status::Ok();
+}
+
+uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes) {
+  // segment_bytes == 0 is rejected by ValidateLayout; answering 0 keeps a misuse from trapping.
+  if (segment_bytes == 0) return 0;
+  // Written without nbytes + segment_bytes - 1, which overflows near 2^64.
+  return nbytes / segment_bytes + (nbytes % segment_bytes != 0 ? 1 : 0);
+}
+
+Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destination>& destinations,
+                       MatchPolicy policy, uint64_t bucket_bytes) {
+  // Checked again although it is a documented precondition: the offsets below feed raw copies,
+  // and re-validating once per handle costs microseconds.
+  WS_RETURN_IF_ERROR(ValidateLayout(welcome));
+  if (destinations.size() > kMaxTensors) {
+    return Status::InvalidArgument("plan: ", destinations.size(), " destinations exceed the limit ",
+                                   kMaxTensors);
+  }
+
+  MismatchList mismatches;
+  // Name → first destination with that name. Duplicates are reported in subscriber order below.
+  std::unordered_map<std::string_view, uint32_t> by_name;
+  by_name.reserve(destinations.size());
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    by_name.emplace(destinations[d].spec.name, d);
+  }
+
+  Plan plan;
+  std::vector<bool> matched(destinations.size(), false);
+  // Digest indices run over every publisher tensor, matched or not: the publisher hashes all of
+  // them and StepEnd carries them in its manifest order.
+  std::vector<uint32_t> digest_base(welcome.tensors.size());
+  uint64_t digest_count = 0;
+  uint64_t shadow_end = 0;
+  uint64_t segment_count = 0;
+  for (uint32_t i = 0; i < welcome.tensors.size(); ++i) {
+    const wire::TensorPlacement& p = welcome.tensors[i];
+    const TensorSpec& src = p.spec;
+    digest_base[i] = static_cast<uint32_t>(digest_count);  // ≤ kMaxDigests, checked by layout
+    digest_count += SegmentCount(src.nbytes, welcome.segment_bytes);
+
+    auto it = by_name.find(src.name);
+    if (it == by_name.end()) {
+      if (policy == MatchPolicy::kStrict) {
+        mismatches.Add("tensor '", src.name,
+                       "': published but not registered by subscriber (strict policy)");
+      }
+      continue;
+    }
+    const uint32_t d = it->second;
+    const TensorSpec& dst = destinations[d].spec;
+    matched[d] = true;
+    bool same = true;
+    if (src.dtype != dst.dtype) {
+      mismatches.Add("tensor '", src.name, "': dtype mismatch: publisher ", DTypeName(src.dtype),
+                     ", subscriber ", DTypeName(dst.dtype));
+      same = false;
+    }
+    if (src.shape != dst.shape) {
+      mismatches.Add("tensor '", src.name, "': shape mismatch: publisher ", ShapeString(src.shape),
+                     ", subscriber ", ShapeString(dst.shape));
+      same = false;
+    }
+    // Same dtype and shape imply the same size unless one side computed nbytes wrongly; the
+    // copy trusts both sizes, so a disagreement must stop here rather than overrun a buffer.
+    if (same && src.nbytes != dst.nbytes) {
+      mismatches.Add("tensor '", src.name, "': byte size mismatch: publisher ", src.nbytes,
+                     ", subscriber ", dst.nbytes);
+    }
+
+    PlannedTensor t;
+    t.publisher_index = i;
+    t.destination = d;
+    t.nbytes = src.nbytes;
+    // Round shadow_end up to kShadowAlignment, then reserve nbytes, both overflow-checked: the
+    // Welcome may place many large direct tensors over the same bytes.
+    uint64_t aligned = 0;
+    if (__builtin_add_overflow(shadow_end, kShadowAlignment - 1, &aligned) ||
+        __builtin_add_overflow(aligned & ~(kShadowAlignment - 1), src.nbytes, &shadow_end) ||
+        __builtin_add_overflow(plan.total_bytes, src.nbytes, &plan.total_bytes)) {
+      return Status::ProtocolError("plan: matched tensors up to '", src.name,
+                                   "' total more than 2^64 bytes");
+    }
+    t.shadow_offset = aligned & ~(kShadowAlignment - 1);
+    segment_count += SegmentCount(src.nbytes, welcome.segment_bytes);
+    if (p.region == wire::Region::kSlot) plan.uses_slots = true;
+    if (p.region == wire::Region::kDirect) plan.uses_direct = true;
+    plan.tensors.push_back(t);
+  }
+
+  // Subscriber-side problems, in subscriber order.
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (matched[d]) continue;
+    const std::string& name = destinations[d].spec.name;
+    const uint32_t first = by_name.at(name);
+    if (first != d) {
+      mismatches.Add("tensor '", name, "': registered twice by subscriber (destinations ", first,
+                     " and ", d, ")");
+    } else {
+      mismatches.Add("tensor '", name, "': registered by subscriber but not published");
+    }
+  }
+  if (!mismatches.empty()) return mismatches.ToStatus();
+
+  plan.digest_count = static_cast<uint32_t>(digest_count);
+  plan.shadow_bytes = shadow_end;
+  plan.segments.reserve(segment_count);
+  CutSegments(welcome, digest_base, &plan);
+  GroupBuckets(bucket_bytes, &plan);
+  return plan;
+}
+
+}  // namespace weightsync::plan

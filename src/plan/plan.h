@@ -1,0 +1,77 @@
+// The static plan: which publisher bytes go to which destination bytes, cut into digest segments
+// and grouped into buckets (the unit of parallel copy work). Built once per transfer handle; the
+// hot path only walks its arrays.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weightsync/manifest.h"
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::plan {
+
+// One registered destination tensor on the subscriber side.
+struct Destination {
+  TensorSpec spec;
+  uint8_t* data = nullptr;
+};
+
+// A contiguous byte range of one tensor, ≤ segment_bytes, covered by one publisher digest.
+struct Segment {
+  wire::Region region = wire::Region::kSlot;
+  uint64_t src_offset = 0;     // from the region's base (direct region or the version's slot)
+  uint32_t destination = 0;    // index into the destinations passed to BuildPlan
+  uint64_t dst_offset = 0;     // byte offset inside that destination tensor
+  uint64_t shadow_offset = 0;  // byte offset inside the staged shadow buffer
+  uint64_t bytes = 0;
+  uint32_t digest_index = 0;   // index into StepEnd::digests
+};
+
+// Consecutive segments copied by one worker in one go.
+struct Bucket {
+  uint32_t first_segment = 0;
+  uint32_t segment_count = 0;
+  uint64_t bytes = 0;
+};
+
+struct PlannedTensor {
+  uint32_t publisher_index = 0;  // index into Welcome::tensors
+  uint32_t destination = 0;      // index into destinations
+  uint64_t nbytes = 0;
+  uint64_t shadow_offset = 0;
+  uint32_t first_segment = 0;
+  uint32_t segment_count = 0;
+};
+
+struct Plan {
+  std::vector<PlannedTensor> tensors;  // in publisher manifest order
+  std::vector<Segment> segments;       // in publisher manifest order
+  std::vector<Bucket> buckets;
+  uint64_t total_bytes = 0;            // bytes moved per step
+  uint64_t shadow_bytes = 0;           // staged shadow buffer size (tensors 64-byte aligned)
+  uint32_t digest_count = 0;           // digests the publisher sends per step (all its tensors)
+  bool uses_slots = false;             // some planned tensor lives in a slot
+  bool uses_direct = false;            // some planned tensor lives in the direct region
+};
+
+// Checks a Welcome against itself: regions inside the arena, every placement inside its region,
+// segment_bytes > 0, slot_count ≥ 1 when any tensor is in a slot. ProtocolError names the tensor,
+// the field and both values.
+Status ValidateLayout(const wire::Welcome& welcome);
+
+// Number of segments of a tensor of `nbytes` (0 for an empty tensor).
+uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes);
+
+// Matches the publisher's placements with the subscriber's destinations. InvalidArgument lists
+// every mismatch, one per line: missing on either side (subset policy allows publisher extras),
+// dtype, shape. Requires ValidateLayout(welcome) to have passed.
+// Buckets hold consecutive segments totalling about `bucket_bytes` (a single larger segment forms
+// its own bucket).
+Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destination>& destinations,
+                       MatchPolicy policy, uint64_t bucket_bytes);
+
+}  // namespace weightsync::plan

@@ -1,0 +1,132 @@
+#include "transport/shm/arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "util/fail_point.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::shm {
+
+using util::LedgerAdd;
+using util::LedgerItem;
+
+namespace {
+constexpr uint64_t kPage = 4096;
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+Result<std::unique_ptr<Arena>> Arena::Create(const std::string& name, uint64_t reserve_bytes) {
+  std::unique_ptr<Arena> a(new Arena());
+  a->name_ = name;
+  int fd = ::memfd_create(("weightsync:" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::FromErrno(errno, "memfd_create for arena '" + name + "'");
+  a->fd_ = util::UniqueFd(fd);
+  LedgerAdd(LedgerItem::kSegments, 1);
+  a->reserved_ = RoundUp(reserve_bytes, kPage);
+  void* p = ::mmap(nullptr, a->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (p == MAP_FAILED) {
+    return Status::FromErrno(errno, "reserving " + std::to_string(a->reserved_) +
+                                        " bytes of address space for arena '" + name + "'");
+  }
+  a->base_ = static_cast<uint8_t*>(p);
+  LedgerAdd(LedgerItem::kMappings, 1);
+  return a;
+}
+
+Arena::~Arena() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "shm") << "arena cleanup: " << s;
+}
+
+Status Arena::GrowTo(uint64_t bytes) {
+  bytes = RoundUp(bytes, kPage);
+  if (bytes <= mapped_) return Status::Ok();
+  if (bytes > reserved_) {
+    return Status::ResourceExhausted("arena '", name_, "' needs ", bytes,
+                                     " bytes, more than the ", reserved_,
+                                     " reserved (PublisherOptions / WEIGHTSYNC_ARENA_RESERVE)");
+  }
+  if (::ftruncate(fd_.get(), static_cast<off_t>(bytes)) != 0) {
+    return Status::FromErrno(errno, "growing arena '" + name_ + "' to " + std::to_string(bytes));
+  }
+  // Commit the pages now: a full /dev/shm fails here with a clear error, not as SIGBUS later.
+  int err = ::posix_fallocate(fd_.get(), static_cast<off_t>(mapped_),
+                              static_cast<off_t>(bytes - mapped_));
+  if (err != 0) {
+    return Status::FromErrno(err, "allocating " + std::to_string(bytes - mapped_) +
+                                      " bytes of shared memory for arena '" + name_ + "'");
+  }
+  void* p = ::mmap(base_ + mapped_, bytes - mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                   fd_.get(), static_cast<off_t>(mapped_));
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "mapping arena '" + name_ + "'");
+  LedgerAdd(LedgerItem::kMappedBytes, static_cast<int64_t>(bytes - mapped_));
+  mapped_ = bytes;
+  return Status::Ok();
+}
+
+Result<uint64_t> Arena::AllocateDirect(uint64_t bytes) {
+  if (frozen_) {
+    return Status::FailedPrecondition("arena '", name_, "': allocation after the first publish");
+  }
+  uint64_t offset = RoundUp(direct_used_, 64);
+  uint64_t end;
+  if (__builtin_add_overflow(offset, bytes, &end)) {
+    return Status::InvalidArgument("arena allocation of ", bytes, " bytes overflows");
+  }
+  WS_RETURN_IF_ERROR(GrowTo(end));
+  direct_used_ = end;
+  return offset;
+}
+
+Status Arena::Freeze(uint64_t slot_bytes, uint32_t slot_count) {
+  slots_offset_ = RoundUp(direct_used_, kPage);
+  slot_bytes_ = RoundUp(slot_bytes, kPage);
+  uint64_t total;
+  if (__builtin_mul_overflow(slot_bytes_, uint64_t{slot_count}, &total) ||
+      __builtin_add_overflow(total, slots_offset_, &total)) {
+    return Status::InvalidArgument("arena '", name_, "' size overflows");
+  }
+  WS_RETURN_IF_ERROR(GrowTo(total));
+  if (::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::FromErrno(errno, "sealing arena '" + name_ + "'");
+  }
+  frozen_ = true;
+  return Status::Ok();
+}
+
+Status Arena::Close() {
+  Status result;
+  if (base_ != nullptr) {
+    int rc = ::munmap(base_, reserved_);
+    int err = errno;
+    if (util::FailPoints::Check("shm.arena_munmap").action == util::FailAction::kError) {
+      rc = -1;
+      err = EINVAL;
+    }
+    base_ = nullptr;
+    LedgerAdd(LedgerItem::kMappings, -1);
+    LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(mapped_));
+    mapped_ = 0;
+    if (rc != 0) {
+      LedgerAdd(LedgerItem::kReleaseFailures, 1);
+      Status s = Status::FromErrno(err, "munmap arena '" + name_ + "'");
+      WS_LOG(WARN, "shm") << "release: " << s;
+      result.Update(s);
+    }
+  }
+  if (fd_.valid()) {
+    LedgerAdd(LedgerItem::kSegments, -1);
+    if (Status s = fd_.Close(); !s.ok()) {
+      WS_LOG(WARN, "shm") << "release: arena '" << name_ << "' fd: " << s;
+      result.Update(s);
+    }
+  }
+  return result;
+}
+
+}  // namespace weightsync::transport::shm

@@ -1,0 +1,244 @@
+#include "transport/shm/shm_handle.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "transport/shm/shm_segment.h"
+#include "util/fail_point.h"
+#include "util/hash.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+#include "util/worker_pool.h"
+#include "wire/channel.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::shm {
+namespace {
+
+using util::Deadline;
+using util::LedgerAdd;
+using util::LedgerItem;
+
+class ShmHandle final : public TransferHandle {
+ public:
+  ShmHandle(Endpoint endpoint, SubscriberOptions options)
+      : endpoint_(std::move(endpoint)), options_(std::move(options)) {}
+  ~ShmHandle() override {
+    if (Status s = Release(); !s.ok()) WS_LOG(WARN, "shm") << "handle cleanup: " << s;
+  }
+
+  std::string_view transport_name() const override { return "shm"; }
+  const plan::Plan& plan() const override { return plan_; }
+  util::WorkerPool* workers() override { return workers_.get(); }
+
+  Status Prepare(const std::vector<plan::Destination>& destinations, MatchPolicy policy,
+                 const Deadline& deadline) override;
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
+                            const Deadline& deadline) override;
+  Status CopyStep(uint8_t* shadow, const Deadline& deadline) override;
+  Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
+  Status Release() override;
+
+ private:
+  struct CopyJob {
+    ShmHandle* self;
+    uint8_t* shadow;
+  };
+  static void CopyBucket(void* context, uint32_t bucket);
+
+  Endpoint endpoint_;
+  SubscriberOptions options_;
+  std::string peer_;
+  // Created in this order by Prepare, released in reverse by Release.
+  std::unique_ptr<wire::Channel> channel_;
+  Mapping mapping_;
+  std::unique_ptr<util::WorkerPool> workers_;
+  bool counted_ = false;  // ledger "handles"
+
+  wire::Welcome welcome_;
+  plan::Plan plan_;
+  std::vector<uint8_t*> destination_data_;
+  wire::StepBegin begin_;
+  wire::StepEnd end_;
+  int64_t after_step_ = -1;
+};
+
+Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
+                          MatchPolicy policy, const Deadline& deadline) {
+  peer_ = "publisher local://" + endpoint_.name;
+  counted_ = true;
+  LedgerAdd(LedgerItem::kHandles, 1);
+  WS_FAIL_POINT_RETURN("shm.prepare");
+
+  WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ConnectUnix(endpoint_.socket_path, deadline));
+  channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_);
+  LedgerAdd(LedgerItem::kConnections, 1);
+
+  wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
+                    static_cast<uint32_t>(::getpid())};
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
+  util::UniqueFd arena_fd;
+  WS_RETURN_IF_ERROR(
+      channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline, &arena_fd));
+  if (!arena_fd.valid()) {
+    return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
+  }
+  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  WS_RETURN_IF_ERROR(CheckImportedSegment(arena_fd.get(), welcome_.arena_bytes).WithContext(peer_));
+  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, policy,
+                                             /*bucket_bytes=*/4ull << 20));
+  WS_ASSIGN_OR_RETURN(mapping_, Mapping::Map(arena_fd.get(), welcome_.arena_bytes,
+                                             /*writable=*/false, "arena of " + peer_));
+  // The mapping keeps the memory alive; the fd is no longer needed.
+  WS_RETURN_IF_ERROR(arena_fd.Close());
+
+  destination_data_.clear();
+  for (const auto& d : destinations) destination_data_.push_back(d.data);
+  int threads = options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
+  threads = std::min<int>(threads, std::max<size_t>(plan_.buckets.size(), 1));
+  workers_ = std::make_unique<util::WorkerPool>(threads);
+  end_.digests.reserve(plan_.digest_count);
+
+  WS_LOG(INFO, "shm") << "prepared handle for " << peer_ << ": " << plan_.tensors.size()
+                      << " tensors, " << plan_.total_bytes << " bytes, " << plan_.buckets.size()
+                      << " buckets, " << plan_.segments.size() << " segments, "
+                      << welcome_.slot_count << " slots mapped (" << welcome_.arena_bytes
+                      << " bytes), " << workers_->size() << " copy threads";
+  return Status::Ok();
+}
+
+Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
+                                     const Deadline& deadline) {
+  wire::UpdateRequest req{step.value_or(-1), after_step};
+  after_step_ = after_step;
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kUpdateRequest, req, deadline));
+  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepBegin, &begin_, deadline));
+  if (begin_.step == after_step) return begin_.step;  // up to date; publisher pinned nothing
+  if (begin_.step < after_step || (step && begin_.step != *step)) {
+    return Status::ProtocolError(peer_, ": asked for step ",
+                                 step ? std::to_string(*step) : std::string("latest"),
+                                 " after ", after_step, ", publisher offered step ", begin_.step);
+  }
+  if (plan_.uses_slots && begin_.slot >= welcome_.slot_count) {
+    return Status::ProtocolError(peer_, ": step ", begin_.step, " in slot ", begin_.slot,
+                                 " but the arena has ", welcome_.slot_count, " slots");
+  }
+  return begin_.step;
+}
+
+void ShmHandle::CopyBucket(void* context, uint32_t bucket) {
+  auto* job = static_cast<CopyJob*>(context);
+  ShmHandle* self = job->self;
+  const plan::Bucket& b = self->plan_.buckets[bucket];
+  const uint8_t* arena = self->mapping_.data();
+  const uint64_t slot_base =
+      self->welcome_.slots_offset + uint64_t{self->begin_.slot} * self->welcome_.slot_bytes;
+  for (uint32_t i = 0; i < b.segment_count; ++i) {
+    const plan::Segment& s = self->plan_.segments[b.first_segment + i];
+    const uint8_t* src = arena + s.src_offset +
+                         (s.region == wire::Region::kSlot ? slot_base : self->welcome_.direct_offset);
+    uint8_t* dst = job->shadow != nullptr ? job->shadow + s.shadow_offset
+                                          : self->destination_data_[s.destination] + s.dst_offset;
+    std::memcpy(dst, src, s.bytes);
+  }
+}
+
+Status ShmHandle::CopyStep(uint8_t* shadow, const Deadline& deadline) {
+  CopyJob job{this, shadow};
+  workers_->Run(static_cast<uint32_t>(plan_.buckets.size()), &ShmHandle::CopyBucket, &job);
+  // Bytes in shared memory cannot be "lost"; a publisher that died or was stopped meanwhile is
+  // caught by EndStep, which needs its confirmation before anything is committed.
+  if (util::FailPoints::Check("shm.after_copy").action == util::FailAction::kError) {
+    return Status::Internal("injected failure at fail point 'shm.after_copy'");
+  }
+  if (deadline.expired()) {
+    return Status::Timeout(peer_, ": copy of step ", begin_.step, " did not finish in time");
+  }
+  return Status::Ok();
+}
+
+Result<std::span<const uint64_t>> ShmHandle::EndStep(const Deadline& deadline) {
+  WS_RETURN_IF_ERROR(
+      channel_->Send(wire::FrameType::kCopyDone, wire::CopyDone{begin_.step}, deadline));
+  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepEnd, &end_, deadline));
+  if (end_.step != begin_.step) {
+    return Status::ProtocolError(peer_, ": step end for step ", end_.step, ", expected ",
+                                 begin_.step);
+  }
+  if (end_.digests.size() != plan_.digest_count) {
+    return Status::ProtocolError(peer_, ": step ", end_.step, " carries ", end_.digests.size(),
+                                 " digests, the plan needs ", plan_.digest_count);
+  }
+  return std::span<const uint64_t>(end_.digests);
+}
+
+Status ShmHandle::Release() {
+  Status result;
+  // Reverse order of creation: workers, mapping, connection.
+  if (workers_) workers_.reset();
+  if (Status s = mapping_.Close(); !s.ok()) {
+    WS_LOG(WARN, "shm") << "release: " << s;
+    result.Update(s);
+  }
+  if (channel_) {
+    if (Status s = channel_->Close(); !s.ok()) {
+      WS_LOG(WARN, "shm") << "release: connection to " << peer_ << ": " << s;
+      result.Update(s);
+    }
+    channel_.reset();
+    LedgerAdd(LedgerItem::kConnections, -1);
+  }
+  if (counted_) {
+    counted_ = false;
+    LedgerAdd(LedgerItem::kHandles, -1);
+  }
+  return result;
+}
+
+}  // namespace
+
+Result<util::UniqueFd> ConnectUnix(const std::string& path, const util::Deadline& deadline) {
+  int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (raw < 0) return Status::FromErrno(errno, "socket");
+  util::UniqueFd fd(raw);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  // A listening publisher accepts at once; retry briefly while it starts (ENOENT/ECONNREFUSED).
+  while (true) {
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    int err = errno;
+    if (err == EINTR) continue;
+    if ((err == ENOENT || err == ECONNREFUSED) && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (err == ENOENT || err == ECONNREFUSED) {
+      return Status::NotFound("no publisher is serving '", path, "' (", std::strerror(err), ")");
+    }
+    return Status::FromErrno(err, "connect '" + path + "'");
+  }
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return Status::FromErrno(errno, "SO_PEERCRED on '" + path + "'");
+  }
+  if (cred.uid != ::getuid()) {
+    return Status::Unauthenticated("'", path, "' is served by uid ", cred.uid,
+                                   ", not by this user (uid ", ::getuid(), ")");
+  }
+  return fd;
+}
+
+std::unique_ptr<TransferHandle> NewShmHandle(const Endpoint& endpoint,
+                                             const SubscriberOptions& options) {
+  return std::make_unique<ShmHandle>(endpoint, options);
+}
+
+}  // namespace weightsync::transport::shm

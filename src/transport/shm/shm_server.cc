@@ -1,0 +1,244 @@
+#include "transport/shm/shm_server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "transport/shm/shm_handle.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+#include "wire/channel.h"
+
+namespace weightsync::transport::shm {
+namespace {
+
+using util::Deadline;
+using util::LedgerAdd;
+using util::LedgerItem;
+
+constexpr int kPollSliceMs = 50;
+
+// True when a live process accepts on `path`.
+bool SomeoneListens(const std::string& path) {
+  auto fd = ConnectUnix(path, Deadline(std::chrono::milliseconds(0)));
+  return fd.ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShmServer>> ShmServer::Start(const Endpoint& endpoint,
+                                                    const ServerOptions& options,
+                                                    VersionSource* source) {
+  WS_RETURN_IF_ERROR(EnsureSocketDir(endpoint));
+  int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (raw < 0) return Status::FromErrno(errno, "socket");
+  util::UniqueFd fd(raw);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, endpoint.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  // Owner-only from the moment the socket file exists.
+  mode_t old_umask = ::umask(0177);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  if (rc != 0 && err == EADDRINUSE) {
+    if (SomeoneListens(endpoint.socket_path)) {
+      ::umask(old_umask);
+      return Status::AlreadyExists("endpoint local://", endpoint.name,
+                                   " is already served by a live publisher (",
+                                   endpoint.socket_path, ")");
+    }
+    // A publisher that died left its socket file; nobody listens, so it is safe to replace.
+    WS_LOG(INFO, "shm") << "replacing stale socket " << endpoint.socket_path;
+    ::unlink(endpoint.socket_path.c_str());
+    rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    err = errno;
+  }
+  ::umask(old_umask);
+  if (rc != 0) return Status::FromErrno(err, "bind '" + endpoint.socket_path + "'");
+  if (::listen(fd.get(), 128) != 0) {
+    return Status::FromErrno(errno, "listen '" + endpoint.socket_path + "'");
+  }
+  std::unique_ptr<ShmServer> server(new ShmServer(endpoint, options, source, std::move(fd)));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  LedgerAdd(LedgerItem::kThreads, 1);
+  return server;
+}
+
+ShmServer::ShmServer(Endpoint endpoint, ServerOptions options, VersionSource* source,
+                     util::UniqueFd fd)
+    : endpoint_(std::move(endpoint)), options_(options), source_(source),
+      listen_fd_(std::move(fd)) {}
+
+ShmServer::~ShmServer() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "shm") << "server cleanup: " << s;
+}
+
+void ShmServer::AcceptLoop() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, kPollSliceMs);
+    ReapFinished(false);
+    if (r <= 0) continue;
+    int raw = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (raw < 0) {
+      if (errno != EINTR && errno != EAGAIN) {
+        WS_LOG(WARN, "shm") << Status::FromErrno(errno, "accept on " + endpoint_.socket_path);
+      }
+      continue;
+    }
+    util::UniqueFd fd(raw);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        cred.uid != ::getuid()) {
+      WS_LOG(WARN, "shm") << "refused connection from uid " << cred.uid << " pid " << cred.pid
+                          << ": only uid " << ::getuid() << " may subscribe";
+      continue;
+    }
+    if (active_.load(std::memory_order_relaxed) >= options_.max_connections) {
+      WS_LOG(WARN, "shm") << "refused connection from pid " << cred.pid << ": connection cap "
+                          << options_.max_connections << " reached";
+      wire::Channel ch(std::move(fd), "subscriber pid " + std::to_string(cred.pid));
+      (void)ch.Send(wire::FrameType::kError,
+                    wire::ErrorMessage{StatusCode::kResourceExhausted,
+                                       "connection cap of " +
+                                           std::to_string(options_.max_connections) +
+                                           " reached"},
+                    Deadline(std::chrono::milliseconds(100)));
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto conn = std::make_unique<Connection>();
+    conn->fd = std::move(fd);
+    conn->id = next_id_++;
+    Connection* c = conn.get();
+    connections_.push_back(std::move(conn));
+    active_.fetch_add(1, std::memory_order_relaxed);
+    LedgerAdd(LedgerItem::kConnections, 1);
+    LedgerAdd(LedgerItem::kThreads, 1);
+    c->thread = std::thread([this, c] { Serve(c); });
+  }
+}
+
+void ShmServer::ReapFinished(bool all) {
+  std::list<std::unique_ptr<Connection>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (all || (*it)->done.load(std::memory_order_acquire)) {
+        finished.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : finished) {
+    if (all && c->fd.valid()) ::shutdown(c->fd.get(), SHUT_RDWR);  // wakes a blocked Serve()
+    c->thread.join();
+    LedgerAdd(LedgerItem::kThreads, -1);
+  }
+}
+
+void ShmServer::Serve(Connection* conn) {
+  Status s = ServeOrError(conn);
+  if (!s.ok() && !stopping_.load(std::memory_order_acquire) && s.code() != StatusCode::kPeerLost) {
+    WS_LOG(WARN, "shm") << "connection " << conn->id << " closed: " << s;
+  } else if (!s.ok()) {
+    WS_LOG(DEBUG, "shm") << "connection " << conn->id << " ended: " << s;
+  }
+  active_.fetch_sub(1, std::memory_order_relaxed);
+  LedgerAdd(LedgerItem::kConnections, -1);
+  conn->done.store(true, std::memory_order_release);
+}
+
+Status ShmServer::ServeOrError(Connection* conn) {
+  // The channel borrows the fd: Close() (not this thread) owns closing it, so a shutdown from
+  // Close() always targets a live descriptor.
+  wire::Channel ch(util::UniqueFd(::dup(conn->fd.get())),
+                   "subscriber connection " + std::to_string(conn->id));
+  auto give_up = [&] { return stopping_.load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke(); };
+  auto fail = [&](Status s) {
+    if (s.code() != StatusCode::kPeerLost && s.code() != StatusCode::kTimeout) {
+      std::string msg = s.message().substr(0, wire::kMaxErrorMessageBytes);
+      (void)ch.Send(wire::FrameType::kError, wire::ErrorMessage{s.code(), msg},
+                    Deadline(std::chrono::milliseconds(200)));
+    }
+    return s;
+  };
+
+  wire::Hello hello;
+  Status s = ch.ReceiveExpect(wire::FrameType::kHello, &hello, Deadline(options_.timeout));
+  if (!s.ok()) return fail(s.WithContext("handshake"));
+  if (hello.protocol_version != wire::kProtocolVersion) {
+    return fail(Status::FailedPrecondition("subscriber speaks protocol version ",
+                                           hello.protocol_version, ", publisher speaks ",
+                                           wire::kProtocolVersion));
+  }
+  auto layout = source_->WaitLayout(Deadline(options_.timeout), give_up);
+  if (!layout.ok()) return fail(layout.status());
+  s = ch.Send(wire::FrameType::kWelcome, *layout->first, Deadline(options_.timeout),
+              layout->second);
+  if (!s.ok()) return s;
+
+  wire::UpdateRequest request;
+  wire::StepEnd end;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    // Idle between updates: wait for the next request without a deadline, but wake to notice
+    // Close().
+    pollfd p{ch.fd(), POLLIN, 0};
+    int r = ::poll(&p, 1, kPollSliceMs);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    s = ch.ReceiveExpect(wire::FrameType::kUpdateRequest, &request, Deadline(options_.timeout));
+    if (!s.ok()) return fail(s);
+    auto begin = source_->Acquire(request, Deadline(options_.timeout), give_up);
+    if (!begin.ok()) return fail(begin.status());
+    s = ch.Send(wire::FrameType::kStepBegin, *begin, Deadline(options_.timeout));
+    if (begin->step == request.after_step) {
+      if (!s.ok()) return s;
+      continue;  // up to date: nothing pinned
+    }
+    wire::CopyDone done;
+    if (s.ok()) {
+      s = ch.ReceiveExpect(wire::FrameType::kCopyDone, &done, Deadline(options_.timeout));
+    }
+    source_->Unpin(*begin, &end);
+    if (!s.ok()) return fail(s);
+    if (done.step != begin->step) {
+      return fail(Status::ProtocolError("copy done for step ", done.step, ", expected ",
+                                        begin->step));
+    }
+    s = ch.Send(wire::FrameType::kStepEnd, end, Deadline(options_.timeout));
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+Status ShmServer::Close() {
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  stopping_.store(true, std::memory_order_release);
+  if (accept_thread_.joinable()) {
+    accept_thread_.join();
+    LedgerAdd(LedgerItem::kThreads, -1);
+  }
+  ReapFinished(true);
+  Status result;
+  if (::unlink(endpoint_.socket_path.c_str()) != 0 && errno != ENOENT) {
+    Status s = Status::FromErrno(errno, "unlink '" + endpoint_.socket_path + "'");
+    WS_LOG(WARN, "shm") << "release: " << s;
+    result.Update(s);
+  }
+  if (Status s = listen_fd_.Close(); !s.ok()) {
+    WS_LOG(WARN, "shm") << "release: listening socket: " << s;
+    result.Update(s);
+  }
+  return result;
+}
+
+}  // namespace weightsync::transport::shm

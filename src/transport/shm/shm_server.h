@@ -1,0 +1,83 @@
+// The publisher side of the shm transport: listens on the endpoint's Unix socket (owner-only),
+// accepts subscribers (peer uid checked, connection cap), and serves each on its own thread:
+// Hello → Welcome(+arena fd) → { UpdateRequest → StepBegin → CopyDone → StepEnd }*.
+// A connection that breaks the protocol gets an Error frame and is closed, with the reason
+// logged; other connections are unaffected.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "transport/endpoint.h"
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::shm {
+
+// What the server needs from the publisher core.
+class VersionSource {
+ public:
+  virtual ~VersionSource() = default;
+  // Waits until the arena exists; returns its layout and fd (owned by the source).
+  virtual Result<std::pair<const wire::Welcome*, int>> WaitLayout(
+      const util::Deadline& deadline, const std::function<bool()>& give_up) = 0;
+  // Waits until a version satisfies `request`, pins it and describes it. A StepBegin whose step
+  // equals request.after_step means "up to date" and pins nothing.
+  virtual Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request,
+                                          const util::Deadline& deadline,
+                                          const std::function<bool()>& give_up) = 0;
+  // Copies the pinned version's digests into `end` and unpins it.
+  virtual void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) = 0;
+};
+
+struct ServerOptions {
+  int max_connections = 64;
+  std::chrono::milliseconds timeout{10000};
+};
+
+class ShmServer {
+ public:
+  // Binds `endpoint` (AlreadyExists if a live publisher serves it; a stale socket file is
+  // replaced) and starts accepting.
+  static Result<std::unique_ptr<ShmServer>> Start(const Endpoint& endpoint,
+                                                  const ServerOptions& options,
+                                                  VersionSource* source);
+  ~ShmServer();
+  // Stops accepting, closes every connection, joins every thread, unlinks the socket.
+  Status Close();
+  int active_connections() const { return active_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Connection {
+    util::UniqueFd fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+    int id = 0;
+  };
+  ShmServer(Endpoint endpoint, ServerOptions options, VersionSource* source, util::UniqueFd fd);
+  void AcceptLoop();
+  void Serve(Connection* conn);
+  Status ServeOrError(Connection* conn);
+  void ReapFinished(bool all);
+
+  Endpoint endpoint_;
+  ServerOptions options_;
+  VersionSource* source_;
+  util::UniqueFd listen_fd_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> active_{0};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::list<std::unique_ptr<Connection>> connections_;  // guarded by mu_
+  int next_id_ = 1;
+  bool closed_ = false;
+};
+
+}  // namespace weightsync::transport::shm

@@ -1,0 +1,16 @@
+#include "transport/transport.h"
+
+#include "transport/shm/shm_handle.h"
+
+namespace weightsync::transport {
+
+Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const Endpoint& endpoint,
+                                                          const SubscriberOptions& options) {
+  switch (endpoint.kind) {
+    case Endpoint::Kind::kLocal:
+      return shm::NewShmHandle(endpoint, options);
+  }
+  return Status::Unavailable("no transport serves endpoint '", endpoint.name, "'");
+}
+
+}  // namespace weightsync::transport

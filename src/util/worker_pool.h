@@ -1,0 +1,50 @@
+// WorkerPool: a fixed set of threads, started once per transfer handle, that run index-parallel
+// jobs. Run() allocates nothing: the job is a function pointer plus a context, and workers claim
+// indices from an atomic counter. The calling thread works too.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace weightsync::util {
+
+class WorkerPool {
+ public:
+  using TaskFn = void (*)(void* context, uint32_t index);
+
+  // Starts `threads` - 1 workers (the caller of Run is the last one). threads ≥ 1.
+  explicit WorkerPool(int threads);
+  ~WorkerPool();  // joins all workers
+
+  // Runs fn(context, i) for i in [0, count); returns when all are done.
+  void Run(uint32_t count, TaskFn fn, void* context);
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+ private:
+  void WorkerLoop();
+  void Drain();
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;   // guarded by mu_
+  int active_ = 0;            // workers inside the current job, guarded by mu_
+  bool stop_ = false;         // guarded by mu_
+  TaskFn fn_ = nullptr;
+  void* context_ = nullptr;
+  uint32_t count_ = 0;
+  std::atomic<uint32_t> next_{0};
+  std::vector<std::thread> workers_;
+};
+
+// Threads to use when the option says 0.
+int DefaultThreads();
+
+}  // namespace weightsync::util

@@ -1,0 +1,60 @@
+// Control-frame envelope: a fixed 24-byte header followed by a payload.
+//
+//   offset size field
+//   0      4    magic     0x4E595357 ("WSYN" as little-endian bytes W S Y N)
+//   4      2    version   kProtocolVersion
+//   6      2    type      FrameType
+//   8      4    length    payload bytes, ≤ the decoder's cap (kMaxPayloadBytes at most)
+//   12     4    reserved  must be 0
+//   16     8    checksum  XXH3_64bits(payload)
+// All integers little-endian. See docs/wire_format.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "weightsync/status.h"
+
+namespace weightsync::wire {
+
+inline constexpr uint32_t kMagic = 0x4E595357u;
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 24;
+inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
+
+enum class FrameType : uint16_t {
+  kHello = 1,          // subscriber → publisher
+  kWelcome = 2,        // publisher → subscriber, carries the arena fd (SCM_RIGHTS)
+  kUpdateRequest = 3,  // subscriber → publisher
+  kStepBegin = 4,      // publisher → subscriber: where the version lies
+  kCopyDone = 5,       // subscriber → publisher: finished reading
+  kStepEnd = 6,        // publisher → subscriber: segment digests; the version may be committed
+  kError = 7,          // either way: a typed error, then the sender closes
+};
+inline constexpr uint16_t kMinFrameType = 1;
+inline constexpr uint16_t kMaxFrameType = 7;
+
+std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
+
+struct FrameHeader {
+  FrameType type = FrameType::kError;
+  uint32_t length = 0;
+  uint64_t checksum = 0;
+};
+
+// Writes the header for `payload` into `out`.
+void EncodeHeader(FrameType type, std::span<const uint8_t> payload,
+                  std::span<uint8_t, kHeaderBytes> out);
+
+// Strict: wrong magic, version, unknown type, nonzero reserved or length > max_payload →
+// ProtocolError naming the field, the expected and the actual value.
+Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
+                                 uint32_t max_payload = kMaxPayloadBytes);
+
+// Corruption if the payload's XXH3 differs from the header's checksum, ProtocolError if its
+// length differs from header.length.
+Status VerifyPayload(const FrameHeader& header, std::span<const uint8_t> payload);
+
+}  // namespace weightsync::wire

@@ -1,0 +1,99 @@
+// The control messages. Each has Encode (appends the payload to a reused buffer) and a strict,
+// bounded Decode. Decoders validate everything they can without context (counts, lengths, dtypes,
+// dims, overflow of shape products and byte sizes); the caller validates the rest against its
+// own state (offsets against the mapped arena, steps against its committed step).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weightsync/manifest.h"
+#include "weightsync/status.h"
+
+namespace weightsync::wire {
+
+enum class Role : uint8_t { kSubscriber = 1 };
+
+struct Hello {
+  uint16_t protocol_version = 0;
+  Role role = Role::kSubscriber;
+  uint32_t pid = 0;
+};
+
+// Where each published tensor lies in the arena.
+enum class Region : uint8_t {
+  kDirect = 0,  // arena-allocated tensor: offset from Welcome::direct_offset
+  kSlot = 1,    // registered (copied) tensor: offset from the start of the version's slot
+};
+
+struct TensorPlacement {
+  TensorSpec spec;   // name, dtype, shape, nbytes (nbytes recomputed and checked by the decoder)
+  Region region = Region::kSlot;
+  uint64_t offset = 0;
+};
+
+struct Welcome {
+  uint64_t session_id = 0;
+  uint64_t arena_bytes = 0;    // size of the memfd passed with this frame
+  uint64_t direct_offset = 0;  // start of the direct region in the arena
+  uint64_t direct_bytes = 0;
+  uint64_t slots_offset = 0;   // start of slot 0
+  uint64_t slot_bytes = 0;     // size of each slot
+  uint32_t slot_count = 0;     // ≤ kMaxSlots
+  uint64_t segment_bytes = 0;  // digest granularity, > 0
+  std::vector<TensorPlacement> tensors;  // ≤ kMaxTensors
+};
+inline constexpr uint32_t kMaxSlots = 64;
+
+struct UpdateRequest {
+  int64_t step = -1;        // -1: latest
+  int64_t after_step = -1;  // the subscriber's committed step (-1: none)
+};
+
+inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
+struct StepBegin {
+  int64_t step = -1;
+  uint32_t slot = kNoSlot;  // kNoSlot when the publisher has no registered (copied) tensors
+};
+
+struct CopyDone {
+  int64_t step = -1;
+};
+
+// Digests of every segment, publisher manifest order, each tensor split into
+// ceil(nbytes / segment_bytes) segments (a zero-byte tensor has none).
+inline constexpr uint32_t kMaxDigests = 1u << 24;
+struct StepEnd {
+  int64_t step = -1;
+  std::vector<uint64_t> digests;
+};
+
+struct ErrorMessage {
+  StatusCode code = StatusCode::kInternal;
+  std::string message;  // ≤ kMaxErrorMessageBytes
+};
+inline constexpr uint32_t kMaxErrorMessageBytes = 4096;
+
+void Encode(const Hello& m, std::vector<uint8_t>* out);
+void Encode(const Welcome& m, std::vector<uint8_t>* out);
+void Encode(const UpdateRequest& m, std::vector<uint8_t>* out);
+void Encode(const StepBegin& m, std::vector<uint8_t>* out);
+void Encode(const CopyDone& m, std::vector<uint8_t>* out);
+void Encode(const StepEnd& m, std::vector<uint8_t>* out);
+void Encode(const ErrorMessage& m, std::vector<uint8_t>* out);
+
+Status Decode(std::span<const uint8_t> payload, Hello* m);
+Status Decode(std::span<const uint8_t> payload, Welcome* m);
+Status Decode(std::span<const uint8_t> payload, UpdateRequest* m);
+Status Decode(std::span<const uint8_t> payload, StepBegin* m);
+Status Decode(std::span<const uint8_t> payload, CopyDone* m);
+// Reuses m->digests' capacity: steady-state decoding does not allocate.
+Status Decode(std::span<const uint8_t> payload, StepEnd* m);
+Status Decode(std::span<const uint8_t> payload, ErrorMessage* m);
+
+// ErrorMessage → Status with the peer's code and "peer: " + message. Unknown codes → ProtocolError.
+Status ToStatus(const ErrorMessage& m);
+
+}  // namespace weightsync::wire

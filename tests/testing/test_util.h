@@ -1,0 +1,103 @@
+// Shared test helpers: status assertions, log capture, a deterministic synthetic model,
+// poison fill, unique endpoints and child processes.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "util/logging.h"
+#include "weightsync/weightsync.h"
+
+#define ASSERT_OK(expr)                                  \
+  do {                                                   \
+    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
+    ASSERT_TRUE(ws_s_.ok()) << ws_s_;                    \
+  } while (0)
+#define EXPECT_OK(expr)                                  \
+  do {                                                   \
+    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
+    EXPECT_TRUE(ws_s_.ok()) << ws_s_;                    \
+  } while (0)
+#define ASSERT_STATUS_IS(code_, expr)                                      \
+  do {                                                                     \
+    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr);             \
+    ASSERT_EQ(ws_s_.code(), ::weightsync::StatusCode::code_) << ws_s_;     \
+  } while (0)
+
+namespace weightsync::testing {
+
+// A unique endpoint name per test (pid + counter), in a per-test-run socket dir.
+std::string UniqueEndpoint(const std::string& stem);
+
+// Captures log lines while alive.
+class LogCapture {
+ public:
+  LogCapture();
+  ~LogCapture();
+  std::vector<std::string> Lines() const;  // "W component: text"
+  bool Contains(const std::string& needle) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// A synthetic model: `count` tensors of assorted dtypes and shapes whose bytes are a function of
+// (tensor index, step) only, so two processes agree on every byte without talking.
+class SyntheticModel {
+ public:
+  // `elements_per_tensor` scales the tensors; dtypes cycle through a fixed list.
+  SyntheticModel(int count, int64_t elements_per_tensor);
+  // Fills the model's own storage for `step`.
+  void Fill(int64_t step);
+  // The bytes tensor i holds at `step` (pure function).
+  static void Pattern(int tensor, int64_t step, uint8_t* out, uint64_t bytes);
+  std::vector<NamedTensor> Tensors();
+  // Fresh destination storage of the same manifest, poison-filled (0xFF).
+  static std::vector<std::vector<uint8_t>> PoisonedStorage(const std::vector<NamedTensor>& like);
+  static std::vector<NamedTensor> Views(const std::vector<NamedTensor>& like,
+                                        std::vector<std::vector<uint8_t>>& storage);
+  // True if every tensor in `views` holds Pattern(i, step).
+  static bool Holds(const std::vector<NamedTensor>& views, int64_t step, std::string* why);
+  uint64_t total_bytes() const;
+
+ private:
+  std::vector<TensorSpec> specs_;
+  std::vector<std::vector<uint8_t>> storage_;
+};
+
+// A digest per tensor, to compare "unchanged bit for bit".
+std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views);
+
+// A child process running tests' helper binaries, talking line by line over pipes.
+class ChildProcess {
+ public:
+  // argv[0] is a path; env entries "K=V" are added to the environment.
+  static ChildProcess Spawn(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env = {});
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& o) noexcept;
+  ChildProcess& operator=(ChildProcess&& o) noexcept;
+  ~ChildProcess();
+  // Sends a line and reads one reply line (timeout in ms); "" on timeout/EOF.
+  std::string Command(const std::string& line, int timeout_ms = 20000);
+  std::string ReadLine(int timeout_ms = 20000);
+  void Signal(int sig);
+  int Wait();  // exit status as from waitpid
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+  std::string buffer_;
+};
+
+// Path of a helper binary built next to the test executables.
+std::string HelperPath(const std::string& name);
+
+}  // namespace weightsync::testing
