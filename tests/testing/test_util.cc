@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "util/hash.h"
 
@@ -131,6 +132,16 @@ bool SyntheticModel::Holds(const std::vector<NamedTensor>& views, int64_t step,
   return true;
 }
 
+bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last, int timeout_ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    *last = ReadLedger();
+    if (last->SameLiveCounts(expected)) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views) {
   std::vector<uint64_t> out;
   for (const auto& v : views) out.push_back(util::Hash64(v.view.data, *v.view.NumBytes()));
@@ -221,6 +232,12 @@ std::string ChildProcess::Command(const std::string& line, int timeout_ms) {
 
 void ChildProcess::Signal(int sig) {
   if (pid_ > 0) ::kill(pid_, sig);
+}
+
+bool ChildProcess::Stop() {
+  if (pid_ <= 0 || ::kill(pid_, SIGSTOP) != 0) return false;
+  int status = 0;
+  return ::waitpid(pid_, &status, WUNTRACED) == pid_ && WIFSTOPPED(status);
 }
 
 int ChildProcess::Wait() {

@@ -71,6 +71,11 @@ class SyntheticModel {
   std::vector<std::vector<uint8_t>> storage_;
 };
 
+// Waits (bounded) until the ledger's live counts equal `expected`: a publisher notices a departed
+// subscriber on its own thread, so its side of the cleanup lands a few ms later.
+bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last,
+                     int timeout_ms = 3000);
+
 // A digest per tensor, to compare "unchanged bit for bit".
 std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views);
 
@@ -88,6 +93,8 @@ class ChildProcess {
   std::string Command(const std::string& line, int timeout_ms = 20000);
   std::string ReadLine(int timeout_ms = 20000);
   void Signal(int sig);
+  // SIGSTOP and wait until the kernel reports the child stopped.
+  bool Stop();
   int Wait();  // exit status as from waitpid
   pid_t pid() const { return pid_; }
 

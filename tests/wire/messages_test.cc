@@ -285,7 +285,7 @@ TEST(WelcomeTest, RoundTripEdgeShapes) {
       {},                                                // scalar
       {0},                                               // empty
       {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},  // kMaxDims
-      {int64_t{1} << 40, int64_t{1} << 40, 0},           // huge dims, zero elements: valid
+      {(int64_t{1} << 40) + 1, int64_t{1} << 40, 0},     // huge dims, no elements: valid
       {3},                                               // float4 below: 3 elements in 2 bytes
       {int64_t{1} << 60},                                // uint8: 2^60 bytes, fits
   };
@@ -376,6 +376,12 @@ TEST(WelcomeTest, HugeTensorCountRejectedBeforeAllocating) {
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
                               {"welcome: tensor count 1048576 needs at least"}));
   EXPECT_LT(out.tensors.capacity(), 1000u);  // nothing was reserved for the claimed count
+  // The minimum counted per tensor is its smallest encoding (22 bytes), not one byte.
+  raw.count = 100;
+  const std::vector<uint8_t> bytes = EncodeRaw(raw);
+  EXPECT_TRUE(IsProtocolError(Decode(bytes, &out),
+                              {"welcome: tensor count 100 needs at least 2200 bytes, only " +
+                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 4) + " left"}));
 }
 
 TEST(WelcomeTest, NameLimits) {

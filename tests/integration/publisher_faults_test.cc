@@ -1,0 +1,183 @@
+// Multi-process fault tests: the publisher runs in its own process (tests/helpers/publisher_main),
+// is SIGKILLed or SIGSTOPped at a chosen moment, and the subscriber must report a typed error
+// within its deadline with nothing lost (RELIABILITY.md N1–N4).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <thread>
+
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using testing::ChildProcess;
+using testing::SyntheticModel;
+using util::FailAction;
+using util::FailPoints;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kTensors = 24;
+constexpr int64_t kElements = 20000;
+constexpr auto kTimeout = std::chrono::milliseconds(2000);
+
+class PublisherFaults : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override {
+    FailPoints::DisarmAll();
+    baseline_ = ReadLedger();
+    endpoint_ = testing::UniqueEndpoint("faults");
+    StartPublisher();
+    // The subscriber's destinations mirror the publisher's synthetic model.
+    like_ = model_.Tensors();
+    storage_ = SyntheticModel::PoisonedStorage(like_);
+    dst_ = SyntheticModel::Views(like_, storage_);
+    SubscriberOptions o;
+    o.endpoint = endpoint_;
+    o.mode = GetParam();
+    o.verify = true;
+    o.timeout = kTimeout;
+    auto s = Subscriber::Create(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sub_ = std::move(s).value();
+    ASSERT_OK(sub_->Register(dst_));
+  }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  void StartPublisher() {
+    publisher_ = ChildProcess::Spawn({testing::HelperPath("publisher"), endpoint_,
+                                      std::to_string(kTensors), std::to_string(kElements)});
+    ASSERT_EQ(publisher_.ReadLine(), "ready");
+  }
+  void Publish(int64_t step) {
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
+              "ok " + std::to_string(step));
+  }
+  void UpdateTo(int64_t step) {
+    auto stats = sub_->Update(step);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    std::string why;
+    ASSERT_TRUE(SyntheticModel::Holds(dst_, step, &why)) << why;
+  }
+  void ExpectLedgerAtBaseline() {
+    LedgerSnapshot now = ReadLedger();
+    EXPECT_TRUE(now.SameLiveCounts(baseline_))
+        << "ledger " << now.ToString() << " vs baseline " << baseline_.ToString();
+  }
+
+  SyntheticModel model_{kTensors, kElements};
+  LedgerSnapshot baseline_;
+  std::string endpoint_;
+  ChildProcess publisher_;
+  std::vector<NamedTensor> like_, dst_;
+  std::vector<std::vector<uint8_t>> storage_;
+  std::unique_ptr<Subscriber> sub_;
+};
+
+// Waits (bounded) until the fail point has fired.
+bool WaitForHit(const char* point, int64_t hits) {
+  auto until = Clock::now() + std::chrono::seconds(10);
+  while (FailPoints::Hits(point) < hits) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
+  Publish(1);
+  UpdateTo(1);
+  const std::vector<uint64_t> before = testing::Digests(dst_);
+  Publish(2);
+
+  // Hold the subscriber inside its copy of step 2, then kill the publisher.
+  FailPoints::Arm("shm.after_copy", FailAction::kSleep, 300, 1);
+  std::thread killer([&] {
+    if (WaitForHit("shm.after_copy", 1)) publisher_.Signal(SIGKILL);
+  });
+  auto t0 = Clock::now();
+  auto stats = sub_->Update(2);
+  auto elapsed = Clock::now() - t0;
+  killer.join();
+
+  ASSERT_EQ(FailPoints::Hits("shm.after_copy"), 1) << "the copy was never paused";
+  int status = publisher_.Wait();
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "publisher not killed";
+  ASSERT_STATUS_IS(kPeerLost, stats);
+  EXPECT_NE(stats.status().message().find("step 2"), std::string::npos) << stats.status();
+  EXPECT_LT(elapsed, kTimeout);
+  EXPECT_EQ(sub_->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(sub_->weights_valid());
+    EXPECT_EQ(testing::Digests(dst_), before) << "staged update changed committed weights";
+  } else {
+    EXPECT_FALSE(sub_->weights_valid());
+    EXPECT_NE(stats.status().message().find("invalid"), std::string::npos) << stats.status();
+  }
+  ExpectLedgerAtBaseline();
+
+  // A new publisher on the same endpoint: the next update rebuilds the handle and succeeds.
+  StartPublisher();
+  Publish(3);
+  auto again = sub_->Update(3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->handle_created);
+  EXPECT_EQ(again->prepare_count, 2u);
+  EXPECT_TRUE(sub_->weights_valid());
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(dst_, 3, &why)) << why;
+}
+
+TEST_P(PublisherFaults, StoppedPublisherTimesOutWithinDeadline) {
+  Publish(1);
+  UpdateTo(1);
+  const std::vector<uint64_t> before = testing::Digests(dst_);
+  Publish(2);
+  ASSERT_TRUE(publisher_.Stop()) << "publisher did not stop";
+  auto t0 = Clock::now();
+  auto stats = sub_->Update(2);
+  auto elapsed = Clock::now() - t0;
+  publisher_.Signal(SIGCONT);
+  ASSERT_STATUS_IS(kTimeout, stats);
+  EXPECT_GE(elapsed, kTimeout - std::chrono::milliseconds(50));
+  EXPECT_LT(elapsed, kTimeout + std::chrono::milliseconds(500));
+  EXPECT_EQ(testing::Digests(dst_), before);  // nothing was copied: the step never began
+  EXPECT_TRUE(sub_->weights_valid());
+  ExpectLedgerAtBaseline();
+  // The publisher runs again: the next update re-prepares and succeeds.
+  auto again = sub_->Update(2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->handle_created);
+}
+
+TEST_P(PublisherFaults, PublisherGoneBeforeUpdateIsNotFoundThenRecovers) {
+  Publish(1);
+  UpdateTo(1);
+  publisher_.Signal(SIGKILL);
+  publisher_.Wait();
+  auto stats = sub_->Update();
+  ASSERT_FALSE(stats.ok());
+  // The connection from step 1 is gone: PeerLost on the reused handle.
+  EXPECT_EQ(stats.status().code(), StatusCode::kPeerLost) << stats.status();
+  ExpectLedgerAtBaseline();
+  // Nobody serves the endpoint now: connecting fails clearly within the deadline.
+  auto t0 = Clock::now();
+  auto none = sub_->Update();
+  EXPECT_LT(Clock::now() - t0, kTimeout + std::chrono::milliseconds(500));
+  ASSERT_STATUS_IS(kNotFound, none);
+  StartPublisher();
+  Publish(5);
+  UpdateTo(5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PublisherFaults,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
+                         });
+
+}  // namespace
+}  // namespace weightsync

@@ -1,0 +1,55 @@
+// A publisher and subscribers in one process, over a real Unix socket and real shared memory.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/test_util.h"
+
+namespace weightsync::testing {
+
+struct LocalPair {
+  SyntheticModel model{12, 3000};
+  std::string endpoint = testing::UniqueEndpoint("rt");
+  std::unique_ptr<Publisher> publisher;
+  std::vector<NamedTensor> tensors = model.Tensors();
+  std::vector<std::vector<uint8_t>> storage = SyntheticModel::PoisonedStorage(tensors);
+  std::vector<NamedTensor> dst = SyntheticModel::Views(tensors, storage);
+
+  std::unique_ptr<Subscriber> Connect(UpdateMode mode = UpdateMode::kStaged, bool verify = true) {
+    return ConnectWith(dst, mode, verify);
+  }
+  std::unique_ptr<Subscriber> ConnectWith(const std::vector<NamedTensor>& views,
+                                          UpdateMode mode = UpdateMode::kStaged,
+                                          bool verify = true,
+                                          MatchPolicy policy = MatchPolicy::kStrict) {
+    SubscriberOptions o;
+    o.policy = policy;
+    o.endpoint = endpoint;
+    o.mode = mode;
+    o.verify = verify;
+    o.timeout = std::chrono::milliseconds(5000);
+    auto s = Subscriber::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK((*s)->Register(views));
+    return std::move(s).value();
+  }
+  void Start(int slots = 2) {
+    PublisherOptions o;
+    o.endpoint = endpoint;
+    o.slots = slots;
+    o.segment_bytes = 4096;  // many segments even for a small model
+    auto p = Publisher::Create(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    publisher = std::move(p).value();
+    ASSERT_OK(publisher->Register(tensors));
+  }
+  void Publish(int64_t step) {
+    model.Fill(step);
+    auto r = publisher->Publish(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+};
+
+}  // namespace weightsync::testing
