@@ -124,29 +124,27 @@ std::string_view TruncateUtf8(std::string_view s, size_t max_bytes) {
   return s.substr(0, end);
 }
 
-Status DecodeTensor(Reader& r, uint32_t index, TensorFields* fields, TensorPlacement* t) {
+Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlacement* t) {
   fields->Start(index);
-  WS_ASSIGN_OR_RETURN(t->spec.name, r.String(fields->Field("name"), kMaxNameBytes));
+  WS_ASSIGN_OR_RETURN(t->spec.name, r->String(fields->Field("name"), kMaxNameBytes));
   if (t->spec.name.empty()) {
     return Status::ProtocolError(kWelcomeWhat, ": tensor ", index, " has an empty name");
   }
   fields->SetName(t->spec.name);
-  auto label = [fields] { return fields->label(); };
-  auto field_of = [fields](std::string_view suffix) { return fields->Field(suffix); };
 
-  WS_ASSIGN_OR_RETURN(uint8_t dtype_code, r.U8(field_of("dtype")));
+  WS_ASSIGN_OR_RETURN(uint8_t dtype_code, r->U8(fields->Field("dtype")));
   Result<DType> dtype = DTypeFromWire(dtype_code);
   if (!dtype.ok()) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " dtype code ",
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " dtype code ",
                                  static_cast<unsigned>(dtype_code), " is not a known dtype (1..",
                                  kDTypeCount, ")");
   }
   t->spec.dtype = *dtype;
 
-  WS_ASSIGN_OR_RETURN(uint8_t ndim, r.U8(field_of("ndim")));
+  WS_ASSIGN_OR_RETURN(uint8_t ndim, r->U8(fields->Field("ndim")));
   if (ndim > kMaxDims) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " ndim ", static_cast<unsigned>(ndim),
-                                 " exceeds limit ", kMaxDims);
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " ndim ",
+                                 static_cast<unsigned>(ndim), " exceeds limit ", kMaxDims);
   }
   t->spec.shape.resize(ndim);
   // Element count as the mathematical product: any zero dim makes it 0 however large the others
@@ -155,10 +153,10 @@ Status DecodeTensor(Reader& r, uint32_t index, TensorFields* fields, TensorPlace
   bool overflow = false;
   bool any_zero = false;
   for (uint8_t d = 0; d < ndim; ++d) {
-    WS_ASSIGN_OR_RETURN(int64_t dim, r.I64(fields->Field("dim", d)));
+    WS_ASSIGN_OR_RETURN(int64_t dim, r->I64(fields->Field("dim", d)));
     if (dim < 0) {
-      return Status::ProtocolError(kWelcomeWhat, ": ", label(), " dim ", static_cast<unsigned>(d),
-                                   " is ", dim, ", expected >= 0");
+      return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " dim ",
+                                   static_cast<unsigned>(d), " is ", dim, ", expected >= 0");
     }
     t->spec.shape[d] = dim;
     if (dim == 0) any_zero = true;
@@ -169,40 +167,40 @@ Status DecodeTensor(Reader& r, uint32_t index, TensorFields* fields, TensorPlace
   if (any_zero) {
     elements = 0;
   } else if (overflow) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " shape ", ShapeString(t->spec.shape),
-                                 " element count overflows 64 bits");
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " shape ",
+                                 ShapeString(t->spec.shape), " element count overflows 64 bits");
   }
   Result<uint64_t> computed = ByteSize(t->spec.dtype, elements);
   if (!computed.ok()) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " ", DTypeName(t->spec.dtype),
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " ", DTypeName(t->spec.dtype),
                                  " shape ", ShapeString(t->spec.shape), " (", elements,
                                  " elements) byte size overflows 64 bits");
   }
 
-  WS_ASSIGN_OR_RETURN(t->spec.nbytes, r.U64(field_of("nbytes")));
+  WS_ASSIGN_OR_RETURN(t->spec.nbytes, r->U64(fields->Field("nbytes")));
   if (t->spec.nbytes != *computed) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " nbytes ", t->spec.nbytes,
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " nbytes ", t->spec.nbytes,
                                  ", expected ", *computed, " for ", DTypeName(t->spec.dtype),
                                  " shape ", ShapeString(t->spec.shape));
   }
 
-  WS_ASSIGN_OR_RETURN(uint8_t region, r.U8(field_of("region")));
+  WS_ASSIGN_OR_RETURN(uint8_t region, r->U8(fields->Field("region")));
   if (region != static_cast<uint8_t>(Region::kDirect) &&
       region != static_cast<uint8_t>(Region::kSlot)) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " region ",
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " region ",
                                  static_cast<unsigned>(region),
                                  " unknown, expected 0 (direct) or "
                                  "1 (slot)");
   }
   t->region = static_cast<Region>(region);
 
-  WS_ASSIGN_OR_RETURN(t->offset, r.U64(field_of("offset")));
+  WS_ASSIGN_OR_RETURN(t->offset, r->U64(fields->Field("offset")));
   // Bounds against the arena are plan::ValidateLayout's job; an end that wraps around 2^64 can
   // never be valid, and catching it here keeps that arithmetic honest for every later reader.
   uint64_t end = 0;
   if (__builtin_add_overflow(t->offset, t->spec.nbytes, &end)) {
-    return Status::ProtocolError(kWelcomeWhat, ": ", label(), " offset ", t->offset, " + nbytes ",
-                                 t->spec.nbytes, " overflows 64 bits");
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " offset ", t->offset,
+                                 " + nbytes ", t->spec.nbytes, " overflows 64 bits");
   }
   return Status::Ok();
 }
@@ -287,7 +285,7 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   TensorFields fields;
   for (uint32_t i = 0; i < count; ++i) {
     TensorPlacement& t = m->tensors.emplace_back();
-    WS_RETURN_IF_ERROR(DecodeTensor(r, i, &fields, &t));
+    WS_RETURN_IF_ERROR(DecodeTensor(&r, i, &fields, &t));
     auto [it, inserted] = seen.emplace(t.spec.name, i);
     if (!inserted) {
       return Status::ProtocolError(kWelcomeWhat, ": tensor ", i, " ", Quote(t.spec.name),

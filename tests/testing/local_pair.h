@@ -13,6 +13,7 @@ struct LocalPair {
   SyntheticModel model{12, 3000};
   std::string endpoint = testing::UniqueEndpoint("rt");
   std::unique_ptr<Publisher> publisher;
+  std::chrono::milliseconds timeout{10000};  // the publisher's
   std::vector<NamedTensor> tensors = model.Tensors();
   std::vector<std::vector<uint8_t>> storage = SyntheticModel::PoisonedStorage(tensors);
   std::vector<NamedTensor> dst = SyntheticModel::Views(tensors, storage);
@@ -39,6 +40,7 @@ struct LocalPair {
     PublisherOptions o;
     o.endpoint = endpoint;
     o.slots = slots;
+    o.timeout = timeout;
     o.segment_bytes = 4096;  // many segments even for a small model
     auto p = Publisher::Create(o);
     ASSERT_TRUE(p.ok()) << p.status();

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "testing/test_util.h"
+
 namespace weightsync::wire {
 namespace {
 
@@ -26,7 +28,7 @@ namespace {
   return ::testing::AssertionSuccess();
 }
 
-TEST(WriterTest, EncodesLittleEndian) {
+TEST(WireWriterTest, EncodesLittleEndian) {
   std::vector<uint8_t> out;
   Writer w(&out);
   w.U8(0xAB);
@@ -44,7 +46,7 @@ TEST(WriterTest, EncodesLittleEndian) {
   EXPECT_EQ(out, expected);
 }
 
-TEST(WriterTest, StringIsU16LengthThenBytes) {
+TEST(WireWriterTest, StringIsU16LengthThenBytes) {
   std::vector<uint8_t> out;
   Writer w(&out);
   w.String("hi");
@@ -52,7 +54,7 @@ TEST(WriterTest, StringIsU16LengthThenBytes) {
   EXPECT_EQ(out, (std::vector<uint8_t>{2, 0, 'h', 'i', 0, 0}));
 }
 
-TEST(WriterTest, AppendsAndNeverClears) {
+TEST(WireWriterTest, AppendsAndNeverClears) {
   std::vector<uint8_t> out = {0xAA, 0xBB};
   Writer w(&out);
   w.U16(0x0102);
@@ -64,7 +66,7 @@ TEST(WriterTest, AppendsAndNeverClears) {
   EXPECT_EQ(out.back(), 7);
 }
 
-TEST(WriterTest, ReusedBufferDoesNotReallocate) {
+TEST(WireWriterTest, ReusedBufferDoesNotReallocate) {
   std::vector<uint8_t> out;
   out.reserve(64);
   const uint8_t* data = out.data();
@@ -77,7 +79,7 @@ TEST(WriterTest, ReusedBufferDoesNotReallocate) {
   EXPECT_EQ(out.data(), data);
 }
 
-TEST(WriterTest, OversizeStringIsClampedNotDesynchronised) {
+TEST(WireWriterTest, OversizeStringIsClampedNotDesynchronised) {
   // Out of contract, but the frame must stay parseable: the length written matches the bytes.
   std::vector<uint8_t> out;
   Writer w(&out);
@@ -85,15 +87,15 @@ TEST(WriterTest, OversizeStringIsClampedNotDesynchronised) {
   w.U8(0x5A);
   Reader r(out, "test");
   Result<std::string> s = r.String("s", 65535);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(s->size(), 65535u);
   Result<uint8_t> tail = r.U8("tail");
-  ASSERT_TRUE(tail.ok()) << tail.status();
+  ASSERT_OK(tail);
   EXPECT_EQ(*tail, 0x5A);
-  EXPECT_TRUE(r.ExpectEnd().ok());
+  EXPECT_OK(r.ExpectEnd());
 }
 
-TEST(ReaderTest, RoundTripsEveryWidth) {
+TEST(WireReaderTest, RoundTripsEveryWidth) {
   std::vector<uint8_t> out;
   Writer w(&out);
   w.U8(0);
@@ -117,17 +119,17 @@ TEST(ReaderTest, RoundTripsEveryWidth) {
   EXPECT_EQ(*r.I64("h"), -1);
   EXPECT_EQ(*r.String("i", 100), "name.with.dots");
   EXPECT_EQ(r.remaining(), 0u);
-  EXPECT_TRUE(r.ExpectEnd().ok());
+  EXPECT_OK(r.ExpectEnd());
 }
 
-TEST(ReaderTest, DecodesLittleEndianRegardlessOfHost) {
+TEST(WireReaderTest, DecodesLittleEndianRegardlessOfHost) {
   const std::vector<uint8_t> bytes = {0x34, 0x12, 0x78, 0x56, 0x34, 0x12};
   Reader r(bytes, "test");
   EXPECT_EQ(*r.U16("a"), 0x1234);
   EXPECT_EQ(*r.U32("b"), 0x12345678u);
 }
 
-TEST(ReaderTest, TruncationNamesWhatFieldAndSizes) {
+TEST(WireReaderTest, TruncationNamesWhatFieldAndSizes) {
   const std::vector<uint8_t> bytes = {1, 2, 3};
   {
     Reader r(bytes, "welcome");
@@ -151,14 +153,14 @@ TEST(ReaderTest, TruncationNamesWhatFieldAndSizes) {
   }
 }
 
-TEST(ReaderTest, StringBodyTruncated) {
+TEST(WireReaderTest, StringBodyTruncated) {
   const std::vector<uint8_t> bytes = {10, 0, 'a', 'b', 'c'};
   Reader r(bytes, "hello");
   EXPECT_TRUE(IsError(r.String("name", 100).status(), StatusCode::kProtocolError,
                       {"hello: truncated reading name", "need 12", "5 left"}));
 }
 
-TEST(ReaderTest, StringOverCapRejectedBeforeBodyIsNeeded) {
+TEST(WireReaderTest, StringOverCapRejectedBeforeBodyIsNeeded) {
   // The length alone is over the cap: reported as such even though the body is missing.
   const std::vector<uint8_t> bytes = {0x01, 0x04};  // 1025
   Reader r(bytes, "welcome");
@@ -173,27 +175,27 @@ TEST(ReaderTest, StringOverCapRejectedBeforeBodyIsNeeded) {
                       {"length 4 exceeds limit 3"}));
 }
 
-TEST(ReaderTest, StringMayHoldAnyBytes) {
+TEST(WireReaderTest, StringMayHoldAnyBytes) {
   const std::vector<uint8_t> bytes = {3, 0, 0, 0xFF, '\n'};
   Reader r(bytes, "m");
   Result<std::string> s = r.String("s", 10);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(*s, std::string("\0\xFF\n", 3));
 }
 
-TEST(ReaderTest, CountWithinLimitsAccepted) {
+TEST(WireReaderTest, CountWithinLimitsAccepted) {
   std::vector<uint8_t> bytes;
   Writer w(&bytes);
   w.U32(3);
   for (int i = 0; i < 3; ++i) w.U64(i);
   Reader r(bytes, "step_end");
   Result<uint32_t> count = r.Count("digest count", 3, 8);
-  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_OK(count);
   EXPECT_EQ(*count, 3u);
   EXPECT_EQ(r.remaining(), 24u);
 }
 
-TEST(ReaderTest, CountOverMaxRejected) {
+TEST(WireReaderTest, CountOverMaxRejected) {
   std::vector<uint8_t> bytes;
   Writer w(&bytes);
   w.U32(11);
@@ -203,7 +205,7 @@ TEST(ReaderTest, CountOverMaxRejected) {
                       {"welcome: tensor count 11 exceeds limit 10"}));
 }
 
-TEST(ReaderTest, CountLargerThanPayloadRejectedBeforeAllocating) {
+TEST(WireReaderTest, CountLargerThanPayloadRejectedBeforeAllocating) {
   std::vector<uint8_t> bytes;
   Writer w(&bytes);
   w.U32(4);
@@ -213,7 +215,7 @@ TEST(ReaderTest, CountLargerThanPayloadRejectedBeforeAllocating) {
                       {"step_end: digest count 4 needs at least 32 bytes, only 31 left"}));
 }
 
-TEST(ReaderTest, HugeCountTimesItemSizeDoesNotWrap) {
+TEST(WireReaderTest, HugeCountTimesItemSizeDoesNotWrap) {
   // 0xFFFFFFFF * 0xFFFFFFFF would wrap in 32 bits; the check must still reject it.
   std::vector<uint8_t> bytes;
   Writer w(&bytes);
@@ -227,28 +229,28 @@ TEST(ReaderTest, HugeCountTimesItemSizeDoesNotWrap) {
                       {"c 4294967295 needs at least 4294967295 bytes, only 16 left"}));
 }
 
-TEST(ReaderTest, ZeroMinItemSizeOnlyChecksMax) {
+TEST(WireReaderTest, ZeroMinItemSizeOnlyChecksMax) {
   std::vector<uint8_t> bytes;
   Writer w(&bytes);
   w.U32(1000);
   Reader r(bytes, "m");
   Result<uint32_t> count = r.Count("c", 1000, 0);
-  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_OK(count);
   EXPECT_EQ(*count, 1000u);
 }
 
-TEST(ReaderTest, ExpectEndReportsTrailingBytes) {
+TEST(WireReaderTest, ExpectEndReportsTrailingBytes) {
   const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5};
   Reader r(bytes, "copy_done");
-  ASSERT_TRUE(r.U16("a").ok());
+  ASSERT_OK(r.U16("a"));
   EXPECT_TRUE(IsError(r.ExpectEnd(), StatusCode::kProtocolError,
                       {"copy_done: 3 trailing bytes", "payload 5 bytes", "fields end at 2"}));
-  ASSERT_TRUE(r.U16("b").ok());
-  ASSERT_TRUE(r.U8("c").ok());
-  EXPECT_TRUE(r.ExpectEnd().ok());
+  ASSERT_OK(r.U16("b"));
+  ASSERT_OK(r.U8("c"));
+  EXPECT_OK(r.ExpectEnd());
 }
 
-TEST(ReaderTest, NeverReadsPastItsSpan) {
+TEST(WireReaderTest, NeverReadsPastItsSpan) {
   // The reader sees a window of a larger buffer; the bytes after it must stay invisible.
   const std::vector<uint8_t> backing = {7, 0, 0, 0, 0xEE, 0xEE, 0xEE, 0xEE};
   Reader r(std::span<const uint8_t>(backing.data(), 3), "m");
@@ -257,7 +259,7 @@ TEST(ReaderTest, NeverReadsPastItsSpan) {
   EXPECT_FALSE(r.U16("z").ok());
   EXPECT_EQ(*r.U8("w"), 0);
   EXPECT_FALSE(r.U8("v").ok());
-  EXPECT_TRUE(r.ExpectEnd().ok());
+  EXPECT_OK(r.ExpectEnd());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "testing/test_util.h"
 #include "util/hash.h"
 
 namespace weightsync::wire {
@@ -53,7 +54,7 @@ constexpr FrameType kAllTypes[] = {
     FrameType::kHello,    FrameType::kWelcome, FrameType::kUpdateRequest, FrameType::kStepBegin,
     FrameType::kCopyDone, FrameType::kStepEnd, FrameType::kError};
 
-TEST(FrameTest, GoldenLayoutIsLittleEndian) {
+TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
   // "WSYN" as bytes, then version 1, type 6, length 3, reserved 0.
@@ -65,7 +66,7 @@ TEST(FrameTest, GoldenLayoutIsLittleEndian) {
   }
 }
 
-TEST(FrameTest, ChecksumIsXxh3OfThePayload) {
+TEST(WireFrameTest, ChecksumIsXxh3OfThePayload) {
   // XXH3_64bits of the empty input (seed 0), a published test vector: pins the algorithm the
   // documentation promises, independent of util::Hash64.
   const Header h = EncodeFor(FrameType::kHello, {});
@@ -74,29 +75,29 @@ TEST(FrameTest, ChecksumIsXxh3OfThePayload) {
   EXPECT_EQ(checksum, 0x2D06800538D394C2ull);
 }
 
-TEST(FrameTest, RoundTripEveryType) {
+TEST(WireFrameTest, RoundTripEveryType) {
   for (FrameType type : kAllTypes) {
     SCOPED_TRACE(std::string(FrameTypeName(type)));
     const std::vector<uint8_t> payload = Bytes("payload of " + std::string(FrameTypeName(type)));
     const Header h = EncodeFor(type, payload);
     Result<FrameHeader> decoded = DecodeHeader(h);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ASSERT_OK(decoded);
     EXPECT_EQ(decoded->type, type);
     EXPECT_EQ(decoded->length, payload.size());
     EXPECT_EQ(decoded->checksum, util::Hash64(payload.data(), payload.size()));
-    EXPECT_TRUE(VerifyPayload(*decoded, payload).ok());
+    EXPECT_OK(VerifyPayload(*decoded, payload));
   }
 }
 
-TEST(FrameTest, EmptyPayloadRoundTrips) {
+TEST(WireFrameTest, EmptyPayloadRoundTrips) {
   const Header h = EncodeFor(FrameType::kCopyDone, {});
   Result<FrameHeader> decoded = DecodeHeader(h);
-  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_OK(decoded);
   EXPECT_EQ(decoded->length, 0u);
-  EXPECT_TRUE(VerifyPayload(*decoded, {}).ok());
+  EXPECT_OK(VerifyPayload(*decoded, {}));
 }
 
-TEST(FrameTest, TypeNames) {
+TEST(WireFrameTest, TypeNames) {
   EXPECT_EQ(FrameTypeName(FrameType::kHello), "hello");
   EXPECT_EQ(FrameTypeName(FrameType::kWelcome), "welcome");
   EXPECT_EQ(FrameTypeName(FrameType::kUpdateRequest), "update_request");
@@ -108,7 +109,7 @@ TEST(FrameTest, TypeNames) {
   EXPECT_EQ(FrameTypeName(static_cast<FrameType>(8)), "unknown");
 }
 
-TEST(FrameTest, BadMagicInAnyByteRejected) {
+TEST(WireFrameTest, BadMagicInAnyByteRejected) {
   for (size_t i = 0; i < 4; ++i) {
     Header h = EncodeFor(FrameType::kHello, Bytes("x"));
     h[i] ^= 0x20;
@@ -118,7 +119,7 @@ TEST(FrameTest, BadMagicInAnyByteRejected) {
   }
 }
 
-TEST(FrameTest, ForeignProtocolRejectedByMagic) {
+TEST(WireFrameTest, ForeignProtocolRejectedByMagic) {
   // An HTTP request on our socket: 24 bytes of "GET / HTTP/1.1\r\nHost: x\r\n".
   Header h{};
   const std::string_view http = "GET / HTTP/1.1\r\nHost: x\r\n";
@@ -126,7 +127,7 @@ TEST(FrameTest, ForeignProtocolRejectedByMagic) {
   EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError, {"magic"}));
 }
 
-TEST(FrameTest, BadVersionRejected) {
+TEST(WireFrameTest, BadVersionRejected) {
   for (uint16_t version : {0, 2, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
@@ -136,7 +137,7 @@ TEST(FrameTest, BadVersionRejected) {
   }
 }
 
-TEST(FrameTest, UnknownTypeRejected) {
+TEST(WireFrameTest, UnknownTypeRejected) {
   for (uint16_t type : {0, 8, 0x0100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 6, type);
@@ -146,7 +147,7 @@ TEST(FrameTest, UnknownTypeRejected) {
   }
 }
 
-TEST(FrameTest, NonzeroReservedRejected) {
+TEST(WireFrameTest, NonzeroReservedRejected) {
   for (size_t byte = 12; byte < 16; ++byte) {
     Header h = EncodeFor(FrameType::kStepBegin, {});
     h[byte] = 1;
@@ -156,11 +157,11 @@ TEST(FrameTest, NonzeroReservedRejected) {
   }
 }
 
-TEST(FrameTest, LengthCapEnforced) {
+TEST(WireFrameTest, LengthCapEnforced) {
   Header h = EncodeFor(FrameType::kWelcome, {});
 
   Put32(h, 8, kMaxPayloadBytes);
-  EXPECT_TRUE(DecodeHeader(h).ok());
+  EXPECT_OK(DecodeHeader(h));
   Put32(h, 8, kMaxPayloadBytes + 1);
   EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,
                       {"welcome", "payload length " + std::to_string(kMaxPayloadBytes + 1),
@@ -170,7 +171,7 @@ TEST(FrameTest, LengthCapEnforced) {
 
   // A caller-lowered cap (e.g. before authentication).
   Put32(h, 8, 4096);
-  EXPECT_TRUE(DecodeHeader(h, 4096).ok());
+  EXPECT_OK(DecodeHeader(h, 4096));
   EXPECT_TRUE(IsError(DecodeHeader(h, 4095).status(), StatusCode::kProtocolError,
                       {"payload length 4096", "exceeds limit 4095"}));
   EXPECT_TRUE(IsError(DecodeHeader(h, 0).status(), StatusCode::kProtocolError, {"limit 0"}));
@@ -181,10 +182,10 @@ TEST(FrameTest, LengthCapEnforced) {
                       {"exceeds limit " + std::to_string(kMaxPayloadBytes)}));
 }
 
-TEST(FrameTest, PayloadLengthMismatchIsProtocolError) {
+TEST(WireFrameTest, PayloadLengthMismatchIsProtocolError) {
   const std::vector<uint8_t> payload = Bytes("hello world");
   Result<FrameHeader> header = DecodeHeader(EncodeFor(FrameType::kError, payload));
-  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_OK(header);
   std::vector<uint8_t> shorter(payload.begin(), payload.end() - 1);
   EXPECT_TRUE(IsError(VerifyPayload(*header, shorter), StatusCode::kProtocolError,
                       {"error", "payload has 10 bytes", "header says 11"}));
@@ -194,10 +195,10 @@ TEST(FrameTest, PayloadLengthMismatchIsProtocolError) {
                       {"payload has 12 bytes"}));
 }
 
-TEST(FrameTest, EveryBitFlipInPayloadIsCorruption) {
+TEST(WireFrameTest, EveryBitFlipInPayloadIsCorruption) {
   const std::vector<uint8_t> payload = Bytes("0123456789abcdef-weights");
   Result<FrameHeader> header = DecodeHeader(EncodeFor(FrameType::kStepEnd, payload));
-  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_OK(header);
   for (size_t bit = 0; bit < payload.size() * 8; ++bit) {
     std::vector<uint8_t> flipped = payload;
     flipped[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
@@ -207,16 +208,16 @@ TEST(FrameTest, EveryBitFlipInPayloadIsCorruption) {
   }
 }
 
-TEST(FrameTest, ChecksumFieldMismatchIsCorruption) {
+TEST(WireFrameTest, ChecksumFieldMismatchIsCorruption) {
   const std::vector<uint8_t> payload = Bytes("abc");
   Header h = EncodeFor(FrameType::kHello, payload);
   h[20] ^= 0x01;  // a checksum byte: the header stays well-formed
   Result<FrameHeader> header = DecodeHeader(h);
-  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_OK(header);
   EXPECT_TRUE(IsError(VerifyPayload(*header, payload), StatusCode::kCorruption, {"checksum"}));
 }
 
-TEST(FrameTest, RandomHeadersNeverCrashAndOnlyValidOnesPass) {
+TEST(WireFrameTest, RandomHeadersNeverCrashAndOnlyValidOnesPass) {
   std::mt19937_64 rng(20261129);
   int accepted = 0;
   for (int iter = 0; iter < 10000; ++iter) {
