@@ -21,8 +21,15 @@ enum class MatchPolicy : uint8_t {
 };
 
 struct PublisherOptions {
-  // "local://NAME": a Unix socket, owner-only, in $WEIGHTSYNC_SOCKET_DIR or /tmp/weightsync-UID.
+  // "local://NAME": a Unix socket, owner-only, in $WEIGHTSYNC_SOCKET_DIR or /tmp/weightsync-UID;
+  // subscribers on this host map the publisher's shared memory.
+  // "tcp://HOST:PORT": listens on HOST (loopback unless a token is configured); subscribers on
+  // any host receive the bytes over TCP. Port 0 picks a free port (see Publisher::endpoint()).
   std::string endpoint;
+  // Shared secret for TCP (see docs/security.md). Empty: $WEIGHTSYNC_TOKEN_FILE or
+  // $WEIGHTSYNC_TOKEN. Required to listen on a non-loopback address.
+  std::string token;
+  std::string token_file;  // path to a 0600 file holding the token
   // Versions held in the arena at once for registered (copied) tensors. Two lets a subscriber read
   // version N while version N+1 is written.
   int slots = 2;
@@ -39,6 +46,8 @@ struct PublisherOptions {
 
 struct SubscriberOptions {
   std::string endpoint;  // same form as PublisherOptions::endpoint
+  std::string token;       // as PublisherOptions::token (TCP only)
+  std::string token_file;
   UpdateMode mode = UpdateMode::kStaged;
   MatchPolicy policy = MatchPolicy::kStrict;
   // Deadline for each update, end to end, including connecting and preparing.

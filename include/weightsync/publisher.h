@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "weightsync/manifest.h"
@@ -45,6 +46,8 @@ class Publisher {
   Result<PublishStats> Publish(int64_t step);
   int64_t latest_step() const;  // -1 before the first Publish
   const Manifest& manifest() const;
+  // The endpoint subscribers connect to (for tcp://HOST:0, with the port actually bound).
+  const std::string& endpoint() const;
   // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
   Status Close();
 

@@ -10,9 +10,11 @@
 #include "transport/endpoint.h"
 #include "transport/shm/arena.h"
 #include "transport/shm/shm_server.h"
+#include "transport/tcp/tcp_server.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
+#include "util/token.h"
 #include "util/logging.h"
 #include "util/worker_pool.h"
 #include "wire/messages.h"
@@ -29,11 +31,13 @@ constexpr uint64_t kDefaultReserve = 1ull << 40;
 constexpr auto kWaitSlice = std::chrono::milliseconds(50);
 }  // namespace
 
-struct Publisher::Impl final : transport::shm::VersionSource {
+struct Publisher::Impl final : transport::VersionSource {
   PublisherOptions options;
   transport::Endpoint endpoint;
   std::unique_ptr<Arena> arena;
-  std::unique_ptr<ShmServer> server;
+  std::unique_ptr<ShmServer> server;                    // local:// endpoints
+  std::unique_ptr<transport::tcp::TcpServer> tcp_server;  // tcp:// endpoints
+  std::string bound_endpoint;
   std::unique_ptr<util::WorkerPool> workers;
 
   // Registration (before the first Publish), in manifest order.
@@ -98,6 +102,7 @@ struct Publisher::Impl final : transport::shm::VersionSource {
   Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                   const std::function<bool()>& give_up) override;
   void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) override;
+  const uint8_t* arena_base() const override { return arena->base(); }
   bool has_direct() const { return arena && arena->direct_bytes() > 0; }
 };
 
@@ -125,8 +130,21 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   impl->options = options;
   WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
   WS_ASSIGN_OR_RETURN(impl->arena, Arena::Create(impl->endpoint.name, kDefaultReserve));
-  transport::shm::ServerOptions server_options{options.max_connections, options.timeout};
-  WS_ASSIGN_OR_RETURN(impl->server, ShmServer::Start(impl->endpoint, server_options, impl.get()));
+  if (impl->endpoint.kind == transport::Endpoint::Kind::kTcp) {
+    transport::tcp::TcpServerOptions tcp_options;
+    WS_ASSIGN_OR_RETURN(tcp_options.token, util::LoadToken(options.token, options.token_file));
+    tcp_options.max_connections = options.max_connections;
+    tcp_options.timeout = options.timeout;
+    tcp_options.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(2000));
+    WS_ASSIGN_OR_RETURN(impl->tcp_server, transport::tcp::TcpServer::Start(
+                                              impl->endpoint, tcp_options, impl.get()));
+    impl->bound_endpoint = impl->tcp_server->bound().ToString();
+  } else {
+    transport::shm::ServerOptions server_options{options.max_connections, options.timeout};
+    WS_ASSIGN_OR_RETURN(impl->server,
+                        ShmServer::Start(impl->endpoint, server_options, impl.get()));
+    impl->bound_endpoint = impl->endpoint.ToString();
+  }
   return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
 }
 
@@ -211,7 +229,7 @@ Status Publisher::Impl::Freeze() {
   for (auto& v : versions) v.digests.assign(digest, 0);
   int threads = options.copy_threads > 0 ? options.copy_threads : util::DefaultThreads();
   workers = std::make_unique<util::WorkerPool>(threads);
-  WS_LOG(INFO, "publisher") << "local://" << endpoint.name << " prepared: " << placements.size()
+  WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << placements.size()
                             << " tensors, " << manifest.total_bytes() << " bytes ("
                             << arena->direct_bytes() << " arena-allocated), " << options.slots
                             << " slots of " << arena->slot_bytes() << " bytes, " << tasks.size()
@@ -392,6 +410,8 @@ int64_t Publisher::latest_step() const {
 
 const Manifest& Publisher::manifest() const { return impl_->manifest; }
 
+const std::string& Publisher::endpoint() const { return impl_->bound_endpoint; }
+
 Status Publisher::Close() {
   Impl& d = *impl_;
   std::lock_guard<std::mutex> publish_lock(d.publish_mu);
@@ -409,6 +429,13 @@ Status Publisher::Close() {
       result.Update(s);
     }
     d.server.reset();
+  }
+  if (d.tcp_server) {
+    if (Status s = d.tcp_server->Close(); !s.ok()) {
+      WS_LOG(WARN, "publisher") << "release: tcp server: " << s;
+      result.Update(s);
+    }
+    d.tcp_server.reset();
   }
   d.workers.reset();
   if (d.arena) {

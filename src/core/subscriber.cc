@@ -218,6 +218,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   const bool staged = d.options.mode == UpdateMode::kStaged;
   d.received = staged ? d.shadow.data() : nullptr;
   touched_destinations = !staged;
+  WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
   Status s = d.handle->CopyStep(d.received, deadline);
   if (!s.ok()) return fail(s);
   if (util::FailPoints::Check("subscriber.flip_received").action == util::FailAction::kFlip &&

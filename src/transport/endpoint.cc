@@ -17,11 +17,67 @@ std::string SocketDir() {
 
 }  // namespace
 
+std::string Endpoint::ToString() const {
+  if (kind == Kind::kTcp) {
+    bool v6 = host.find(':') != std::string::npos;
+    return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
+  return "local://" + name;
+}
+
+namespace {
+
+Result<Endpoint> ParseTcp(const std::string& text, std::string_view rest) {
+  Endpoint e;
+  e.kind = Endpoint::Kind::kTcp;
+  std::string_view port_text;
+  if (!rest.empty() && rest[0] == '[') {
+    size_t close = rest.find(']');
+    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return Status::InvalidArgument("endpoint '", text, "': expected tcp://[IPv6]:PORT");
+    }
+    e.host = std::string(rest.substr(1, close - 1));
+    port_text = rest.substr(close + 2);
+  } else {
+    size_t colon = rest.rfind(':');
+    if (colon == std::string_view::npos) {
+      return Status::InvalidArgument("endpoint '", text, "': expected tcp://HOST:PORT");
+    }
+    e.host = std::string(rest.substr(0, colon));
+    port_text = rest.substr(colon + 1);
+  }
+  if (e.host.empty() || e.host.size() > 253) {
+    return Status::InvalidArgument("endpoint '", text, "': HOST must be 1..253 characters");
+  }
+  if (port_text.empty() || port_text.size() > 5) {
+    return Status::InvalidArgument("endpoint '", text, "': PORT must be 0..65535");
+  }
+  uint32_t port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9') {
+      return Status::InvalidArgument("endpoint '", text, "': PORT '", port_text,
+                                     "' is not a number");
+    }
+    port = port * 10 + (c - '0');
+  }
+  if (port > 65535) {
+    return Status::InvalidArgument("endpoint '", text, "': PORT ", port, " exceeds 65535");
+  }
+  e.port = static_cast<uint16_t>(port);
+  e.name = std::string(rest);
+  return e;
+}
+
+}  // namespace
+
 Result<Endpoint> ParseEndpoint(const std::string& text) {
   constexpr std::string_view kLocal = "local://";
+  constexpr std::string_view kTcp = "tcp://";
+  if (text.rfind(kTcp, 0) == 0) return ParseTcp(text, std::string_view(text).substr(kTcp.size()));
   if (text.rfind(kLocal, 0) != 0) {
     return Status::InvalidArgument("endpoint '", text,
-                                   "': unsupported scheme (expected local://NAME)");
+                                   "': unsupported scheme (expected local://NAME or "
+                                   "tcp://HOST:PORT)");
   }
   std::string name = text.substr(kLocal.size());
   if (name.empty() || name.size() > 64) {

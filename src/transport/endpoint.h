@@ -1,7 +1,10 @@
-// Endpoint: where a publisher serves. "local://NAME" is a Unix socket under a per-user directory
-// (mode 0700): $WEIGHTSYNC_SOCKET_DIR if set, else /tmp/weightsync-UID.
+// Endpoint: where a publisher serves.
+//  "local://NAME"     a Unix socket under a per-user directory (mode 0700):
+//                     $WEIGHTSYNC_SOCKET_DIR if set, else /tmp/weightsync-UID.
+//  "tcp://HOST:PORT"  HOST a name, an IPv4 address or a bracketed IPv6 address; PORT 0..65535.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "weightsync/status.h"
@@ -9,9 +12,12 @@
 namespace weightsync::transport {
 
 struct Endpoint {
-  enum class Kind { kLocal } kind = Kind::kLocal;
-  std::string name;         // NAME
-  std::string socket_path;  // resolved path of the Unix socket
+  enum class Kind { kLocal, kTcp } kind = Kind::kLocal;
+  std::string name;         // NAME (local) or "HOST:PORT" (tcp), for messages
+  std::string socket_path;  // local: resolved path of the Unix socket
+  std::string host;         // tcp
+  uint16_t port = 0;        // tcp
+  std::string ToString() const;
 };
 
 // NAME: 1..64 of [A-Za-z0-9._-], not starting with '.'. InvalidArgument names the problem.

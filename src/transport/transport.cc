@@ -1,6 +1,7 @@
 #include "transport/transport.h"
 
 #include "transport/shm/shm_handle.h"
+#include "transport/tcp/tcp_handle.h"
 
 namespace weightsync::transport {
 
@@ -9,6 +10,8 @@ Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const Endpoint& endpoi
   switch (endpoint.kind) {
     case Endpoint::Kind::kLocal:
       return shm::NewShmHandle(endpoint, options);
+    case Endpoint::Kind::kTcp:
+      return tcp::NewTcpHandle(endpoint, options);
   }
   return Status::Unavailable("no transport serves endpoint '", endpoint.name, "'");
 }

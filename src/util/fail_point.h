@@ -44,3 +44,14 @@ class FailPoints {
       return ::weightsync::Status::Internal("injected failure at fail point '", name, "'"); \
     }                                                                                  \
   } while (0)
+
+// Like WS_FAIL_POINT_RETURN, but routes the injected error through `handler` (a callable taking
+// a Status and returning the Status to return), so the caller's failure path runs as for a real
+// error. Sleep actions just sleep.
+#define WS_FAIL_POINT_RETURN_VIA(handler, name)                                        \
+  do {                                                                                 \
+    if (::weightsync::util::FailPoints::Check(name).action ==                          \
+        ::weightsync::util::FailAction::kError) {                                      \
+      return handler(::weightsync::Status::Internal("injected failure at fail point '", name, "'")); \
+    }                                                                                  \
+  } while (0)

@@ -153,6 +153,94 @@ Status Channel::UnexpectedFrame(FrameType expected, const FrameHeader& got) {
                                FrameTypeName(got.type));
 }
 
+namespace {
+
+// Fills `out` with up to kBatch iovecs starting `done` bytes into `parts`, skipping what is done.
+constexpr int kBatch = 64;
+int NextBatch(std::span<const iovec> parts, size_t* index, size_t* offset, iovec* out) {
+  int n = 0;
+  size_t i = *index, off = *offset;
+  while (i < parts.size() && n < kBatch) {
+    if (off >= parts[i].iov_len) {
+      ++i;
+      off = 0;
+      continue;
+    }
+    out[n++] = {static_cast<uint8_t*>(parts[i].iov_base) + off, parts[i].iov_len - off};
+    ++i;
+    off = 0;
+  }
+  return n;
+}
+
+void Advance(std::span<const iovec> parts, size_t* index, size_t* offset, size_t bytes) {
+  while (bytes > 0 && *index < parts.size()) {
+    size_t left = parts[*index].iov_len - *offset;
+    if (bytes < left) {
+      *offset += bytes;
+      return;
+    }
+    bytes -= left;
+    ++*index;
+    *offset = 0;
+  }
+  while (*index < parts.size() && parts[*index].iov_len == 0) ++*index;
+}
+
+}  // namespace
+
+Status Channel::WriteAll(std::span<const iovec> parts, const util::Deadline& deadline) {
+  size_t index = 0, offset = 0;
+  Advance(parts, &index, &offset, 0);
+  iovec batch[kBatch];
+  while (index < parts.size()) {
+    WS_RETURN_IF_ERROR(WaitReady(fd_.get(), POLLOUT, deadline, peer_, "sending data"));
+    int n = NextBatch(parts, &index, &offset, batch);
+    msghdr msg{};
+    msg.msg_iov = batch;
+    msg.msg_iovlen = n;
+    ssize_t r = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      if (errno == EPIPE || errno == ECONNRESET) {
+        return Status::PeerLost(peer_, ": connection closed while sending data");
+      }
+      return Status::FromErrno(errno, peer_ + ": sending data");
+    }
+    Advance(parts, &index, &offset, static_cast<size_t>(r));
+  }
+  return Status::Ok();
+}
+
+Status Channel::ReadAll(std::span<const iovec> parts, const util::Deadline& deadline) {
+  size_t index = 0, offset = 0;
+  Advance(parts, &index, &offset, 0);
+  iovec batch[kBatch];
+  while (index < parts.size()) {
+    int n = NextBatch(parts, &index, &offset, batch);
+    msghdr msg{};
+    msg.msg_iov = batch;
+    msg.msg_iovlen = n;
+    // Try first, poll only when the socket is drained: at high rates most reads find data.
+    ssize_t r = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        WS_RETURN_IF_ERROR(WaitReady(fd_.get(), POLLIN, deadline, peer_, "receiving data"));
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) return Status::PeerLost(peer_, ": connection reset mid-data");
+      return Status::FromErrno(errno, peer_ + ": receiving data");
+    }
+    if (r == 0) return Status::PeerLost(peer_, ": connection closed mid-data");
+    Advance(parts, &index, &offset, static_cast<size_t>(r));
+    if (deadline.expired() && index < parts.size()) {
+      return Status::Timeout(peer_, ": data did not arrive before the deadline");
+    }
+  }
+  return Status::Ok();
+}
+
 bool Channel::PeerHungUpOrSpoke() const {
   pollfd p{fd_.get(), POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;

@@ -4,6 +4,8 @@
 // (SCM_RIGHTS, Unix sockets only). Buffers are reused: steady-state frames do not allocate.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -42,6 +44,11 @@ class Channel {
   template <typename Message>
   Status ReceiveExpect(FrameType type, Message* message, const util::Deadline& deadline,
                        util::UniqueFd* received_fd = nullptr);
+
+  // Bulk bytes outside frames (the TCP data path): sends / fills `parts` in order, scatter-gather,
+  // bounded by the deadline. No allocation.
+  Status WriteAll(std::span<const iovec> parts, const util::Deadline& deadline);
+  Status ReadAll(std::span<const iovec> parts, const util::Deadline& deadline);
 
   // True if the peer has closed or sent data (non-blocking check).
   bool PeerHungUpOrSpoke() const;

@@ -57,6 +57,14 @@ std::string_view FrameTypeName(FrameType type) {
       return "step_end";
     case FrameType::kError:
       return "error";
+    case FrameType::kChallenge:
+      return "challenge";
+    case FrameType::kAuth:
+      return "auth";
+    case FrameType::kAuthOk:
+      return "auth_ok";
+    case FrameType::kSelect:
+      return "select";
   }
   return "unknown";
 }

@@ -32,9 +32,14 @@ enum class FrameType : uint16_t {
   kCopyDone = 5,       // subscriber → publisher: finished reading
   kStepEnd = 6,        // publisher → subscriber: segment digests; the version may be committed
   kError = 7,          // either way: a typed error, then the sender closes
+  // TCP only (src/wire/handshake.h): mutual authentication, then the subscriber's selection.
+  kChallenge = 8,      // publisher → subscriber, first frame on a TCP connection
+  kAuth = 9,           // subscriber → publisher
+  kAuthOk = 10,        // publisher → subscriber
+  kSelect = 11,        // subscriber → publisher: which tensors to stream each step
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 7;
+inline constexpr uint16_t kMaxFrameType = 11;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

@@ -189,8 +189,7 @@ Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlace
       region != static_cast<uint8_t>(Region::kSlot)) {
     return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " region ",
                                  static_cast<unsigned>(region),
-                                 " unknown, expected 0 (direct) or "
-                                 "1 (slot)");
+                                 " unknown, expected 0 (direct) or 1 (slot)");
   }
   t->region = static_cast<Region>(region);
 

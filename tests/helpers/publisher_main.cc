@@ -1,6 +1,6 @@
 // A publisher process driven line by line over stdin/stdout, for multi-process tests.
 //   ws_publisher ENDPOINT TENSORS ELEMENTS [SLOTS]
-// Prints "ready", then answers each command with one line:
+// Prints "ready ENDPOINT" (the bound endpoint: tcp://HOST:0 gets its port), then answers each command with one line:
 //   publish S   → "ok S" | "error <status>"      (fills the synthetic model for step S first)
 //   quit        → exits 0 after Close()
 // Fail points come from $WEIGHTSYNC_FAILPOINTS.
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   }
   PublisherOptions options;
   options.endpoint = argv[1];
+  options.timeout = std::chrono::milliseconds(5000);
   if (argc > 4) options.slots = std::atoi(argv[4]);
   ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto publisher = Publisher::Create(options);
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
     std::printf("error %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("ready\n");
+  std::printf("ready %s\n", (*publisher)->endpoint().c_str());
   std::fflush(stdout);
   std::string cmd;
   while (std::cin >> cmd) {

@@ -21,15 +21,23 @@ using util::FailPoints;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kTensors = 24;
-constexpr int64_t kElements = 20000;
+// Large enough (about 40 MB) that a step's bytes do not fit in loopback socket buffers.
+constexpr int64_t kElements = 600000;
 constexpr auto kTimeout = std::chrono::milliseconds(2000);
 
-class PublisherFaults : public ::testing::TestWithParam<UpdateMode> {
+enum class Transport { kShm, kTcp };
+struct Param {
+  UpdateMode mode;
+  Transport transport;
+};
+
+class PublisherFaults : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     FailPoints::DisarmAll();
     baseline_ = ReadLedger();
-    endpoint_ = testing::UniqueEndpoint("faults");
+    endpoint_ = GetParam().transport == Transport::kShm ? testing::UniqueEndpoint("faults")
+                                                        : std::string("tcp://127.0.0.1:0");
     StartPublisher();
     // The subscriber's destinations mirror the publisher's synthetic model.
     like_ = model_.Tensors();
@@ -37,7 +45,7 @@ class PublisherFaults : public ::testing::TestWithParam<UpdateMode> {
     dst_ = SyntheticModel::Views(like_, storage_);
     SubscriberOptions o;
     o.endpoint = endpoint_;
-    o.mode = GetParam();
+    o.mode = GetParam().mode;
     o.verify = true;
     o.timeout = kTimeout;
     auto s = Subscriber::Create(o);
@@ -50,7 +58,10 @@ class PublisherFaults : public ::testing::TestWithParam<UpdateMode> {
   void StartPublisher() {
     publisher_ = ChildProcess::Spawn({testing::HelperPath("publisher"), endpoint_,
                                       std::to_string(kTensors), std::to_string(kElements)});
-    ASSERT_EQ(publisher_.ReadLine(), "ready");
+    std::string ready = publisher_.ReadLine();
+    ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    // tcp://127.0.0.1:0 becomes the bound port; a restarted publisher reuses it.
+    endpoint_ = ready.substr(6);
   }
   void Publish(int64_t step) {
     ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
@@ -93,24 +104,24 @@ TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
   const std::vector<uint64_t> before = testing::Digests(dst_);
   Publish(2);
 
-  // Hold the subscriber inside its copy of step 2, then kill the publisher.
-  FailPoints::Arm("shm.after_copy", FailAction::kSleep, 300, 1);
+  // Hold the subscriber just before its copy of step 2, then kill the publisher.
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 300, 1);
   std::thread killer([&] {
-    if (WaitForHit("shm.after_copy", 1)) publisher_.Signal(SIGKILL);
+    if (WaitForHit("subscriber.before_copy", 1)) publisher_.Signal(SIGKILL);
   });
   auto t0 = Clock::now();
   auto stats = sub_->Update(2);
   auto elapsed = Clock::now() - t0;
   killer.join();
 
-  ASSERT_EQ(FailPoints::Hits("shm.after_copy"), 1) << "the copy was never paused";
+  ASSERT_EQ(FailPoints::Hits("subscriber.before_copy"), 1) << "the copy was never paused";
   int status = publisher_.Wait();
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "publisher not killed";
   ASSERT_STATUS_IS(kPeerLost, stats);
   EXPECT_NE(stats.status().message().find("step 2"), std::string::npos) << stats.status();
   EXPECT_LT(elapsed, kTimeout);
   EXPECT_EQ(sub_->committed_step(), 1);
-  if (GetParam() == UpdateMode::kStaged) {
+  if (GetParam().mode == UpdateMode::kStaged) {
     EXPECT_TRUE(sub_->weights_valid());
     EXPECT_EQ(testing::Digests(dst_), before) << "staged update changed committed weights";
   } else {
@@ -173,11 +184,16 @@ TEST_P(PublisherFaults, PublisherGoneBeforeUpdateIsNotFoundThenRecovers) {
   UpdateTo(5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PublisherFaults,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    ModesAndTransports, PublisherFaults,
+    ::testing::Values(Param{UpdateMode::kStaged, Transport::kShm},
+                      Param{UpdateMode::kInPlace, Transport::kShm},
+                      Param{UpdateMode::kStaged, Transport::kTcp},
+                      Param{UpdateMode::kInPlace, Transport::kTcp}),
+    [](const auto& info) {
+      return std::string(info.param.transport == Transport::kShm ? "shm_" : "tcp_") +
+             (info.param.mode == UpdateMode::kStaged ? "staged" : "in_place");
+    });
 
 }  // namespace
 }  // namespace weightsync

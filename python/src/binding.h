@@ -1,0 +1,83 @@
+// Shared pieces of the weightsync Python binding. The binding only translates (STYLE §10):
+// Python objects → TensorView/options, Status → typed exceptions, TensorView → NumPy views.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weightsync/weightsync.h"
+
+namespace weightsync::python {
+
+namespace nb = nanobind;
+
+// A non-OK Status on its way to Python. Thrown where the GIL may be released; the translator
+// registered by RegisterErrorTranslator() turns it into the class _errors.BY_CODE names.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Status status) : status_(std::move(status)) {}
+  const char* what() const noexcept override { return status_.message().c_str(); }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+inline void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+template <typename T>
+T ThrowIfError(Result<T> result) {
+  if (!result.ok()) throw StatusError(result.status());
+  return std::move(result).value();
+}
+
+// errors.cc: installs the one Status → exception translation.
+void RegisterErrorTranslator();
+
+// ---- tensors.cc -------------------------------------------------------------------------------
+
+// An input tensor as the C++ API wants it, plus the DLPack import that keeps its memory alive for
+// as long as the Publisher/Subscriber holds the view.
+struct ImportedTensor {
+  NamedTensor tensor;
+  nb::ndarray<> keep;
+};
+
+// Converts `tensors` (a mapping name → tensor, or an iterable of (name, tensor) pairs; a tensor
+// is any CPU DLPack producer or NumPy array) into views. `dtypes` (mapping name → dtype or None)
+// overrides the element type of raw-bits tensors. `writable`: destinations must accept writes.
+// Never copies: a tensor that is not C-contiguous or not on the CPU is an InvalidArgument.
+std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable);
+
+// A dtype argument: a name ("bfloat16", "bf16"), a NumPy dtype or scalar type, an ml_dtypes type.
+DType DTypeArg(nb::handle dtype);
+std::vector<int64_t> ShapeArg(nb::handle shape);
+
+// A NumPy array over `data` (`dtype`, `shape`) whose base keeps `owner` alive. Element types NumPy
+// lacks come back as ml_dtypes arrays when ml_dtypes is installed, else as raw bits (uint16 for
+// bfloat16, uint8 for float8); tfloat32 as float32; float4_e2m1fn as the packed uint8 bytes.
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner);
+
+// The raw NumPy storage of `dtype` elements: (numpy dtype name, shape of the raw array).
+std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
+                                                       const std::vector<int64_t>& shape);
+
+// ---- options -----------------------------------------------------------------------------------
+std::chrono::milliseconds TimeoutArg(double seconds, const char* what);
+
+// ---- bindings ----------------------------------------------------------------------------------
+void BindPublisher(nb::module_& m);
+void BindSubscriber(nb::module_& m);
+
+}  // namespace weightsync::python

@@ -1,0 +1,186 @@
+// weightsync.Publisher: translation of weightsync::Publisher.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+
+#include "binding.h"
+
+namespace weightsync::python {
+namespace {
+
+using namespace nb::literals;
+
+// The Python-side state of a Publisher: what keeps registered caller memory alive, and how many
+// arena views are still reachable (close() would unmap memory they point at).
+struct PyPublisher {
+  std::vector<nb::ndarray<>> sources;  // registered tensors; declared first, released last
+  std::unique_ptr<Publisher> publisher;
+  std::string endpoint;
+  int live_views = 0;           // arrays from allocate() still alive
+  bool close_when_unused = false;  // __exit__ with live views: close when the last one dies
+
+  Status Close() {
+    nb::gil_scoped_release release;
+    return publisher->Close();
+  }
+};
+
+// Owner of one arena view: counts it and keeps the Python Publisher alive.
+struct ViewOwner {
+  PyPublisher* self;
+  PyObject* self_object;
+};
+
+void ReleaseView(void* p) noexcept {
+  auto* owner = static_cast<ViewOwner*>(p);
+  PyPublisher* self = owner->self;
+  if (--self->live_views == 0 && self->close_when_unused) {
+    self->close_when_unused = false;
+    if (Status s = self->Close(); !s.ok()) {
+      PySys_WriteStderr("weightsync: Publisher(%s).close() after its last view: %s\n",
+                        self->endpoint.c_str(), s.ToString().c_str());
+    }
+  }
+  Py_DECREF(owner->self_object);
+  delete owner;
+}
+
+}  // namespace
+
+void BindPublisher(nb::module_& m) {
+  nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")
+      .def_ro("step", &PublishStats::step)
+      .def_ro("bytes_copied", &PublishStats::bytes_copied,
+              "Bytes copied into the arena (0 for allocate()d tensors).")
+      .def_ro("seconds", &PublishStats::seconds)
+      .def_ro("gbps", &PublishStats::gbps)
+      .def("__repr__", [](const PublishStats& s) {
+        return "PublishStats(step=" + std::to_string(s.step) +
+               ", bytes_copied=" + std::to_string(s.bytes_copied) +
+               ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) + ")";
+      });
+
+  nb::class_<PyPublisher>(
+      m, "Publisher",
+      "Makes versions of named CPU tensors available to Subscribers on the same host.\n\n"
+      "Either register() tensors you own (publish() copies them into shared memory) or\n"
+      "allocate() them in the shared-memory arena (publish() copies nothing; call\n"
+      "begin_write() before changing them). Register/allocate before the first publish().")
+      .def(
+          "__init__",
+          [](PyPublisher* self, const std::string& endpoint, int slots, double timeout,
+             uint64_t segment_bytes, int copy_threads, int max_connections) {
+            PublisherOptions o;
+            o.endpoint = endpoint;
+            o.slots = slots;
+            o.timeout = TimeoutArg(timeout, "timeout");
+            o.segment_bytes = segment_bytes;
+            o.copy_threads = copy_threads;
+            o.max_connections = max_connections;
+            std::unique_ptr<Publisher> p;
+            {
+              nb::gil_scoped_release release;
+              p = ThrowIfError(Publisher::Create(o));
+            }
+            new (self) PyPublisher();
+            self->publisher = std::move(p);
+            self->endpoint = endpoint;
+          },
+          "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
+          "copy_threads"_a = 0, "max_connections"_a = 64,
+          "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
+          "publish() waiting for a free slot and every control-frame read or write.")
+      .def(
+          "register",
+          [](PyPublisher& self, nb::handle tensors, nb::handle dtypes) {
+            std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, false);
+            std::vector<NamedTensor> views;
+            for (const auto& t : imported) views.push_back(t.tensor);
+            ThrowIfError(self.publisher->Register(views));
+            for (auto& t : imported) self.sources.push_back(std::move(t.keep));
+          },
+          "tensors"_a, "dtypes"_a = nb::none(),
+          nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
+                  "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
+                  "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
+          "Registers CPU tensors (any __dlpack__ producer or NumPy array, C-contiguous) by name.\n"
+          "They stay in your memory: publish() copies them, so you may change them as soon as\n"
+          "it returns. The Publisher keeps them alive. `dtypes` maps names to an element type\n"
+          "for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
+      .def(
+          "allocate",
+          [](PyPublisher& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+            DType dt = DTypeArg(dtype);
+            std::vector<int64_t> dims = ShapeArg(shape);
+            TensorView v = ThrowIfError(self.publisher->Allocate(name, dt, dims));
+            nb::handle self_object = nb::find(&self);
+            auto* owner = new ViewOwner{&self, self_object.inc_ref().ptr()};
+            ++self.live_views;
+            nb::capsule capsule(owner, &ReleaseView);  // owns `owner` from here on
+            return ArrayView(v.data, v.dtype, v.shape, capsule);
+          },
+          "name"_a, "dtype"_a, "shape"_a,
+          nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
+                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
+          "Allocates a zero-filled tensor in the shared-memory arena and returns a NumPy view of\n"
+          "it (publish() then copies nothing). The view keeps the Publisher alive; close()\n"
+          "refuses while views are alive. bfloat16/float8 come back as ml_dtypes arrays when\n"
+          "ml_dtypes is installed, else as raw uint16/uint8 bits.")
+      .def(
+          "begin_write",
+          [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
+          nb::call_guard<nb::gil_scoped_release>(),
+          "Waits until no subscriber reads the allocate()d tensors; call before changing them.")
+      .def(
+          "publish",
+          [](PyPublisher& self, int64_t step) { return ThrowIfError(self.publisher->Publish(step)); },
+          "step"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "Makes `step` the latest version (steps must increase). Copies registered tensors.")
+      .def_prop_ro("latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
+                   "The latest published step, -1 before the first publish().")
+      .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
+      .def_prop_ro(
+          "manifest",
+          [](PyPublisher& self) {
+            nb::list out;
+            for (const TensorSpec& s : self.publisher->manifest().tensors()) {
+              nb::list shape;
+              for (int64_t d : s.shape) shape.append(d);
+              std::string_view dt = DTypeName(s.dtype);
+              out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+            }
+            return out;
+          },
+          nb::sig("def manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
+          "(name, dtype name, shape) of every tensor, in registration order: what a\n"
+          "Subscriber.allocate() loop needs to mirror this publisher.")
+      .def(
+          "close",
+          [](PyPublisher& self) {
+            if (self.live_views > 0) {
+              ThrowIfError(Status::FailedPrecondition(
+                  "Publisher(", self.endpoint, ").close(): ", self.live_views,
+                  " array(s) returned by allocate() are still alive and point into the arena; "
+                  "delete them first"));
+            }
+            ThrowIfError(self.Close());
+          },
+          "Stops serving, closes connections and frees the arena. Idempotent.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__",
+          [](PyPublisher& self, nb::args) {
+            if (self.live_views > 0) {
+              self.close_when_unused = true;  // the last view's release closes it
+              return;
+            }
+            ThrowIfError(self.Close());
+          },
+          nb::sig("def __exit__(self, *args: object) -> None"),
+          "Closes the publisher; while allocate()d arrays are alive, closing waits for the\n"
+          "last of them to be released.");
+}
+
+}  // namespace weightsync::python

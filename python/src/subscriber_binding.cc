@@ -1,0 +1,361 @@
+// weightsync.Subscriber: translation of weightsync::Subscriber, plus the one thing a binding must
+// add to a blocking C++ call: Ctrl-C. Subscriber::Update() blocks (bounded by its timeout) and
+// has no cancellation, so update() runs it on one worker thread per Subscriber and waits in
+// 50 ms slices with the GIL released, checking for signals between slices. See docs/python.md
+// ("Interrupting update()") for what a KeyboardInterrupt leaves behind.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "binding.h"
+
+namespace weightsync::python {
+namespace {
+
+using namespace nb::literals;
+
+constexpr auto kSignalSlice = std::chrono::milliseconds(50);
+
+// If the C++ Subscriber offers Cancel() (see the report for issue 4), an interrupted update is
+// cancelled and awaited instead of left running.
+template <typename S>
+concept Cancellable = requires(S& s) { s.Cancel(); };
+
+template <typename S>
+bool CancelUpdate(S& s) {
+  if constexpr (Cancellable<S>) {
+    (void)s.Cancel();
+    return true;
+  } else {
+    return false;
+  }
+}
+
+// Runs Subscriber::Update() calls on one thread, started once. Allocation-free per update: the
+// request and the result live in fixed slots.
+class UpdateWorker {
+ public:
+  explicit UpdateWorker(Subscriber* subscriber)
+      : subscriber_(subscriber), thread_([this] { Loop(); }) {}
+  ~UpdateWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // an update in flight finishes first (bounded by its timeout)
+  }
+
+  void Submit(const UpdateOptions& options) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request_ = options;
+      result_.reset();
+    }
+    cv_.notify_all();
+  }
+  // True once the submitted update has finished; waits at most `slice`.
+  bool WaitDone(std::chrono::milliseconds slice) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, slice, [this] { return result_.has_value(); });
+  }
+  Result<UpdateStats> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Result<UpdateStats> r = std::move(*result_);
+    result_.reset();
+    return r;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || request_.has_value(); });
+      if (stop_) return;
+      UpdateOptions options = *request_;
+      request_.reset();
+      lock.unlock();
+      Result<UpdateStats> r = subscriber_->Update(options);
+      lock.lock();
+      result_.emplace(std::move(r));
+      cv_.notify_all();
+    }
+  }
+
+  Subscriber* subscriber_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<UpdateOptions> request_;        // guarded by mu_
+  std::optional<Result<UpdateStats>> result_;   // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  std::thread thread_;                          // last: starts after the state above exists
+};
+
+UpdateMode ModeArg(const std::string& mode) {
+  if (mode == "staged") return UpdateMode::kStaged;
+  if (mode == "in_place") return UpdateMode::kInPlace;
+  ThrowIfError(Status::InvalidArgument("mode '", mode, "': expected 'staged' or 'in_place'"));
+  return UpdateMode::kStaged;
+}
+
+MatchPolicy PolicyArg(const std::string& policy) {
+  if (policy == "strict") return MatchPolicy::kStrict;
+  if (policy == "subset") return MatchPolicy::kSubset;
+  ThrowIfError(Status::InvalidArgument("policy '", policy, "': expected 'strict' or 'subset'"));
+  return MatchPolicy::kStrict;
+}
+
+// The Python-side state of a Subscriber. Every field is touched with the GIL held.
+struct PySubscriber {
+  std::vector<nb::ndarray<>> destinations;  // registered caller tensors, kept alive
+  nb::list owned;                           // (name, view) of allocate()d tensors, for receive()
+  std::unique_ptr<Subscriber> subscriber;
+  std::unique_ptr<UpdateWorker> worker;     // started at the first update
+  std::string endpoint;
+  bool in_update = false;  // a Python thread is inside update()
+  bool abandoned = false;  // an interrupted update still runs on the worker
+  bool closed = false;
+
+  ~PySubscriber() {
+    if (!subscriber) return;
+    // Close() waits for an update in flight (an interrupted one, bounded by its timeout).
+    nb::gil_scoped_release release;
+    if (Status s = subscriber->Close(); !s.ok()) {
+      nb::gil_scoped_acquire acquire;
+      PySys_WriteStderr("weightsync: Subscriber(%s) cleanup: %s\n", endpoint.c_str(),
+                        s.ToString().c_str());
+    }
+    worker.reset();
+    subscriber.reset();
+  }
+
+  // Waits for the worker's update, in slices, with the GIL released; a pending signal's handler
+  // runs between slices and its exception (KeyboardInterrupt) propagates.
+  void WaitInterruptibly() {
+    while (true) {
+      bool done;
+      {
+        nb::gil_scoped_release release;
+        done = worker->WaitDone(kSignalSlice);
+      }
+      if (done) return;
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    }
+  }
+
+  // Before any other call: let an interrupted update finish (it holds the C++ update lock).
+  // Returns its result, or nullopt when there was none.
+  std::optional<Result<UpdateStats>> Settle() {
+    if (!abandoned) return std::nullopt;
+    WaitInterruptibly();
+    abandoned = false;
+    return worker->Take();
+  }
+
+  UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify) {
+    if (in_update) {
+      ThrowIfError(Status::Busy("another update() is in flight on this subscriber"));
+    }
+    if (closed) return ThrowIfError(subscriber->Update(UpdateOptions{step, verify}));  // its error
+    in_update = true;
+    struct Reset {
+      bool* flag;
+      ~Reset() { *flag = false; }
+    } reset{&in_update};
+    if (!worker) worker = std::make_unique<UpdateWorker>(subscriber.get());
+    if (auto previous = Settle(); previous && previous->ok() && step &&
+                                  (*previous)->step == *step) {
+      return **previous;  // the interrupted call committed exactly what is asked for now
+    }
+    worker->Submit(UpdateOptions{step, verify});
+    try {
+      WaitInterruptibly();
+    } catch (nb::python_error&) {
+      if (CancelUpdate(*subscriber)) {
+        nb::gil_scoped_release release;
+        while (!worker->WaitDone(kSignalSlice)) {
+        }
+        (void)worker->Take();
+      } else {
+        abandoned = true;
+      }
+      throw;
+    }
+    return ThrowIfError(worker->Take());
+  }
+};
+
+}  // namespace
+
+void BindSubscriber(nb::module_& m) {
+  nb::class_<UpdateStats>(m, "UpdateStats", "What one Subscriber.update() did (read-only).")
+      .def_ro("step", &UpdateStats::step, "Version now committed.")
+      .def_ro("bytes", &UpdateStats::bytes, "Bytes moved into destinations.")
+      .def_ro("tensors", &UpdateStats::tensors)
+      .def_ro("seconds", &UpdateStats::seconds, "Wall time of the whole update.")
+      .def_ro("gbps", &UpdateStats::gbps, "bytes / seconds / 1e9")
+      .def_ro("prepare_seconds", &UpdateStats::prepare_seconds,
+              "Connect + handshake + plan + map (0 when the handle was reused).")
+      .def_ro("wait_seconds", &UpdateStats::wait_seconds, "Waiting for the step.")
+      .def_ro("copy_seconds", &UpdateStats::copy_seconds)
+      .def_ro("verify_seconds", &UpdateStats::verify_seconds)
+      .def_ro("commit_seconds", &UpdateStats::commit_seconds, "Shadow → destinations (staged).")
+      .def_ro("handle_created", &UpdateStats::handle_created,
+              "True if this update prepared a new transfer handle.")
+      .def_ro("prepare_count", &UpdateStats::prepare_count)
+      .def_ro("verified", &UpdateStats::verified, "Every segment matched its digest.")
+      .def_ro("up_to_date", &UpdateStats::up_to_date,
+              "The latest step was already committed; nothing moved.")
+      .def("__repr__", [](const UpdateStats& s) {
+        auto b = [](bool v) { return v ? "True" : "False"; };
+        return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" +
+               std::to_string(s.bytes) + ", tensors=" + std::to_string(s.tensors) +
+               ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) +
+               ", handle_created=" + b(s.handle_created) +
+               ", prepare_count=" + std::to_string(s.prepare_count) +
+               ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ")";
+      });
+
+  nb::class_<PySubscriber>(
+      m, "Subscriber",
+      "Applies published weight versions into tensors you own (register()) or that it owns\n"
+      "(allocate(), receive()). Connects lazily at the first update().")
+      .def(
+          "__init__",
+          [](PySubscriber* self, const std::string& endpoint, const std::string& mode,
+             const std::string& policy, double timeout, bool verify, int copy_threads) {
+            SubscriberOptions o;
+            o.endpoint = endpoint;
+            o.mode = ModeArg(mode);
+            o.policy = PolicyArg(policy);
+            o.timeout = TimeoutArg(timeout, "timeout");
+            o.verify = verify;
+            o.copy_threads = copy_threads;
+            std::unique_ptr<Subscriber> s = ThrowIfError(Subscriber::Create(o));
+            new (self) PySubscriber();
+            self->subscriber = std::move(s);
+            self->endpoint = endpoint;
+          },
+          "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
+          "verify"_a = false, "copy_threads"_a = 0,
+          nb::sig("def __init__(self, endpoint: str, mode: typing.Literal['staged', 'in_place'] "
+                  "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
+                  "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0) -> None"),
+          "mode: 'staged' (receive into a shadow buffer, then commit: old weights untouched on\n"
+          "failure) or 'in_place' (no extra memory; a failure marks weights invalid).\n"
+          "policy: 'strict' (same names on both sides) or 'subset' (a subset of the\n"
+          "publisher's). timeout: seconds for each update, end to end. verify: check xxHash3\n"
+          "digests before committing (per update overridable).")
+      .def(
+          "register",
+          [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {
+            (void)self.Settle();
+            std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, true);
+            std::vector<NamedTensor> views;
+            for (const auto& t : imported) views.push_back(t.tensor);
+            ThrowIfError(self.subscriber->Register(views));
+            for (auto& t : imported) self.destinations.push_back(std::move(t.keep));
+          },
+          "tensors"_a, "dtypes"_a = nb::none(),
+          nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
+                  "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
+                  "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
+          "Registers writable, C-contiguous CPU tensors (any __dlpack__ producer or NumPy\n"
+          "array) as destinations, by name. Updates write them in place (addresses never\n"
+          "change); the Subscriber keeps them alive. Before the first update or after sleep().\n"
+          "`dtypes` maps names to an element type for tensors passed as raw bits.")
+      .def(
+          "allocate",
+          [](PySubscriber& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+            (void)self.Settle();
+            DType dt = DTypeArg(dtype);
+            std::vector<int64_t> dims = ShapeArg(shape);
+            {
+              TensorView probe{nullptr, dt, dims};
+              ThrowIfError(probe.NumBytes());  // negative dims, overflow: before NumPy sees them
+            }
+            auto [raw_name, raw_shape] = RawLayout(dt, dims);
+            nb::list raw_dims;
+            for (int64_t d : raw_shape) raw_dims.append(d);
+            nb::object raw = nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims),
+                                                                        raw_name);
+            nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
+            ThrowIfError(self.subscriber->Register({NamedTensor{name, {raw_array.data(), dt, dims}}}));
+            nb::object view = ArrayView(raw_array.data(), dt, dims, raw);
+            self.owned.append(nb::make_tuple(nb::str(name.c_str(), name.size()), view));
+            return view;
+          },
+          "name"_a, "dtype"_a, "shape"_a,
+          nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
+                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
+          "Creates a zero-filled destination the Subscriber owns and registers it; returns its\n"
+          "NumPy view (the same object receive() yields every step).")
+      .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
+           "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
+           "the step is published, up to `timeout`; the GIL is released meanwhile and Ctrl-C\n"
+           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind).")
+      .def(
+          "receive",
+          [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify) {
+            if (nb::len(self.owned) == 0) {
+              ThrowIfError(Status::FailedPrecondition(
+                  "receive() yields the tensors created with Subscriber.allocate(); there are "
+                  "none (use update() for tensors you register)"));
+            }
+            (void)self.Update(step, verify);
+            return self.owned.attr("__iter__")();
+          },
+          "step"_a = nb::none(), "verify"_a = nb::none(),
+          nb::sig("def receive(self, step: int | None = None, verify: bool | None = None) -> "
+                  "collections.abc.Iterator[tuple[str, numpy.ndarray]]"),
+          "update(step) into the allocate()d tensors, then iterate (name, array) pairs for an\n"
+          "engine's own loader (e.g. model.load_weights(sub.receive())). The arrays are created\n"
+          "once: every step yields the same objects, updated in place.")
+      .def(
+          "sleep",
+          [](PySubscriber& self) {
+            (void)self.Settle();
+            nb::gil_scoped_release release;
+            ThrowIfError(self.subscriber->Sleep());
+          },
+          "Releases the transfer handle (mapping, connection, staging); the next update\n"
+          "re-prepares. Call before freeing or replacing destination memory.")
+      .def(
+          "close",
+          [](PySubscriber& self) {
+            (void)self.Settle();
+            self.closed = true;
+            nb::gil_scoped_release release;
+            Status s = self.subscriber->Close();
+            self.worker.reset();
+            ThrowIfError(s);
+          },
+          "Releases everything. Idempotent.")
+      .def_prop_ro("committed_step",
+                   [](PySubscriber& self) { return self.subscriber->committed_step(); },
+                   "The committed step, -1 before the first successful update.")
+      .def_prop_ro("weights_valid",
+                   [](PySubscriber& self) { return self.subscriber->weights_valid(); },
+                   "False after a failed in_place update, until the next successful one.")
+      .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__",
+          [](PySubscriber& self, nb::args) {
+            (void)self.Settle();
+            self.closed = true;
+            nb::gil_scoped_release release;
+            Status s = self.subscriber->Close();
+            self.worker.reset();
+            ThrowIfError(s);
+          },
+          nb::sig("def __exit__(self, *args: object) -> None"));
+}
+
+}  // namespace weightsync::python

@@ -1,0 +1,295 @@
+// Tensors in and out: DLPack/NumPy objects → NamedTensor views (never a copy), and arena or
+// subscriber-owned memory → NumPy views that keep their owner alive.
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "binding.h"
+
+namespace weightsync::python {
+namespace {
+
+using CpuArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using CpuArrayRo = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using AnyArrayRo = nb::ndarray<nb::ro>;
+
+constexpr int32_t kDLCPU = 1;
+constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6;
+
+[[noreturn]] void ThrowStatus(Status s) { throw StatusError(std::move(s)); }
+
+nb::module_ Numpy() { return nb::module_::import_("numpy"); }
+
+// ml_dtypes element types NumPy cannot export through DLPack or the buffer protocol; they travel
+// as raw bits of the same width.
+bool IsMlDtypesBits(std::string_view name) {
+  return name == "bfloat16" || name == "float8_e4m3fn" || name == "float8_e5m2" ||
+         name == "float8_e8m0fnu";
+}
+
+std::string TypeName(nb::handle obj) {
+  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))
+                                           .attr("__qualname__")));
+}
+
+// Why `obj` was refused, once the strict import failed: a precise message beats "wrong type".
+[[noreturn]] void ExplainRefusal(const std::string& name, nb::handle obj, bool writable) {
+  AnyArrayRo any;
+  if (!nb::try_cast(obj, any, /*convert=*/false)) {
+    throw nb::type_error(("tensor '" + name + "': expected a CPU tensor with __dlpack__ or a " +
+                          "NumPy array, got " + TypeName(obj))
+                             .c_str());
+  }
+  if (any.device_type() != kDLCPU) {
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name, "': on DLPack device type ", any.device_type(),
+        "; the shared-memory transport moves CPU tensors only"));
+  }
+  bool contiguous = true;
+  int64_t expected = 1;
+  for (int64_t i = static_cast<int64_t>(any.ndim()) - 1; i >= 0; --i) {
+    if (any.shape(i) != 1 && any.stride(i) != expected) contiguous = false;
+    expected *= static_cast<int64_t>(any.shape(i));
+  }
+  if (!contiguous) {
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name, "': not C-contiguous; weightsync registers memory in place and never "
+        "copies (pass np.ascontiguousarray(x) / x.contiguous() and keep that object)"));
+  }
+  if (writable) {
+    ThrowStatus(Status::InvalidArgument("tensor '", name,
+                                        "': read-only; a subscriber writes into its tensors"));
+  }
+  ThrowStatus(Status::InvalidArgument("tensor '", name, "': not importable through DLPack"));
+}
+
+template <typename Array>
+bool TryImport(nb::handle obj, nb::ndarray<>* out) {
+  Array a;
+  if (!nb::try_cast(obj, a, /*convert=*/false)) return false;
+  *out = nb::ndarray<>(a);
+  return true;
+}
+
+ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<DType> override,
+                         bool writable) {
+  auto import = [&](nb::handle o, nb::ndarray<>* out) {
+    return writable ? TryImport<CpuArray>(o, out) : TryImport<CpuArrayRo>(o, out);
+  };
+  nb::ndarray<> array;
+  std::optional<DType> implied;  // from an ml_dtypes element type NumPy cannot export
+  nb::object raw;                // the raw-bits view of such an array
+  if (!import(obj, &array)) {
+    nb::module_ np = Numpy();
+    if (nb::isinstance(obj, np.attr("ndarray"))) {
+      std::string dt = nb::cast<std::string>(obj.attr("dtype").attr("name"));
+      if (dt == "float4_e2m1fn") {
+        ThrowStatus(Status::InvalidArgument(
+            "tensor '", name, "': ml_dtypes float4_e2m1fn stores one value per byte, weightsync's "
+            "float4_e2m1fn packs two per byte: pass the packed uint8 bytes with "
+            "dtypes={'", name, "': 'float4_e2m1fn'}"));
+      }
+      if (IsMlDtypesBits(dt)) {
+        implied = ThrowIfError(DTypeFromName(dt));
+        int bits = Info(*implied).bits;
+        raw = obj.attr("view")(bits == 16 ? "uint16" : "uint8");
+        if (!import(raw, &array)) ExplainRefusal(name, raw, writable);
+      }
+    }
+    if (!array.is_valid()) ExplainRefusal(name, obj, writable);
+  }
+
+  const nb::dlpack::dtype dt = array.dtype();
+  if (dt.lanes != 1) {
+    ThrowStatus(Status::InvalidArgument("tensor '", name, "': ", int(dt.lanes),
+                                        "-lane vector elements are not supported"));
+  }
+  std::vector<int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
+  DType dtype;
+  if (override || implied) {
+    dtype = override ? *override : *implied;
+    // Raw bits reinterpreted: the last dimension scales with the element width (four uint8
+    // bytes hold eight float4_e2m1fn values).
+    const int bits = Info(dtype).bits;
+    if (bits != dt.bits) {
+      const int64_t last = shape.empty() ? 0 : shape.back();
+      if (shape.empty() || (last * dt.bits) % bits != 0) {
+        ThrowStatus(Status::InvalidArgument(
+            "tensor '", name, "': ", int(dt.bits), "-bit elements of shape ", ShapeString(shape),
+            " cannot be read as ", DTypeName(dtype), " (", bits,
+            " bits): the last dimension's bytes must hold whole elements"));
+      }
+      shape.back() = last * dt.bits / bits;
+    }
+  } else {
+    Result<DType> r = DTypeFromDLPack(dt.code, dt.bits);
+    if (!r.ok()) {
+      ThrowStatus(Status::InvalidArgument(
+          "tensor '", name, "': ", r.status().message(),
+          "; pass its raw bits (e.g. .view(np.uint16)) with dtypes={'", name, "': '<dtype>'}"));
+    }
+    dtype = *r;
+  }
+  ImportedTensor out;
+  out.tensor.name = name;
+  out.tensor.view = TensorView{array.data(), dtype, std::move(shape)};
+  out.keep = std::move(array);
+  return out;
+}
+
+}  // namespace
+
+std::chrono::milliseconds TimeoutArg(double seconds, const char* what) {
+  if (!(seconds > 0) || std::isinf(seconds) || seconds > 1e9) {
+    ThrowStatus(Status::InvalidArgument(what, " = ", seconds,
+                                        ": must be a positive, finite number of seconds"));
+  }
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(std::ceil(seconds * 1000))));
+}
+
+DType DTypeArg(nb::handle dtype) {
+  std::string name;
+  if (nb::isinstance<nb::str>(dtype)) {
+    name = nb::cast<std::string>(dtype);
+  } else {
+    nb::object np_dtype;
+    try {
+      np_dtype = Numpy().attr("dtype")(dtype);
+    } catch (const nb::python_error&) {
+      throw nb::type_error(("dtype: expected a name such as 'bfloat16', a NumPy dtype or an "
+                            "ml_dtypes type, got " + TypeName(dtype))
+                               .c_str());
+    }
+    name = nb::cast<std::string>(np_dtype.attr("name"));
+  }
+  Result<DType> r = DTypeFromName(name);
+  if (!r.ok()) {
+    std::ostringstream valid;
+    for (int i = 0; i < kDTypeCount; ++i) valid << (i ? ", " : "") << AllDTypes()[i].name;
+    ThrowStatus(Status::InvalidArgument("dtype '", name, "' is not one weightsync moves (",
+                                        valid.str(), ")"));
+  }
+  return *r;
+}
+
+std::vector<int64_t> ShapeArg(nb::handle shape) {
+  if (nb::isinstance<nb::int_>(shape)) return {nb::cast<int64_t>(shape)};
+  std::vector<int64_t> out;
+  for (nb::handle d : shape) {
+    if (!nb::isinstance<nb::int_>(d) && !nb::hasattr(d, "__index__")) {
+      throw nb::type_error("shape: expected an int or a sequence of ints");
+    }
+    out.push_back(nb::cast<int64_t>(d.attr("__index__")()));
+  }
+  return out;
+}
+
+std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable) {
+  // Overrides by name; each must name a tensor of this call (a typo is an error, not a no-op).
+  std::vector<std::pair<std::string, DType>> overrides;
+  std::vector<bool> used;
+  if (!dtypes.is_none()) {
+    if (!nb::hasattr(dtypes, "items")) throw nb::type_error("dtypes: expected a mapping name → dtype");
+    for (nb::handle item : dtypes.attr("items")()) {
+      nb::object key = item[0];
+      if (!nb::isinstance<nb::str>(key)) throw nb::type_error("dtypes: keys must be tensor names");
+      overrides.emplace_back(nb::cast<std::string>(key), DTypeArg(item[1]));
+    }
+    used.assign(overrides.size(), false);
+  }
+  nb::object items = nb::hasattr(tensors, "items") ? tensors.attr("items")()
+                                                  : nb::borrow(tensors);
+  std::vector<ImportedTensor> out;
+  for (nb::handle item : items) {
+    if (!nb::isinstance<nb::tuple>(item) && !nb::isinstance<nb::list>(item)) {
+      throw nb::type_error("tensors: expected a mapping name → tensor or (name, tensor) pairs");
+    }
+    if (nb::len(item) != 2) throw nb::type_error("tensors: each pair must be (name, tensor)");
+    nb::object key = item[0];
+    if (!nb::isinstance<nb::str>(key)) {
+      throw nb::type_error(("tensors: names must be str, got " + TypeName(key)).c_str());
+    }
+    std::string name = nb::cast<std::string>(key);
+    std::optional<DType> override;
+    for (size_t i = 0; i < overrides.size(); ++i) {
+      if (overrides[i].first == name) {
+        override = overrides[i].second;
+        used[i] = true;
+      }
+    }
+    out.push_back(ImportOne(name, item[1], override, writable));
+  }
+  std::string unused;
+  for (size_t i = 0; i < overrides.size(); ++i) {
+    if (!used[i]) unused += (unused.empty() ? "'" : ", '") + overrides[i].first + "'";
+  }
+  if (!unused.empty()) {
+    ThrowStatus(Status::InvalidArgument("dtypes names tensors not in this call: ", unused));
+  }
+  return out;
+}
+
+std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
+                                                       const std::vector<int64_t>& shape) {
+  switch (dtype) {
+    case DType::kBool: return {"bool", shape};
+    case DType::kInt8: return {"int8", shape};
+    case DType::kInt16: return {"int16", shape};
+    case DType::kInt32: return {"int32", shape};
+    case DType::kInt64: return {"int64", shape};
+    case DType::kUInt8: return {"uint8", shape};
+    case DType::kUInt16: return {"uint16", shape};
+    case DType::kUInt32: return {"uint32", shape};
+    case DType::kUInt64: return {"uint64", shape};
+    case DType::kFloat16: return {"float16", shape};
+    case DType::kFloat32: return {"float32", shape};
+    case DType::kFloat64: return {"float64", shape};
+    case DType::kTFloat32: return {"float32", shape};  // tf32 is stored in float32 bits
+    case DType::kBFloat16: return {"uint16", shape};
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E8M0FNU: return {"uint8", shape};
+    case DType::kFloat4E2M1FN: {
+      TensorView v{nullptr, dtype, shape};
+      uint64_t bytes = ThrowIfError(v.NumBytes());
+      return {"uint8", {static_cast<int64_t>(bytes)}};
+    }
+  }
+  ThrowStatus(Status::InvalidArgument("unknown dtype code ", int(dtype)));
+}
+
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape,
+                     nb::handle owner) {
+  auto [raw_name, raw_shape] = RawLayout(dtype, shape);
+  std::string_view rn = raw_name;
+  nb::dlpack::dtype dl;
+  if (rn == "bool") {
+    dl = {kDLBool, 8, 1};
+  } else if (rn.substr(0, 4) == "uint") {
+    dl = {kDLUInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(4)))), 1};
+  } else if (rn.substr(0, 3) == "int") {
+    dl = {kDLInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(3)))), 1};
+  } else {
+    dl = {kDLFloat, static_cast<uint8_t>(std::stoi(std::string(rn.substr(5)))), 1};
+  }
+  std::vector<size_t> dims(raw_shape.begin(), raw_shape.end());
+  nb::object array = nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner,
+                                            /*strides=*/nullptr, dl)
+                         .cast();
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN ||
+      dtype == DType::kFloat8E5M2 || dtype == DType::kFloat8E8M0FNU) {
+    try {
+      nb::module_ ml = nb::module_::import_("ml_dtypes");
+      std::string_view n = DTypeName(dtype);
+      nb::str attr(n.data(), n.size());
+      if (nb::hasattr(ml, attr)) array = array.attr("view")(ml.attr(attr));
+    } catch (const nb::python_error&) {
+      // No ml_dtypes: the raw bits are the documented fallback.
+    }
+  }
+  return array;
+}
+
+}  // namespace weightsync::python

@@ -1,0 +1,51 @@
+"""Shared fixtures: a private socket directory, unique endpoints, a model factory."""
+
+import itertools
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+# Endpoints live in a private directory (0700, as the library requires) that spawned children
+# inherit through the environment. Set at import so every test process agrees.
+_SOCKET_DIR = tempfile.mkdtemp(prefix="ws-py-")
+os.environ["WEIGHTSYNC_SOCKET_DIR"] = _SOCKET_DIR
+os.environ.setdefault("WEIGHTSYNC_LOG_LEVEL", "WARN")
+
+_counter = itertools.count()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SOCKET_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def endpoint():
+    return f"local://py-{os.getpid()}-{next(_counter)}"
+
+
+def make_model(seed=0, count=6, elements=257):
+    """A small model of assorted dtypes; deterministic in `seed`."""
+    rng = np.random.default_rng(seed)
+    dtypes = [np.float32, np.float16, np.int64, np.uint8, np.float64, np.int32]
+    out = {}
+    for i in range(count):
+        dt = np.dtype(dtypes[i % len(dtypes)])
+        shape = (elements,) if i % 2 else (3, elements)
+        raw = rng.integers(0, 256, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8)
+        out[f"layers.{i}.weight"] = raw.view(dt).reshape(shape)
+    return out
+
+
+def zeros_like_model(model):
+    return {k: np.zeros_like(v) for k, v in model.items()}
+
+
+def assert_bit_exact(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = np.ascontiguousarray(got[k]), np.ascontiguousarray(want[k])
+        assert a.shape == b.shape, k
+        assert a.tobytes() == b.tobytes(), f"tensor {k!r} differs"

@@ -1,0 +1,160 @@
+"""Round trips between processes and within one: every dtype bit-exact, both update modes,
+registered and arena-allocated tensors, receive() for engines with their own loader."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import weightsync
+from _procs import dtype_tensors, serve_dtype_model, subscribe_and_report
+from conftest import assert_bit_exact, make_model, zeros_like_model
+
+SPAWN = mp.get_context("spawn")
+
+
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_two_processes_every_dtype_bit_exact(endpoint, mode):
+    seed, steps = 11, [1, 2, 3]
+    ready, done = SPAWN.Queue(), SPAWN.Queue()
+    child = SPAWN.Process(target=serve_dtype_model, args=(endpoint, seed, steps, ready, done))
+    child.start()
+    try:
+        like, dtypes = dtype_tensors(seed)
+        dst = {k: np.full_like(v, 0x5A) if v.dtype.kind != "b" else np.zeros_like(v)
+               for k, v in like.items()}
+        with weightsync.Subscriber(endpoint, mode=mode, verify=True, timeout=30) as sub:
+            sub.register(dst, dtypes=dtypes)
+            for step in steps:
+                assert ready.get(timeout=60) == step
+                stats = sub.update(step)
+                assert (stats.step, stats.verified, stats.up_to_date) == (step, True, False)
+                assert stats.handle_created == (step == 1)
+                assert stats.tensors == len(like)
+                want, _ = dtype_tensors(seed + step)
+                assert_bit_exact(dst, want)
+                done.put(step)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
+def test_subscriber_in_child_process(endpoint):
+    model = make_model(seed=3)
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register(model)
+        pub.publish(7)
+        out = SPAWN.Queue()
+        spec = {k: (v.dtype, v.shape) for k, v in model.items()}
+        child = SPAWN.Process(target=subscribe_and_report, args=(endpoint, spec, 7, out))
+        child.start()
+        step, blobs = out.get(timeout=60)
+        child.join(timeout=60)
+    assert child.exitcode == 0 and step == 7
+    for k, v in model.items():
+        assert blobs[k] == v.tobytes(), k
+
+
+def test_publisher_allocate_arena_views(endpoint):
+    with weightsync.Publisher(endpoint) as pub:
+        w = pub.allocate("w", "float32", (4, 8))
+        b = pub.allocate("b", np.int16, 8)
+        assert w.dtype == np.float32 and w.shape == (4, 8) and not w.any()
+        w[...] = np.arange(32, dtype=np.float32).reshape(4, 8)
+        b[...] = -np.arange(8, dtype=np.int16)
+        assert pub.publish(1).bytes_copied == 0
+        with weightsync.Subscriber(endpoint) as sub:
+            dst = {"w": np.zeros((4, 8), np.float32), "b": np.zeros(8, np.int16)}
+            sub.register(dst)
+            sub.update(1)
+            assert_bit_exact(dst, {"w": w, "b": b})
+            pub.begin_write()
+            w += 1
+            pub.publish(2)
+            sub.update(2)
+            assert_bit_exact(dst, {"w": w, "b": b})
+        del w, b  # the arena views must go before the publisher closes
+
+
+def test_allocate_bfloat16_view(endpoint):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with weightsync.Publisher(endpoint) as pub:
+        w = pub.allocate("w", ml_dtypes.bfloat16, (3, 5))
+        assert w.dtype == ml_dtypes.bfloat16
+        w[...] = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+        pub.publish(1)
+        with weightsync.Subscriber(endpoint) as sub:
+            dst = np.zeros((3, 5), dtype=ml_dtypes.bfloat16)
+            sub.register({"w": dst})
+            sub.update()
+            assert dst.tobytes() == w.tobytes()
+        del w
+
+
+def test_receive_yields_the_same_objects_every_step(endpoint):
+    model = make_model(seed=5, count=4)
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register(model)
+        with weightsync.Subscriber(endpoint) as sub:
+            for name, dtype, shape in pub.manifest:
+                sub.allocate(name, dtype, shape)
+            seen = None
+            for step in range(1, 6):
+                for v in model.values():
+                    v += 1
+                pub.publish(step)
+                pairs = list(sub.receive(step))
+                assert [n for n, _ in pairs] == list(model)
+                assert_bit_exact(dict(pairs), model)
+                ids = [id(a) for _, a in pairs]
+                assert seen is None or ids == seen
+                seen = ids
+            assert sub.committed_step == 5
+
+
+def test_receive_without_allocate_is_an_error(endpoint):
+    with weightsync.Subscriber(endpoint) as sub:
+        with pytest.raises(weightsync.FailedPrecondition, match="allocate"):
+            sub.receive()
+
+
+def test_update_latest_and_up_to_date(endpoint):
+    model = make_model(seed=1, count=2)
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        pub.register(model)
+        dst = zeros_like_model(model)
+        sub.register(list(dst.items()))  # pairs work as well as a mapping
+        pub.publish(4)
+        pub.publish(9)
+        stats = sub.update()
+        assert stats.step == 9 and stats.bytes == sum(v.nbytes for v in model.values())
+        again = sub.update()
+        assert again.up_to_date and again.step == 9 and not again.handle_created
+        assert_bit_exact(dst, model)
+
+
+def test_update_stats_is_read_only_and_complete(endpoint):
+    import re
+
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        pub.register({"x": np.ones(3)})
+        sub.register({"x": np.zeros(3)})
+        pub.publish(1)
+        stats = sub.update()
+    header = open(_update_stats_header()).read()
+    fields = re.findall(r"^\s+\w+ (\w+) = [^;]+;", header, re.M)
+    assert len(fields) >= 14
+    for f in fields:
+        assert hasattr(stats, f), f
+        with pytest.raises(AttributeError):
+            setattr(stats, f, getattr(stats, f))
+    assert "step=1" in repr(stats)
+
+
+def _update_stats_header():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    return root / "include" / "weightsync" / "update_stats.h"

@@ -1,0 +1,68 @@
+"""weightsync: move model weights from a trainer process to inference processes.
+
+    pub = weightsync.Publisher("local://policy")
+    pub.register(model_state)          # {name: tensor}; any __dlpack__ producer or NumPy array
+    pub.publish(step)
+
+    sub = weightsync.Subscriber("local://policy")
+    sub.register(engine_state)         # destinations, updated in place
+    stats = sub.update()               # the latest step; UpdateStats
+
+See docs/python.md.
+"""
+
+from ._errors import (
+    AlreadyExists,
+    Busy,
+    Cancelled,
+    Corruption,
+    Error,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    IoError,
+    NotFound,
+    NotSupported,
+    PeerLost,
+    ProtocolError,
+    ResourceExhausted,
+    Timeout,
+    Unauthenticated,
+    Unavailable,
+)
+from ._weightsync import (
+    Publisher,
+    PublishStats,
+    Subscriber,
+    UpdateStats,
+    dtypes,
+    ledger,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Publisher",
+    "PublishStats",
+    "Subscriber",
+    "UpdateStats",
+    "dtypes",
+    "ledger",
+    "Error",
+    "AlreadyExists",
+    "Busy",
+    "Cancelled",
+    "Corruption",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "IoError",
+    "NotFound",
+    "NotSupported",
+    "PeerLost",
+    "ProtocolError",
+    "ResourceExhausted",
+    "Timeout",
+    "Unauthenticated",
+    "Unavailable",
+]

@@ -1,0 +1,135 @@
+#include "wire/handshake.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+
+#include "wire/codec.h"
+
+namespace weightsync::wire {
+namespace {
+
+template <size_t N>
+void PutBytes(Writer& w, const std::array<uint8_t, N>& bytes) {
+  for (uint8_t b : bytes) w.U8(b);
+}
+
+template <size_t N>
+Status GetBytes(Reader& r, std::string_view field, std::array<uint8_t, N>* out) {
+  for (size_t i = 0; i < N; ++i) {
+    WS_ASSIGN_OR_RETURN((*out)[i], r.U8(field));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void Encode(const Challenge& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U16(m.protocol_version);
+  w.U64(m.session_id);
+  PutBytes(w, m.server_nonce);
+  w.U8(m.auth_required ? 1 : 0);
+}
+
+void Encode(const Auth& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U8(static_cast<uint8_t>(m.role));
+  PutBytes(w, m.client_nonce);
+  PutBytes(w, m.mac);
+}
+
+void Encode(const AuthOk& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  PutBytes(w, m.mac);
+}
+
+void Encode(const Select& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U32(static_cast<uint32_t>(m.tensors.size()));
+  for (uint32_t t : m.tensors) w.U32(t);
+}
+
+Status Decode(std::span<const uint8_t> payload, Challenge* m) {
+  Reader r(payload, "challenge");
+  WS_ASSIGN_OR_RETURN(m->protocol_version, r.U16("protocol_version"));
+  WS_ASSIGN_OR_RETURN(m->session_id, r.U64("session_id"));
+  WS_RETURN_IF_ERROR(GetBytes(r, "server_nonce", &m->server_nonce));
+  WS_ASSIGN_OR_RETURN(uint8_t required, r.U8("auth_required"));
+  if (required > 1) {
+    return Status::ProtocolError("challenge: auth_required is ", int(required), ", expected 0 or 1");
+  }
+  m->auth_required = required == 1;
+  return r.ExpectEnd();
+}
+
+Status Decode(std::span<const uint8_t> payload, Auth* m) {
+  Reader r(payload, "auth");
+  WS_ASSIGN_OR_RETURN(uint8_t role, r.U8("role"));
+  if (role != static_cast<uint8_t>(Role::kSubscriber)) {
+    return Status::ProtocolError("auth: unknown role ", int(role), ", expected 1 (subscriber)");
+  }
+  m->role = Role::kSubscriber;
+  WS_RETURN_IF_ERROR(GetBytes(r, "client_nonce", &m->client_nonce));
+  WS_RETURN_IF_ERROR(GetBytes(r, "mac", &m->mac));
+  return r.ExpectEnd();
+}
+
+Status Decode(std::span<const uint8_t> payload, AuthOk* m) {
+  Reader r(payload, "auth_ok");
+  WS_RETURN_IF_ERROR(GetBytes(r, "mac", &m->mac));
+  return r.ExpectEnd();
+}
+
+Status Decode(std::span<const uint8_t> payload, Select* m) {
+  Reader r(payload, "select");
+  WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("tensor count", kMaxTensors, 4));
+  m->tensors.clear();
+  m->tensors.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    WS_ASSIGN_OR_RETURN(uint32_t t, r.U32("tensor index"));
+    if (!m->tensors.empty() && t <= m->tensors.back()) {
+      return Status::ProtocolError("select: tensor index ", t, " at position ", i,
+                                   " is not greater than the previous ", m->tensors.back());
+    }
+    m->tensors.push_back(t);
+  }
+  return r.ExpectEnd();
+}
+
+Mac ComputeMac(std::string_view token, MacSide side, const Challenge& challenge,
+               const Nonce& client_nonce, Role role) {
+  std::vector<uint8_t> msg;
+  const std::string_view label =
+      side == MacSide::kClient ? "weightsync-auth-client" : "weightsync-auth-server";
+  msg.insert(msg.end(), label.begin(), label.end());
+  msg.insert(msg.end(), challenge.server_nonce.begin(), challenge.server_nonce.end());
+  msg.insert(msg.end(), client_nonce.begin(), client_nonce.end());
+  Writer w(&msg);
+  w.U64(challenge.session_id);
+  w.U8(static_cast<uint8_t>(role));
+  w.U16(challenge.protocol_version);
+  Mac mac{};
+  if (token.empty()) return mac;
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(),
+       mac.data(), &len);
+  return mac;
+}
+
+bool MacEquals(const Mac& a, const Mac& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+Result<Nonce> RandomNonce() {
+  Nonce n{};
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    return Status::Internal("RAND_bytes failed: no randomness for a handshake nonce");
+  }
+  return n;
+}
+
+}  // namespace weightsync::wire

@@ -1,0 +1,72 @@
+// TCP session setup: mutual HMAC-SHA256 challenge-response over fresh nonces, then the
+// subscriber's tensor selection. Nothing is allocated for a peer before its Auth verifies.
+//
+//   publisher → Challenge{version, session_id, server_nonce, auth_required}
+//   subscriber → Auth{role, client_nonce, client_mac}
+//       client_mac = HMAC(token, "weightsync-auth-client" | transcript)
+//   publisher → AuthOk{server_mac}
+//       server_mac = HMAC(token, "weightsync-auth-server" | transcript)
+//   transcript = server_nonce | client_nonce | session_id (LE64) | role (u8) | version (LE16)
+// Fresh nonces on both sides make every MAC single-use: a recorded Auth fails against a new
+// challenge, a recorded AuthOk fails against a new client nonce. Without a token (loopback only)
+// the MACs are all zero and auth_required is 0.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::wire {
+
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kMacBytes = 32;
+using Nonce = std::array<uint8_t, kNonceBytes>;
+using Mac = std::array<uint8_t, kMacBytes>;
+
+struct Challenge {
+  uint16_t protocol_version = 0;
+  uint64_t session_id = 0;
+  Nonce server_nonce{};
+  bool auth_required = false;
+};
+
+struct Auth {
+  Role role = Role::kSubscriber;
+  Nonce client_nonce{};
+  Mac mac{};
+};
+
+struct AuthOk {
+  Mac mac{};
+};
+
+// Publisher tensor indices (into Welcome::tensors) the subscriber's plan reads, strictly
+// increasing. The publisher streams exactly these tensors' bytes, in this order, every step.
+struct Select {
+  std::vector<uint32_t> tensors;
+};
+
+void Encode(const Challenge& m, std::vector<uint8_t>* out);
+void Encode(const Auth& m, std::vector<uint8_t>* out);
+void Encode(const AuthOk& m, std::vector<uint8_t>* out);
+void Encode(const Select& m, std::vector<uint8_t>* out);
+Status Decode(std::span<const uint8_t> payload, Challenge* m);
+Status Decode(std::span<const uint8_t> payload, Auth* m);
+Status Decode(std::span<const uint8_t> payload, AuthOk* m);
+// Bounded by kMaxTensors; rejects non-increasing indices.
+Status Decode(std::span<const uint8_t> payload, Select* m);
+
+enum class MacSide { kClient, kServer };
+Mac ComputeMac(std::string_view token, MacSide side, const Challenge& challenge,
+               const Nonce& client_nonce, Role role);
+// Constant-time comparison.
+bool MacEquals(const Mac& a, const Mac& b);
+// Cryptographically random nonce (OpenSSL RAND_bytes).
+Result<Nonce> RandomNonce();
+
+}  // namespace weightsync::wire

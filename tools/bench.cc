@@ -1,0 +1,4 @@
+#include "commands.h"
+namespace weightsync::tools {
+int RunBench(int, char**) { return 1; }
+}

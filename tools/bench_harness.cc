@@ -1,0 +1,68 @@
+#include "bench_harness.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "pattern.h"
+
+namespace weightsync::tools {
+
+BenchPair::BenchPair(const std::vector<TensorSpec>& tensors, int copy_threads)
+    : copy_threads_(copy_threads),
+      bytes_(TotalBytes(tensors)),
+      source_(tensors, 0),
+      destination_(tensors, 0xFF) {
+  static std::atomic<int> counter{0};
+  endpoint_ = "local://weightsync-bench-" + std::to_string(::getpid()) + "-" +
+              std::to_string(counter.fetch_add(1));
+  for (size_t i = 0; i < source_.size(); ++i) {
+    FillPattern(static_cast<uint32_t>(i), 0, source_.data(i), source_.bytes(i));
+  }
+}
+
+BenchPair::~BenchPair() = default;
+
+Result<std::unique_ptr<BenchPair>> BenchPair::Create(const std::vector<TensorSpec>& tensors,
+                                                     int copy_threads) {
+  std::unique_ptr<BenchPair> pair(new BenchPair(tensors, copy_threads));
+  PublisherOptions po;
+  po.endpoint = pair->endpoint_;
+  po.copy_threads = copy_threads;
+  WS_ASSIGN_OR_RETURN(pair->publisher_, Publisher::Create(po));
+  WS_RETURN_IF_ERROR(pair->publisher_->Register(pair->source_.Views()));
+  return pair;
+}
+
+Result<std::unique_ptr<Subscriber>> BenchPair::NewSubscriber(UpdateMode mode, bool verify) const {
+  SubscriberOptions so;
+  so.endpoint = endpoint_;
+  so.mode = mode;
+  so.verify = verify;
+  so.copy_threads = copy_threads_;
+  so.timeout = std::chrono::milliseconds(60000);
+  WS_ASSIGN_OR_RETURN(auto subscriber, Subscriber::Create(so));
+  WS_RETURN_IF_ERROR(subscriber->Register(destination_.Views()));
+  return subscriber;
+}
+
+Result<int64_t> BenchPair::PublishNext() {
+  WS_RETURN_IF_ERROR(publisher_->Publish(step_ + 1));
+  return ++step_;
+}
+
+void MemcpyAll(const TensorStorage& from, TensorStorage& to) {
+  for (size_t i = 0; i < from.size(); ++i) std::memcpy(to.data(i), from.data(i), from.bytes(i));
+}
+
+std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes) {
+  std::vector<TensorSpec> specs;
+  for (int64_t i = 0; i < count; ++i) {
+    specs.push_back({"model.layers." + std::to_string(i) + ".weight", DType::kUInt8,
+                     {static_cast<int64_t>(bytes)}, bytes});
+  }
+  return specs;
+}
+
+}  // namespace weightsync::tools

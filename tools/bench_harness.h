@@ -1,0 +1,57 @@
+// An in-process publisher and its subscribers for the benchmarks: a real Unix socket and real
+// shared memory, with both sides' tensors owned here.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "demo_options.h"
+#include "weightsync/publisher.h"
+#include "weightsync/subscriber.h"
+
+namespace weightsync::tools {
+
+class BenchPair {
+ public:
+  // `tensors` must outlive the pair.
+  static Result<std::unique_ptr<BenchPair>> Create(const std::vector<TensorSpec>& tensors,
+                                                   int copy_threads);
+  ~BenchPair();
+
+  // A subscriber of this pair's destinations (not yet prepared).
+  Result<std::unique_ptr<Subscriber>> NewSubscriber(UpdateMode mode, bool verify) const;
+  // Publishes the next step (the source bytes are not changed: the copy costs the same).
+  Result<int64_t> PublishNext();
+  Publisher& publisher() { return *publisher_; }
+  const TensorStorage& source() const { return source_; }
+  TensorStorage& destination() { return destination_; }
+  uint64_t bytes() const { return bytes_; }
+  int64_t step() const { return step_; }
+
+ private:
+  BenchPair(const std::vector<TensorSpec>& tensors, int copy_threads);
+
+  std::string endpoint_;
+  int copy_threads_;
+  uint64_t bytes_;
+  TensorStorage source_;
+  TensorStorage destination_;
+  std::unique_ptr<Publisher> publisher_;
+  int64_t step_ = 0;
+};
+
+// Single-threaded memcpy of every tensor of `from` into `to`: the baseline for "moving the bytes".
+void MemcpyAll(const TensorStorage& from, TensorStorage& to);
+
+// `count` tensors of `bytes` bytes each (uint8), named like model layers.
+std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes);
+
+using BenchClock = std::chrono::steady_clock;
+inline double SecondsSince(BenchClock::time_point t) {
+  return std::chrono::duration<double>(BenchClock::now() - t).count();
+}
+
+}  // namespace weightsync::tools
