@@ -141,6 +141,11 @@ void BindPublisher(nb::module_& m) {
       .def_prop_ro("latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
                    "The latest published step, -1 before the first publish().")
       .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
+      .def("__repr__",
+           [](PyPublisher& self) {
+             return "Publisher('" + self.endpoint + "', latest_step=" +
+                    std::to_string(self.publisher->latest_step()) + ")";
+           })
       .def_prop_ro(
           "manifest",
           [](PyPublisher& self) {

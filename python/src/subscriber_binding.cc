@@ -67,6 +67,7 @@ class UpdateWorker {
   }
   Result<UpdateStats> Take() {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!result_) return Status::Internal("binding: update result taken before it was ready");
     Result<UpdateStats> r = std::move(*result_);
     result_.reset();
     return r;
@@ -118,22 +119,39 @@ struct PySubscriber {
   std::unique_ptr<Subscriber> subscriber;
   std::unique_ptr<UpdateWorker> worker;     // started at the first update
   std::string endpoint;
-  bool in_update = false;  // a Python thread is inside update()
+  // A Python thread waits on the worker (update(), or settling an interrupted one). Only that
+  // thread touches the worker; any other gets Busy, as the C++ API answers concurrent updates.
+  bool waiting = false;
   bool abandoned = false;  // an interrupted update still runs on the worker
   bool closed = false;
 
   ~PySubscriber() {
     if (!subscriber) return;
-    // Close() waits for an update in flight (an interrupted one, bounded by its timeout).
-    nb::gil_scoped_release release;
-    if (Status s = subscriber->Close(); !s.ok()) {
-      nb::gil_scoped_acquire acquire;
-      PySys_WriteStderr("weightsync: Subscriber(%s) cleanup: %s\n", endpoint.c_str(),
-                        s.ToString().c_str());
+    {
+      // Close() waits for an update in flight (an interrupted one, bounded by its timeout).
+      nb::gil_scoped_release release;
+      Status s = subscriber->Close();
+      worker.reset();
+      if (!s.ok()) {
+        nb::gil_scoped_acquire acquire;
+        PySys_WriteStderr("weightsync: Subscriber(%s) cleanup: %s\n", endpoint.c_str(),
+                          s.ToString().c_str());
+      }
     }
-    worker.reset();
     subscriber.reset();
   }
+
+  // Marks this thread as the one waiting on the worker for the scope's duration.
+  struct WaitingScope {
+    explicit WaitingScope(PySubscriber* self) : self_(self) {
+      if (self_->waiting) {
+        ThrowIfError(Status::Busy("another update() is in flight on this subscriber"));
+      }
+      self_->waiting = true;
+    }
+    ~WaitingScope() { self_->waiting = false; }
+    PySubscriber* self_;
+  };
 
   // Waits for the worker's update, in slices, with the GIL released; a pending signal's handler
   // runs between slices and its exception (KeyboardInterrupt) propagates.
@@ -149,28 +167,30 @@ struct PySubscriber {
     }
   }
 
-  // Before any other call: let an interrupted update finish (it holds the C++ update lock).
-  // Returns its result, or nullopt when there was none.
-  std::optional<Result<UpdateStats>> Settle() {
+  // Lets an interrupted update finish (it holds the C++ update lock) and returns its result.
+  // Requires `waiting`.
+  std::optional<Result<UpdateStats>> SettleAbandoned() {
     if (!abandoned) return std::nullopt;
     WaitInterruptibly();
     abandoned = false;
     return worker->Take();
   }
 
+  // Before register/allocate/sleep/close: settles an interrupted update, discarding its result
+  // (the committed step and weights_valid describe what it did). If another thread is waiting,
+  // the C++ call that follows answers Busy itself.
+  void Settle() {
+    if (!abandoned || waiting) return;
+    WaitingScope scope(this);
+    (void)SettleAbandoned();
+  }
+
   UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify) {
-    if (in_update) {
-      ThrowIfError(Status::Busy("another update() is in flight on this subscriber"));
-    }
     if (closed) return ThrowIfError(subscriber->Update(UpdateOptions{step, verify}));  // its error
-    in_update = true;
-    struct Reset {
-      bool* flag;
-      ~Reset() { *flag = false; }
-    } reset{&in_update};
+    WaitingScope scope(this);
     if (!worker) worker = std::make_unique<UpdateWorker>(subscriber.get());
-    if (auto previous = Settle(); previous && previous->ok() && step &&
-                                  (*previous)->step == *step) {
+    if (auto previous = SettleAbandoned();
+        previous && previous->ok() && step && (*previous)->step == *step) {
       return **previous;  // the interrupted call committed exactly what is asked for now
     }
     worker->Submit(UpdateOptions{step, verify});
@@ -188,6 +208,18 @@ struct PySubscriber {
       throw;
     }
     return ThrowIfError(worker->Take());
+  }
+
+  void Close() {
+    Settle();
+    closed = true;
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = subscriber->Close();  // waits for an update another thread may have in flight
+    }
+    if (!waiting) worker.reset();  // idle now: joins at once
+    ThrowIfError(s);
   }
 };
 
@@ -255,7 +287,7 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {
-            (void)self.Settle();
+            self.Settle();
             std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, true);
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
@@ -273,7 +305,7 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "allocate",
           [](PySubscriber& self, const std::string& name, nb::handle dtype, nb::handle shape) {
-            (void)self.Settle();
+            self.Settle();
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
             {
@@ -320,23 +352,13 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "sleep",
           [](PySubscriber& self) {
-            (void)self.Settle();
+            self.Settle();
             nb::gil_scoped_release release;
             ThrowIfError(self.subscriber->Sleep());
           },
           "Releases the transfer handle (mapping, connection, staging); the next update\n"
           "re-prepares. Call before freeing or replacing destination memory.")
-      .def(
-          "close",
-          [](PySubscriber& self) {
-            (void)self.Settle();
-            self.closed = true;
-            nb::gil_scoped_release release;
-            Status s = self.subscriber->Close();
-            self.worker.reset();
-            ThrowIfError(s);
-          },
-          "Releases everything. Idempotent.")
+      .def("close", &PySubscriber::Close, "Releases everything. Idempotent.")
       .def_prop_ro("committed_step",
                    [](PySubscriber& self) { return self.subscriber->committed_step(); },
                    "The committed step, -1 before the first successful update.")
@@ -344,17 +366,16 @@ void BindSubscriber(nb::module_& m) {
                    [](PySubscriber& self) { return self.subscriber->weights_valid(); },
                    "False after a failed in_place update, until the next successful one.")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
+      .def("__repr__",
+           [](PySubscriber& self) {
+             return "Subscriber('" + self.endpoint + "', committed_step=" +
+                    std::to_string(self.subscriber->committed_step()) +
+                    (self.closed ? ", closed)" : ")");
+           })
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
           "__exit__",
-          [](PySubscriber& self, nb::args) {
-            (void)self.Settle();
-            self.closed = true;
-            nb::gil_scoped_release release;
-            Status s = self.subscriber->Close();
-            self.worker.reset();
-            ThrowIfError(s);
-          },
+          [](PySubscriber& self, nb::args) { self.Close(); },
           nb::sig("def __exit__(self, *args: object) -> None"));
 }
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import weightsync
-from conftest import assert_bit_exact, make_model, zeros_like_model
+from conftest import assert_bit_exact, bump, make_model, zeros_like_model
 
 
 def live(ledger):
@@ -21,8 +21,7 @@ def test_sleep_update_cycles(endpoint):
         dst = zeros_like_model(model)
         sub.register(dst)
         for step in range(1, 11):
-            for v in model.values():
-                v += 1
+            bump(model)
             pub.publish(step)
             stats = sub.update()
             assert stats.step == step

@@ -52,7 +52,7 @@ def test_update_loop_rss_slope_and_tracemalloc(endpoint):
         assert per_call < 1.0, f"RSS grows {per_call:.3f} bytes per update"
         assert all((dst[k] == model[k]).all() for k in model)
 
-        # Python-level allocations: none survive a step.
+        # Python-level allocations: none survive a step (what remains is the loop variable).
         n = max(CALLS // 10, 1000)
         tracemalloc.start()
         try:
@@ -60,14 +60,13 @@ def test_update_loop_rss_slope_and_tracemalloc(endpoint):
                 publish(i)
                 update()
             gc.collect()
-            before = tracemalloc.take_snapshot()
+            before = tracemalloc.get_traced_memory()[0]
             for i in range(CALLS + 101, CALLS + 101 + n):
                 publish(i)
                 update()
             gc.collect()
-            after = tracemalloc.take_snapshot()
+            growth = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        growth = sum(d.size_diff for d in after.compare_to(before, "filename"))
         print(f"tracemalloc over {n} calls: {growth:+d} bytes")
-        assert growth < n * 0.01 + 2048, f"Python allocations grew {growth} bytes over {n} calls"
+        assert growth < 512, f"Python allocations grew {growth} bytes over {n} calls"

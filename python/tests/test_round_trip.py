@@ -8,7 +8,7 @@ import pytest
 
 import weightsync
 from _procs import dtype_tensors, serve_dtype_model, subscribe_and_report
-from conftest import assert_bit_exact, make_model, zeros_like_model
+from conftest import assert_bit_exact, bump, make_model, zeros_like_model
 
 SPAWN = mp.get_context("spawn")
 
@@ -102,8 +102,7 @@ def test_receive_yields_the_same_objects_every_step(endpoint):
                 sub.allocate(name, dtype, shape)
             seen = None
             for step in range(1, 6):
-                for v in model.values():
-                    v += 1
+                bump(model)
                 pub.publish(step)
                 pairs = list(sub.receive(step))
                 assert [n for n, _ in pairs] == list(model)

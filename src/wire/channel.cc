@@ -36,6 +36,11 @@ Status WaitReady(int fd, short events, const util::Deadline& deadline, const std
 Status Channel::SendPayload(FrameType type, std::span<const uint8_t> payload,
                             const util::Deadline& deadline, int pass_fd) {
   if (!fd_.valid()) return Status::FailedPrecondition(peer_, ": channel closed");
+  if (payload.size() > max_payload_) {
+    // Refuse here: the peer would refuse it anyway, and the 32-bit length would wrap.
+    return Status::ResourceExhausted(FrameTypeName(type), " frame of ", payload.size(),
+                                     " bytes exceeds the ", max_payload_, "-byte frame limit");
+  }
   uint8_t header[kHeaderBytes];
   EncodeHeader(type, payload, std::span<uint8_t, kHeaderBytes>(header));
   iovec iov[2] = {{header, kHeaderBytes}, {const_cast<uint8_t*>(payload.data()), payload.size()}};

@@ -64,7 +64,8 @@ struct CopyDone {
 
 // Digests of every segment, publisher manifest order, each tensor split into
 // ceil(nbytes / segment_bytes) segments (a zero-byte tensor has none).
-inline constexpr uint32_t kMaxDigests = 1u << 24;
+// 2^22 digests × 8 bytes = 32 MiB: fits the 64 MiB frame limit with room to spare.
+inline constexpr uint32_t kMaxDigests = 1u << 22;
 struct StepEnd {
   int64_t step = -1;
   std::vector<uint64_t> digests;

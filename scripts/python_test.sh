@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the Python package into a local virtual environment (.venv) and runs its tests.
+#   bash scripts/python_test.sh [pytest args...]
+# Called by `make test` after the C++ tests. Reuses .venv and the CMake build folder build-py/
+# between runs, so a second run recompiles only what changed.
+#   PYTHON   interpreter that creates the venv (default: python3)
+#   VENV     venv folder (default: .venv)
+#   JOBS     parallel compile jobs (default: 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+JOBS=${JOBS:-2}
+say() { echo "python_test: $*"; }
+
+# 1. The venv module. Debian's python3 ships it separately (python3-venv); pyenv builds have it.
+if ! "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null; then
+  say "$PYTHON has no venv/ensurepip; installing Debian's python3-venv"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+fi
+
+# 2. The venv: reused while it works and was made by the same interpreter.
+want_version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ -x "$VENV/bin/python" ] &&
+   [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" \
+     = "$want_version" ]; then
+  say "reusing $VENV (Python $want_version)"
+else
+  say "creating $VENV with $PYTHON (Python $want_version)"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+
+# 3. Build and test dependencies, preinstalled so the build runs without isolation (no second
+# download of nanobind/scikit-build-core into a throwaway environment).
+"${PIP[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" ninja numpy pytest ml_dtypes
+# safetensors is for bench/compare_safetensors.py only; the tests do not need it.
+"${PIP[@]}" install safetensors || say "safetensors not installed (bench only); continuing"
+
+# 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
+say "building the extension (pip install .)"
+CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "${PIP[@]}" install --no-build-isolation --no-deps .
+
+# 5. Tests. Run from the repo root so `import weightsync` finds the installed package, never the
+# source folder python/weightsync (which has no compiled extension).
+set +e
+"$PY" -m pytest python/tests -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+  say "pytest collected no tests: treating as a failure"
+  exit 1
+fi
+exit $rc

@@ -1,0 +1,161 @@
+// The weightsync CLI end to end: `demo` runs two real processes over shared memory and exits 0
+// only if every step verified; `bench --quick` prints its table, writes JSON and measures zero
+// heap allocations per steady-state step.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace weightsync {
+namespace {
+
+namespace fs = std::filesystem;
+
+// build/tests/tools_cli_test → build/weightsync
+std::string CliPath() {
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "weightsync").string();
+}
+
+struct CliRun {
+  int exit_code = -1;  // -1: did not exit normally
+  std::string output;  // stdout and stderr
+};
+
+CliRun RunCli(const std::string& args, const std::string& env = "") {
+  std::string command = env + (env.empty() ? "" : " ") + CliPath() + " " + args + " 2>&1";
+  CliRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
+  int status = ::pclose(pipe);
+  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
+  return run;
+}
+
+bool Has(const CliRun& run, const std::string& needle) {
+  return run.output.find(needle) != std::string::npos;
+}
+
+// The JSON line of figure `id` (the bench writes one figure per line, starting with its id).
+std::string FigureLine(const std::string& json, const std::string& id) {
+  size_t at = json.find("{\"id\": \"" + id + "\"");
+  if (at == std::string::npos) return "";
+  return json.substr(at, json.find('\n', at) - at);
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(CliPath()))
+        << CliPath() << " is missing: build the weightsync_cli target before this test";
+  }
+};
+
+TEST_F(CliTest, HelpListsCommandsAndFlags) {
+  CliRun top = RunCli("--help");
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_TRUE(Has(top, "demo")) << top.output;
+  EXPECT_TRUE(Has(top, "bench")) << top.output;
+
+  CliRun demo = RunCli("demo --help");
+  EXPECT_EQ(demo.exit_code, 0) << demo.output;
+  for (const char* flag : {"--model", "--scale", "--steps", "--dtype", "--mode", "--verify",
+                           "--progress", "--endpoint"}) {
+    EXPECT_TRUE(Has(demo, flag)) << flag << " missing from:\n" << demo.output;
+  }
+  EXPECT_FALSE(Has(demo, "--role")) << "internal flags stay out of --help";
+
+  CliRun bench = RunCli("bench --help");
+  EXPECT_EQ(bench.exit_code, 0) << bench.output;
+  for (const char* flag : {"--quick", "--bytes", "--json", "--check", "--rss-steps"}) {
+    EXPECT_TRUE(Has(bench, flag)) << flag << " missing from:\n" << bench.output;
+  }
+}
+
+TEST_F(CliTest, BadInvocationsExit2AndNameTheProblem) {
+  CliRun unknown = RunCli("frobnicate");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_TRUE(Has(unknown, "unknown command 'frobnicate'")) << unknown.output;
+
+  CliRun flag = RunCli("demo --stpes 3");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_TRUE(Has(flag, "unknown flag --stpes")) << flag.output;
+
+  CliRun model = RunCli("demo --model gpt-17");
+  EXPECT_EQ(model.exit_code, 2);
+  EXPECT_TRUE(Has(model, "unknown model 'gpt-17'")) << model.output;
+}
+
+TEST_F(CliTest, DemoRunsTwoProcessesAndVerifiesEveryStep) {
+  CliRun run = RunCli("demo --steps 3 --scale 0.001 --progress never");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line :
+       {"model   qwen2.5-0.5b", "   1/3", "   2/3", "   3/3", "created", "reused",
+        "summary:", "first update (prepares the handle)", "steady-state update, median",
+        "heap allocations per steady step", "subscriber RSS", "verified", "3/3 steps",
+        "demo: PASS"}) {
+    EXPECT_TRUE(Has(run, line)) << "'" << line << "' missing from:\n" << run.output;
+  }
+  EXPECT_TRUE(Has(run, "subscriber Update 0 (max 0), publisher Publish 0 (max 0)"))
+      << run.output;
+}
+
+TEST_F(CliTest, DemoOtherPresetsBuild) {
+  for (const char* model : {"qwen2.5-7b", "llama3-8b"}) {
+    CliRun run = RunCli(std::string("demo --steps 2 --scale 0.0005 --progress never --model ") +
+                     model);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_TRUE(Has(run, "demo: PASS")) << run.output;
+  }
+}
+
+// A bit flipped after the copy must fail the run: through the publisher's digests when verify is
+// on, and through the demo's own expected digests when it is off.
+TEST_F(CliTest, DemoFailsWhenReceivedBytesAreCorrupt) {
+  const std::string flip = "WEIGHTSYNC_FAILPOINTS='subscriber.flip_received=flip*1'";
+  CliRun verified = RunCli("demo --steps 3 --scale 0.001 --progress never", flip);
+  EXPECT_EQ(verified.exit_code, 1) << verified.output;
+  EXPECT_TRUE(Has(verified, "corruption")) << verified.output;
+  EXPECT_TRUE(Has(verified, "demo: FAILED")) << verified.output;
+
+  CliRun unverified = RunCli("demo --steps 3 --scale 0.001 --progress never --verify=false", flip);
+  EXPECT_EQ(unverified.exit_code, 1) << unverified.output;
+  EXPECT_TRUE(Has(unverified, "differ from the expected bytes")) << unverified.output;
+  EXPECT_TRUE(Has(unverified, "demo: FAILED")) << unverified.output;
+}
+
+TEST_F(CliTest, BenchQuickPrintsTableWritesJsonAndAllocatesNothingPerStep) {
+  std::string dir = ::testing::TempDir() + "cli_test_" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  std::string json_path = dir + "/bench.json";
+  CliRun run = RunCli("bench --quick --json " + json_path);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line :
+       {"shm update, staged", "memcpy 1 thread", "first update (prepare)",
+        "steady-state step", "overhead beyond the copy", "fresh Subscriber every step",
+        "heap allocs per step: Publish", "heap allocs per step: Update",
+        "heap allocs per step: whole process", "RSS slope", "wrote " }) {
+    EXPECT_TRUE(Has(run, line)) << "'" << line << "' missing from:\n" << run.output;
+  }
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << json_path;
+  std::stringstream json;
+  json << in.rdbuf();
+  EXPECT_NE(json.str().find("\"all_targets_met\""), std::string::npos) << json.str();
+  // Allocation counts are exact, not timings: zero per steady-state step is asserted.
+  for (const char* id : {"allocs_publish", "allocs_update", "allocs_process"}) {
+    std::string line = FigureLine(json.str(), id);
+    EXPECT_NE(line.find("\"value\": 0,"), std::string::npos) << id << ": " << line;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weightsync
