@@ -62,9 +62,7 @@ using weightsync::tools::Count;
 extern "C" {
 
 void* malloc(size_t size) { return Count(__libc_malloc(size), size); }
-void* calloc(size_t count, size_t size) {
-  return Count(__libc_calloc(count, size), count * size);
-}
+void* calloc(size_t count, size_t size) { return Count(__libc_calloc(count, size), count * size); }
 void* realloc(void* ptr, size_t size) { return Count(__libc_realloc(ptr, size), size); }
 void free(void* ptr) { __libc_free(ptr); }
 void* memalign(size_t alignment, size_t size) {

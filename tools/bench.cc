@@ -35,8 +35,9 @@ void ApplyQuick(const FlagSet& flags, BenchOptions* o) {
 
 Status Validate(const BenchOptions& o) {
   if (o.throughput_steps < 1 || o.steps < 1 || o.no_reuse_steps < 1 || o.rss_steps < 2) {
-    return Status::InvalidArgument("--throughput-steps, --steps and --no-reuse-steps must be "
-                                   "≥ 1 and --rss-steps ≥ 2");
+    return Status::InvalidArgument(
+        "--throughput-steps, --steps and --no-reuse-steps must be "
+        "≥ 1 and --rss-steps ≥ 2");
   }
   if (o.small_tensors < 1 || o.small_tensor_bytes < 1) {
     return Status::InvalidArgument("--small-tensors and --small-tensor-bytes must be ≥ 1");
@@ -87,8 +88,8 @@ int RunBench(int argc, char** argv) {
                                  ")"
                            : std::to_string(o.copy_threads)},
       {"throughput model", FormatBytes(o.bytes) + " / " + std::to_string(o.tensors) + " tensors"},
-      {"per-step model", std::to_string(o.small_tensors) + " x " +
-                             FormatBytes(o.small_tensor_bytes)},
+      {"per-step model",
+       std::to_string(o.small_tensors) + " x " + FormatBytes(o.small_tensor_bytes)},
       {"steps", std::to_string(o.steps)},
       {"rss steps", std::to_string(o.rss_steps)},
   };
@@ -97,7 +98,8 @@ int RunBench(int argc, char** argv) {
   s = MeasureThroughput(o, &report);
   if (s.ok()) {
     std::fprintf(stderr, "weightsync bench: measuring per-step figures (%lld x %s)...\n",
-                 static_cast<long long>(o.small_tensors), FormatBytes(o.small_tensor_bytes).c_str());
+                 static_cast<long long>(o.small_tensors),
+                 FormatBytes(o.small_tensor_bytes).c_str());
     s = MeasureSmallModel(o, &report);
   }
   if (!s.ok()) {

@@ -11,17 +11,17 @@ namespace weightsync::tools {
 
 struct BenchOptions {
   bool quick = false;
-  uint64_t bytes = 1ull << 30;          // throughput model
-  int64_t tensors = 16;                 // throughput model: bytes split evenly
-  int64_t throughput_steps = 5;         // measured updates per mode (after warm-up)
-  int64_t small_tensors = 400;          // per-step model
+  uint64_t bytes = 1ull << 30;   // throughput model
+  int64_t tensors = 16;          // throughput model: bytes split evenly
+  int64_t throughput_steps = 5;  // measured updates per mode (after warm-up)
+  int64_t small_tensors = 400;   // per-step model
   uint64_t small_tensor_bytes = 4096;
-  int64_t steps = 2000;                 // steady-state steps (per-step time, allocations)
-  int64_t no_reuse_steps = 100;         // steps with a fresh Subscriber each
-  int64_t rss_steps = 10000;            // steps sampled for the RSS slope
-  int64_t copy_threads = 0;             // 0: library default
+  int64_t steps = 2000;          // steady-state steps (per-step time, allocations)
+  int64_t no_reuse_steps = 100;  // steps with a fresh Subscriber each
+  int64_t rss_steps = 10000;     // steps sampled for the RSS slope
+  int64_t copy_threads = 0;      // 0: library default
   std::string json = "bench_results.json";
-  bool check = false;                   // exit 1 when a target is missed
+  bool check = false;  // exit 1 when a target is missed
 };
 
 // Update throughput of a large model (staged, in_place, staged + verify) and Publish throughput,

@@ -59,8 +59,10 @@ void MemcpyAll(const TensorStorage& from, TensorStorage& to) {
 std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes) {
   std::vector<TensorSpec> specs;
   for (int64_t i = 0; i < count; ++i) {
-    specs.push_back({"model.layers." + std::to_string(i) + ".weight", DType::kUInt8,
-                     {static_cast<int64_t>(bytes)}, bytes});
+    specs.push_back({"model.layers." + std::to_string(i) + ".weight",
+                     DType::kUInt8,
+                     {static_cast<int64_t>(bytes)},
+                     bytes});
   }
   return specs;
 }

@@ -69,8 +69,7 @@ void PrintReport(const BenchReport& r) {
     std::string value = Number(f.value) + " " + f.unit;
     std::string baseline = f.baseline_name.empty()
                                ? ""
-                               : f.baseline_name + " " + Number(f.baseline) + " " +
-                                     f.baseline_unit;
+                               : f.baseline_name + " " + Number(f.baseline) + " " + f.baseline_unit;
     std::string ratio = f.ratio ? Number(*f.ratio) + f.ratio_label : "";
     std::string verdict = !f.met.has_value() ? "" : (*f.met ? "met" : "MISSED");
     std::printf("%-44s %16s  %-32s %12s  %-8s %s\n", f.name.c_str(), value.c_str(),
@@ -96,8 +95,8 @@ Status WriteJson(const BenchReport& r, const std::string& path) {
     os << "    {\"id\": " << JsonString(f.id) << ", \"name\": " << JsonString(f.name)
        << ", \"value\": " << JsonNumber(f.value) << ", \"unit\": " << JsonString(f.unit)
        << ",\n     \"baseline\": {\"name\": " << JsonString(f.baseline_name)
-       << ", \"value\": " << JsonNumber(f.baseline) << ", \"unit\": "
-       << JsonString(f.baseline_unit) << "}"
+       << ", \"value\": " << JsonNumber(f.baseline) << ", \"unit\": " << JsonString(f.baseline_unit)
+       << "}"
        << ", \"ratio\": " << (f.ratio ? JsonNumber(*f.ratio) : "null")
        << ", \"ratio_label\": " << JsonString(f.ratio_label)
        << ",\n     \"target\": " << JsonString(f.target)

@@ -11,8 +11,8 @@
 namespace weightsync::tools {
 
 struct Figure {
-  std::string id;      // stable JSON key, e.g. "shm_update_staged_gbps"
-  std::string name;    // table text
+  std::string id;    // stable JSON key, e.g. "shm_update_staged_gbps"
+  std::string name;  // table text
   double value = 0;
   std::string unit;
   std::string baseline_name;  // e.g. "memcpy, 1 thread"

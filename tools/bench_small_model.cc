@@ -24,10 +24,19 @@ Result<std::vector<double>> SteadySteps(BenchPair& pair, Subscriber& subscriber,
   return seconds;
 }
 
-Figure StepFigure(const std::string& id, const std::string& label, double step_s,
-                  double memcpy_s, const std::string& model, int64_t steps) {
-  return {id, "steady-state step, " + label, step_s * 1e6, "us", "memcpy 1 thread",
-          memcpy_s * 1e6, "us", step_s / memcpy_s, "x memcpy", "", std::nullopt,
+Figure StepFigure(const std::string& id, const std::string& label, double step_s, double memcpy_s,
+                  const std::string& model, int64_t steps) {
+  return {id,
+          "steady-state step, " + label,
+          step_s * 1e6,
+          "us",
+          "memcpy 1 thread",
+          memcpy_s * 1e6,
+          "us",
+          step_s / memcpy_s,
+          "x memcpy",
+          "",
+          std::nullopt,
           model + ": median Subscriber::Update() time over " + std::to_string(steps) +
               " steps (each after a Publish)"};
 }
@@ -35,25 +44,45 @@ Figure StepFigure(const std::string& id, const std::string& label, double step_s
 Figure OverheadFigure(const std::string& id, const std::string& label, double step_s,
                       double memcpy_s) {
   const double overhead_us = (step_s - memcpy_s) * 1e6;
-  return {id, "overhead beyond the copy, " + label, overhead_us, "us", "", 0, "", std::nullopt,
-          "", "<= 200 us", overhead_us <= 200,
+  return {id,
+          "overhead beyond the copy, " + label,
+          overhead_us,
+          "us",
+          "",
+          0,
+          "",
+          std::nullopt,
+          "",
+          "<= 200 us",
+          overhead_us <= 200,
           "median step time minus median single-threaded memcpy time of the same bytes"};
 }
 
 Figure AllocFigure(const std::string& id, const std::string& name, const std::vector<double>& per,
                    double first, const std::string& first_name, const std::string& how) {
   const double max = Max(per);
-  return {id, name, Mean(per), "/step", first_name, first, "allocs", std::nullopt, "", "0",
-          max == 0, how + "; mean over " + std::to_string(per.size()) +
-                        " steady-state steps, max " + std::to_string(static_cast<int64_t>(max))};
+  return {id,
+          name,
+          Mean(per),
+          "/step",
+          first_name,
+          first,
+          "allocs",
+          std::nullopt,
+          "",
+          "0",
+          max == 0,
+          how + "; mean over " + std::to_string(per.size()) + " steady-state steps, max " +
+              std::to_string(static_cast<int64_t>(max))};
 }
 
 }  // namespace
 
 Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
   if (!AllocCounterActive()) {
-    return Status::Internal("the allocation counter saw no allocation from `new`; the malloc "
-                            "hook in tools/alloc_counter.cc is not active");
+    return Status::Internal(
+        "the allocation counter saw no allocation from `new`; the malloc "
+        "hook in tools/alloc_counter.cc is not active");
   }
   const std::vector<TensorSpec> tensors = UniformTensors(o.small_tensors, o.small_tensor_bytes);
   WS_ASSIGN_OR_RETURN(auto pair, BenchPair::Create(tensors, static_cast<int>(o.copy_threads)));
@@ -111,11 +140,11 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
        "steady-state step", steady * 1e3, "ms", first.seconds / steady, "x steady", "",
        std::nullopt,
        "the Update() that creates the transfer handle (connect, handshake, plan, map, staging), "
-       "vs the staged steady-state median; its prepare phase took " + std::string(prepare)});
-  report->figures.push_back(StepFigure("steady_step_us_staged", label + ", staged", steady,
-                                       memcpy_s, model, o.steps));
+       "vs the staged steady-state median; its prepare phase took " +
+           std::string(prepare)});
   report->figures.push_back(
-      OverheadFigure("overhead_us_staged", "staged", steady, memcpy_s));
+      StepFigure("steady_step_us_staged", label + ", staged", steady, memcpy_s, model, o.steps));
+  report->figures.push_back(OverheadFigure("overhead_us_staged", "staged", steady, memcpy_s));
 
   // The same in place (no shadow buffer, one copy).
   {
@@ -123,10 +152,9 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
     WS_RETURN_IF_ERROR(SteadySteps(*pair, *in_place, 20).status());
     WS_ASSIGN_OR_RETURN(std::vector<double> s, SteadySteps(*pair, *in_place, o.steps));
     const double median = Median(s);
-    report->figures.push_back(StepFigure("steady_step_us_in_place", label + ", in_place",
-                                         median, memcpy_s, model, o.steps));
-    report->figures.push_back(
-        OverheadFigure("overhead_us_in_place", "in_place", median, memcpy_s));
+    report->figures.push_back(StepFigure("steady_step_us_in_place", label + ", in_place", median,
+                                         memcpy_s, model, o.steps));
+    report->figures.push_back(OverheadFigure("overhead_us_in_place", "in_place", median, memcpy_s));
     WS_RETURN_IF_ERROR(in_place->Close());
   }
 
@@ -143,25 +171,24 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
       fresh.push_back(SecondsSince(t));
     }
     const double median = Median(fresh);
-    report->figures.push_back(
-        {"no_reuse_step_us", "fresh Subscriber every step (no reuse)", median * 1e6, "us",
-         "reused handle", steady * 1e6, "us", median / steady, "x reused", ">= 10x",
-         median / steady >= 10,
-         "median of Create + Register + Update + Close per step over " +
-             std::to_string(o.no_reuse_steps) + " steps, vs the staged steady-state step"});
+    report->figures.push_back({"no_reuse_step_us", "fresh Subscriber every step (no reuse)",
+                               median * 1e6, "us", "reused handle", steady * 1e6, "us",
+                               median / steady, "x reused", ">= 10x", median / steady >= 10,
+                               "median of Create + Register + Update + Close per step over " +
+                                   std::to_string(o.no_reuse_steps) +
+                                   " steps, vs the staged steady-state step"});
   }
 
+  report->figures.push_back(
+      AllocFigure("allocs_publish", "heap allocs per step: Publish (caller)", publish_allocs,
+                  first_publish_allocs, "first Publish",
+                  "malloc-hook count on the thread calling Publisher::Publish()"));
   report->figures.push_back(AllocFigure(
-      "allocs_publish", "heap allocs per step: Publish (caller)", publish_allocs,
-      first_publish_allocs, "first Publish",
-      "malloc-hook count on the thread calling Publisher::Publish()"));
+      "allocs_update", "heap allocs per step: Update (caller)", update_allocs, first_update_allocs,
+      "first Update", "malloc-hook count on the thread calling Subscriber::Update()"));
   report->figures.push_back(AllocFigure(
-      "allocs_update", "heap allocs per step: Update (caller)", update_allocs,
-      first_update_allocs, "first Update",
-      "malloc-hook count on the thread calling Subscriber::Update()"));
-  report->figures.push_back(AllocFigure(
-      "allocs_process", "heap allocs per step: whole process", process_allocs,
-      first_process_allocs, "first step",
+      "allocs_process", "heap allocs per step: whole process", process_allocs, first_process_allocs,
+      "first step",
       "every thread (publisher workers and connection thread, subscriber workers) from before "
       "Publish() to after Update()"));
 
@@ -184,7 +211,8 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
          slope, "B/step", "RSS at start", y.empty() ? 0 : y.front() / 1048576.0, "MiB",
          std::nullopt, "", "< 1 B/step", slope < 1,
          "least-squares slope of /proc/self/statm resident bytes sampled after every step, "
-         "after " + std::to_string(warmup) + " warm-up steps; RSS went from " +
+         "after " +
+             std::to_string(warmup) + " warm-up steps; RSS went from " +
              FormatBytes(static_cast<uint64_t>(y.front())) + " to " +
              FormatBytes(static_cast<uint64_t>(y.back()))});
   }

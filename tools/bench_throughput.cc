@@ -56,21 +56,22 @@ Status MeasureThroughput(const BenchOptions& o, BenchReport* report) {
       publish_seconds.push_back(publish);
     }
     const double gbps = bytes / Median(seconds) / 1e9;
-    report->figures.push_back(
-        {"shm_update_gbps_" + std::string(m.id), "shm update, " + std::string(m.label), gbps,
-         "GB/s", "memcpy 1 thread", memcpy_gbps, "GB/s", gbps / memcpy_gbps, "x memcpy", "",
-         std::nullopt,
-         model + ": bytes / median Subscriber::Update() time over " +
-             std::to_string(o.throughput_steps) + " steps after " + std::to_string(warmup) +
-             " warm-up steps"});
+    report->figures.push_back({"shm_update_gbps_" + std::string(m.id),
+                               "shm update, " + std::string(m.label), gbps, "GB/s",
+                               "memcpy 1 thread", memcpy_gbps, "GB/s", gbps / memcpy_gbps,
+                               "x memcpy", "", std::nullopt,
+                               model + ": bytes / median Subscriber::Update() time over " +
+                                   std::to_string(o.throughput_steps) + " steps after " +
+                                   std::to_string(warmup) + " warm-up steps"});
     WS_RETURN_IF_ERROR(subscriber->Close());
   }
   const double publish_gbps = bytes / Median(publish_seconds) / 1e9;
-  report->figures.push_back(
-      {"publish_gbps", "publisher Publish (copy + digests)", publish_gbps, "GB/s",
-       "memcpy 1 thread", memcpy_gbps, "GB/s", publish_gbps / memcpy_gbps, "x memcpy", "",
-       std::nullopt, model + ": bytes / median Publisher::Publish() time (copy into a slot and "
-                             "xxHash3 per segment)"});
+  report->figures.push_back({"publish_gbps", "publisher Publish (copy + digests)", publish_gbps,
+                             "GB/s", "memcpy 1 thread", memcpy_gbps, "GB/s",
+                             publish_gbps / memcpy_gbps, "x memcpy", "", std::nullopt,
+                             model +
+                                 ": bytes / median Publisher::Publish() time (copy into a slot and "
+                                 "xxHash3 per segment)"});
   return pair->publisher().Close();
 }
 

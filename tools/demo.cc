@@ -128,21 +128,25 @@ int Launch(DemoOptions o) {
   }
   if (o.endpoint.empty()) o.endpoint = "local://weightsync-demo-" + std::to_string(::getpid());
   const TensorSpec& largest = model->tensors[model->largest];
-  std::printf("weightsync demo: a publisher process and a subscriber process on %s (shared "
-              "memory)\n", o.endpoint.c_str());
+  std::printf(
+      "weightsync demo: a publisher process and a subscriber process on %s (shared "
+      "memory)\n",
+      o.endpoint.c_str());
   std::printf("  model   %s (%s), scale %g: %s\n", model->config.name.c_str(),
               model->config.source.c_str(), model->scale, Describe(model->config).c_str());
   std::printf("          %zu tensors, %s as %s; largest %s %s\n", model->tensors.size(),
               FormatBytes(model->bytes).c_str(), std::string(DTypeName(model->dtype)).c_str(),
               largest.name.c_str(), ShapeString(largest.shape).c_str());
   if (!note.empty()) std::printf("          %s\n", note.c_str());
-  std::printf("  run     %lld steps, %s updates, verify %s; the publisher publishes step k+1 "
-              "after the subscriber holds step k\n",
-              static_cast<long long>(o.steps), o.mode.c_str(), o.verify ? "on" : "off");
-  std::printf("  memory  about %s across both processes (trainer tensors, %lld arena slots, "
-              "destinations%s)\n\n",
-              FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(),
-              static_cast<long long>(o.slots), o.mode == "staged" ? ", shadow" : "");
+  std::printf(
+      "  run     %lld steps, %s updates, verify %s; the publisher publishes step k+1 "
+      "after the subscriber holds step k\n",
+      static_cast<long long>(o.steps), o.mode.c_str(), o.verify ? "on" : "off");
+  std::printf(
+      "  memory  about %s across both processes (trainer tensors, %lld arena slots, "
+      "destinations%s)\n\n",
+      FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
+      o.mode == "staged" ? ", shadow" : "");
 
   int notify[2], ack[2];
   if (::pipe2(notify, O_CLOEXEC) != 0 || ::pipe2(ack, O_CLOEXEC) != 0) {
@@ -151,9 +155,8 @@ int Launch(DemoOptions o) {
   }
   Child publisher{.name = "publisher"}, subscriber{.name = "subscriber"};
   Result<pid_t> p = Spawn(RoleArgs(o, *model, "publisher", notify[1], ack[0]), {notify[1], ack[0]});
-  Result<pid_t> s = p.ok() ? Spawn(RoleArgs(o, *model, "subscriber", notify[0], ack[1]),
-                                   {notify[0], ack[1]})
-                           : p;
+  Result<pid_t> s =
+      p.ok() ? Spawn(RoleArgs(o, *model, "subscriber", notify[0], ack[1]), {notify[0], ack[1]}) : p;
   // The children hold their ends now; closing ours makes a child's exit visible as EOF.
   for (int fd : {notify[0], notify[1], ack[0], ack[1]}) ::close(fd);
   if (!p.ok() || !s.ok()) {

@@ -20,7 +20,8 @@ void DeclareDemoFlags(FlagSet* f, DemoOptions* o) {
   f->Int("copy-threads", &o->copy_threads, "copy threads on each side; 0: library default");
   f->Int("slots", &o->slots, "versions the publisher's arena holds at once");
   f->Int("timeout-ms", &o->timeout_ms, "deadline of each update and of each wait between steps");
-  f->String("progress", &o->progress, "progress bar on stderr: auto (if a terminal) | always | never");
+  f->String("progress", &o->progress,
+            "progress bar on stderr: auto (if a terminal) | always | never");
   f->String("endpoint", &o->endpoint, "endpoint to serve (default local://weightsync-demo-<pid>)");
   f->String("role", &o->role, "internal: publisher | subscriber", /*hidden=*/true);
   f->Int("notify-fd", &o->notify_fd, "internal", /*hidden=*/true);
@@ -97,10 +98,10 @@ Result<DemoModel> ResolveDemoModel(const DemoOptions& o, std::string* note) {
     WS_ASSIGN_OR_RETURN(DemoModel m, BuildDemoModel(o));
     uint64_t need = DemoMemoryNeed(o, m.bytes);
     if (available > 0 && need > available * 9 / 10) {
-      return Status::ResourceExhausted(
-          "--model=", o.model, " --scale=", o.scale, ": needs about ", FormatBytes(need),
-          " across both processes but only ", FormatBytes(available),
-          " is available; pass a smaller --scale");
+      return Status::ResourceExhausted("--model=", o.model, " --scale=", o.scale, ": needs about ",
+                                       FormatBytes(need), " across both processes but only ",
+                                       FormatBytes(available),
+                                       " is available; pass a smaller --scale");
     }
     return m;
   }

@@ -36,8 +36,7 @@ void FlagSet::String(const std::string& name, std::string* target, const std::st
        }});
 }
 
-void FlagSet::Int(const std::string& name, int64_t* target, const std::string& help,
-                  bool hidden) {
+void FlagSet::Int(const std::string& name, int64_t* target, const std::string& help, bool hidden) {
   Add({name, help, std::to_string(*target), false, hidden, false,
        [name, target](const std::string& v) {
          errno = 0;
@@ -80,8 +79,7 @@ void FlagSet::Bool(const std::string& name, bool* target, const std::string& hel
 }
 
 void FlagSet::Bytes(const std::string& name, uint64_t* target, const std::string& help) {
-  Add({name, help, FormatBytes(*target), false, false, false,
-       [name, target](const std::string& v) {
+  Add({name, help, FormatBytes(*target), false, false, false, [name, target](const std::string& v) {
          Result<uint64_t> n = ParseBytes(v);
          if (!n.ok()) return n.status().WithContext("--" + name);
          *target = *n;

@@ -20,8 +20,7 @@ class FlagSet {
   // Hidden flags are accepted but left out of --help (used between the demo's processes).
   void String(const std::string& name, std::string* target, const std::string& help,
               bool hidden = false);
-  void Int(const std::string& name, int64_t* target, const std::string& help,
-           bool hidden = false);
+  void Int(const std::string& name, int64_t* target, const std::string& help, bool hidden = false);
   void Double(const std::string& name, double* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);
   // A byte count: plain number or with a suffix K, M, G (powers of 1024, "KiB"/"KB" also accepted).

@@ -92,10 +92,10 @@ uint64_t TotalBytes(const std::vector<TensorSpec>& specs) {
 
 std::string Describe(const ArchConfig& c) {
   std::ostringstream os;
-  os << c.layers << (c.layers == 1 ? " layer" : " layers") << ", hidden " << c.hidden << ", intermediate " << c.intermediate << ", "
-     << c.heads << " heads / " << c.kv_heads << " kv heads x " << c.head_dim << ", vocab "
-     << c.vocab << (c.tied_embeddings ? ", tied embeddings" : "")
-     << (c.qkv_bias ? ", qkv bias" : "");
+  os << c.layers << (c.layers == 1 ? " layer" : " layers") << ", hidden " << c.hidden
+     << ", intermediate " << c.intermediate << ", " << c.heads << " heads / " << c.kv_heads
+     << " kv heads x " << c.head_dim << ", vocab " << c.vocab
+     << (c.tied_embeddings ? ", tied embeddings" : "") << (c.qkv_bias ? ", qkv bias" : "");
   return os.str();
 }
 

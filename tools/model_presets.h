@@ -14,8 +14,8 @@
 namespace weightsync::tools {
 
 struct ArchConfig {
-  std::string name;     // CLI name, e.g. "qwen2.5-0.5b"
-  std::string source;   // where the numbers come from (Hugging Face repo id)
+  std::string name;    // CLI name, e.g. "qwen2.5-0.5b"
+  std::string source;  // where the numbers come from (Hugging Face repo id)
   int64_t hidden = 0;
   int64_t intermediate = 0;
   int64_t layers = 0;

@@ -39,7 +39,7 @@ void FillPattern(uint32_t tensor, int64_t step, uint8_t* out, uint64_t bytes) {
 
 uint64_t ExpectedDigest(uint32_t tensor, int64_t step, uint64_t bytes) {
   alignas(64) uint8_t chunk[kChunkBytes];  // stack: no heap, no shared state between threads
-  XXH3_state_t state;  // on the stack: XXH3_createState would allocate
+  XXH3_state_t state;                      // on the stack: XXH3_createState would allocate
   XXH3_64bits_reset(&state);
   const uint64_t seed = Seed(tensor, step);
   for (uint64_t off = 0; off < bytes; off += kChunkBytes) {

@@ -42,12 +42,12 @@ class ProgressBar {
   const bool enabled_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool active_ = false;   // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
-  bool drawn_ = false;    // a bar is on screen; guarded by mu_
-  int64_t step_ = 0;      // guarded by mu_
-  uint64_t bytes_ = 0;    // guarded by mu_
-  double expected_ = 0;   // guarded by mu_
+  bool active_ = false;                          // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
+  bool drawn_ = false;                           // a bar is on screen; guarded by mu_
+  int64_t step_ = 0;                             // guarded by mu_
+  uint64_t bytes_ = 0;                           // guarded by mu_
+  double expected_ = 0;                          // guarded by mu_
   std::chrono::steady_clock::time_point start_;  // guarded by mu_
   std::atomic<uint64_t> thread_allocations_{0};
   std::thread thread_;

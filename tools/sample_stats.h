@@ -6,7 +6,7 @@
 
 namespace weightsync::tools {
 
-double Median(std::vector<double> samples);  // 0 for no samples
+double Median(std::vector<double> samples);                // 0 for no samples
 double Percentile(std::vector<double> samples, double p);  // p in [0, 100], nearest rank
 double Mean(const std::vector<double>& samples);
 double Max(const std::vector<double>& samples);

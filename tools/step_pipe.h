@@ -14,8 +14,8 @@ namespace weightsync::tools {
 
 struct PublishedMessage {
   int64_t step = 0;
-  double fill_seconds = 0;     // time to write the step's weights into the trainer's tensors
-  double publish_seconds = 0;  // Publisher::Publish (copy into the slot + digests)
+  double fill_seconds = 0;           // time to write the step's weights into the trainer's tensors
+  double publish_seconds = 0;        // Publisher::Publish (copy into the slot + digests)
   uint64_t publish_allocations = 0;  // heap allocations in the publisher process during Publish
 };
 

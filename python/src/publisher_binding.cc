@@ -173,7 +173,8 @@ void BindPublisher(nb::module_& m) {
             ThrowIfError(self.Close());
           },
           "Stops serving, closes connections and frees the arena. Idempotent.")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> typing.Self"))
       .def(
           "__exit__",
           [](PyPublisher& self, nb::args) {

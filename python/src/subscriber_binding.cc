@@ -372,7 +372,8 @@ void BindSubscriber(nb::module_& m) {
                     std::to_string(self.subscriber->committed_step()) +
                     (self.closed ? ", closed)" : ")");
            })
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> typing.Self"))
       .def(
           "__exit__",
           [](PySubscriber& self, nb::args) { self.Close(); },

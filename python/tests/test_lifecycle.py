@@ -136,3 +136,35 @@ def test_in_place_mode_round_trip(endpoint):
         sub.update()
         assert sub.weights_valid and sub.committed_step == 1
         assert_bit_exact(dst, model)
+
+
+def test_close_from_another_thread_while_update_blocks(endpoint):
+    import threading
+
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register({"x": np.ones(4)})
+        pub.publish(1)
+        sub = weightsync.Subscriber(endpoint, timeout=0.8)
+        sub.register({"x": np.zeros(4)})
+        sub.update(1)
+        errors = []
+
+        def blocked():
+            try:
+                sub.update(2)  # never published: times out after 0.8 s
+            except weightsync.Error as e:
+                errors.append(e)
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        import time
+
+        time.sleep(0.2)
+        sub.close()  # waits for the update in flight, then releases
+        t.join(timeout=5)
+        assert not t.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], TimeoutError)
+        with pytest.raises(weightsync.FailedPrecondition, match="closed"):
+            sub.update()
+        del sub
+        gc.collect()

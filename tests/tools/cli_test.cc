@@ -96,21 +96,19 @@ TEST_F(CliTest, BadInvocationsExit2AndNameTheProblem) {
 TEST_F(CliTest, DemoRunsTwoProcessesAndVerifiesEveryStep) {
   CliRun run = RunCli("demo --steps 3 --scale 0.001 --progress never");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  for (const char* line :
-       {"model   qwen2.5-0.5b", "   1/3", "   2/3", "   3/3", "created", "reused",
-        "summary:", "first update (prepares the handle)", "steady-state update, median",
-        "heap allocations per steady step", "subscriber RSS", "verified", "3/3 steps",
-        "demo: PASS"}) {
+  for (const char* line : {"model   qwen2.5-0.5b", "   1/3", "   2/3", "   3/3", "created",
+                           "reused", "summary:", "first update (prepares the handle)",
+                           "steady-state update, median", "heap allocations per steady step",
+                           "subscriber RSS", "verified", "3/3 steps", "demo: PASS"}) {
     EXPECT_TRUE(Has(run, line)) << "'" << line << "' missing from:\n" << run.output;
   }
-  EXPECT_TRUE(Has(run, "subscriber Update 0 (max 0), publisher Publish 0 (max 0)"))
-      << run.output;
+  EXPECT_TRUE(Has(run, "subscriber Update 0 (max 0), publisher Publish 0 (max 0)")) << run.output;
 }
 
 TEST_F(CliTest, DemoOtherPresetsBuild) {
   for (const char* model : {"qwen2.5-7b", "llama3-8b"}) {
-    CliRun run = RunCli(std::string("demo --steps 2 --scale 0.0005 --progress never --model ") +
-                     model);
+    CliRun run =
+        RunCli(std::string("demo --steps 2 --scale 0.0005 --progress never --model ") + model);
     EXPECT_EQ(run.exit_code, 0) << run.output;
     EXPECT_TRUE(Has(run, "demo: PASS")) << run.output;
   }
@@ -138,10 +136,10 @@ TEST_F(CliTest, BenchQuickPrintsTableWritesJsonAndAllocatesNothingPerStep) {
   CliRun run = RunCli("bench --quick --json " + json_path);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (const char* line :
-       {"shm update, staged", "memcpy 1 thread", "first update (prepare)",
-        "steady-state step", "overhead beyond the copy", "fresh Subscriber every step",
-        "heap allocs per step: Publish", "heap allocs per step: Update",
-        "heap allocs per step: whole process", "RSS slope", "wrote " }) {
+       {"shm update, staged", "memcpy 1 thread", "first update (prepare)", "steady-state step",
+        "overhead beyond the copy", "fresh Subscriber every step", "heap allocs per step: Publish",
+        "heap allocs per step: Update", "heap allocs per step: whole process", "RSS slope",
+        "wrote "}) {
     EXPECT_TRUE(Has(run, line)) << "'" << line << "' missing from:\n" << run.output;
   }
   std::ifstream in(json_path);
