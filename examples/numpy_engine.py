@@ -8,6 +8,7 @@
 """
 
 import argparse
+import time
 
 import numpy as np
 
@@ -41,11 +42,15 @@ def main():
         step = -1
         while step < args.steps:
             if args.style == "register":
-                stats = sub.update()  # the latest step; waits for one newer than ours
-                step = stats.step
+                stats = sub.update()  # the latest step, or up_to_date when we already hold it
+                fresh = not stats.up_to_date
             else:
                 load_weights(model, sub.receive())
-                step = sub.committed_step
+                fresh = sub.committed_step != step
+            if not fresh:
+                time.sleep(0.005)  # an engine would serve requests here
+                continue
+            step = sub.committed_step
             logits = forward(model, x)
             assert int(model["step_counter"]) == step
             print(f"engine:  at step {step:3d} fingerprint {fingerprint(model)} "

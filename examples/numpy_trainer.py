@@ -3,7 +3,7 @@
     python examples/numpy_trainer.py --endpoint local://numpy-example --steps 20
 
 Run examples/numpy_engine.py with the same endpoint next to it, or both at once with
-examples/run_numpy_example.sh.
+examples/run_example.sh numpy.
 """
 
 import argparse

@@ -1,0 +1,42 @@
+"""The examples run: trainer and engine as two processes, as a user would start them."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_pair(kind, endpoint, extra_engine=(), steps=4):
+    common = ["--endpoint", endpoint, "--steps", str(steps)]
+    env = dict(os.environ)
+    trainer = subprocess.Popen(
+        [sys.executable, f"{kind}_trainer.py", *common, "--interval", "0.02", "--linger", "1"],
+        cwd=EXAMPLES, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        engine = subprocess.run(
+            [sys.executable, f"{kind}_engine.py", *common, *extra_engine], cwd=EXAMPLES, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        out, _ = trainer.communicate(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert engine.returncode == 0, engine.stdout
+    assert trainer.returncode == 0, out
+    return engine.stdout
+
+
+@pytest.mark.parametrize("style", ["register", "receive"])
+def test_numpy_example(endpoint, style):
+    out = run_pair("numpy", endpoint, ["--style", style])
+    assert "addresses unchanged" in out
+    assert "at step   4" in out
+
+
+def test_torch_example(endpoint):
+    pytest.importorskip("torch")
+    out = run_pair("torch", endpoint)
+    assert "addresses unchanged" in out
