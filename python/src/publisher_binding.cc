@@ -135,7 +135,9 @@ void BindPublisher(nb::module_& m) {
           "Waits until no subscriber reads the allocate()d tensors; call before changing them.")
       .def(
           "publish",
-          [](PyPublisher& self, int64_t step) { return ThrowIfError(self.publisher->Publish(step)); },
+          [](PyPublisher& self, int64_t step) {
+            return ThrowIfError(self.publisher->Publish(step));
+          },
           "step"_a, nb::call_guard<nb::gil_scoped_release>(),
           "Makes `step` the latest version (steps must increase). Copies registered tensors.")
       .def_prop_ro("latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },

@@ -318,7 +318,8 @@ void BindSubscriber(nb::module_& m) {
             nb::object raw = nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims),
                                                                         raw_name);
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
-            ThrowIfError(self.subscriber->Register({NamedTensor{name, {raw_array.data(), dt, dims}}}));
+            NamedTensor tensor{name, TensorView{raw_array.data(), dt, dims}};
+            ThrowIfError(self.subscriber->Register({tensor}));
             nb::object view = ArrayView(raw_array.data(), dt, dims, raw);
             self.owned.append(nb::make_tuple(nb::str(name.c_str(), name.size()), view));
             return view;

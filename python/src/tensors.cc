@@ -191,7 +191,9 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
   std::vector<std::pair<std::string, DType>> overrides;
   std::vector<bool> used;
   if (!dtypes.is_none()) {
-    if (!nb::hasattr(dtypes, "items")) throw nb::type_error("dtypes: expected a mapping name → dtype");
+    if (!nb::hasattr(dtypes, "items")) {
+      throw nb::type_error("dtypes: expected a mapping name → dtype");
+    }
     for (nb::handle item : dtypes.attr("items")()) {
       nb::object key = item[0];
       if (!nb::isinstance<nb::str>(key)) throw nb::type_error("dtypes: keys must be tensor names");

@@ -40,3 +40,12 @@ def test_torch_example(endpoint):
     pytest.importorskip("torch")
     out = run_pair("torch", endpoint)
     assert "addresses unchanged" in out
+
+
+def test_compare_safetensors_bench_runs():
+    pytest.importorskip("safetensors")
+    bench = EXAMPLES.parent / "bench" / "compare_safetensors.py"
+    out = subprocess.run([sys.executable, str(bench), "--scale", "0.001", "--reps", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
+    assert "ratio safetensors / weightsync" in out.stdout

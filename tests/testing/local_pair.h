@@ -45,6 +45,7 @@ struct LocalPair {
     auto p = Publisher::Create(o);
     ASSERT_TRUE(p.ok()) << p.status();
     publisher = std::move(p).value();
+    endpoint = publisher->endpoint();  // tcp://HOST:0 → the bound port
     ASSERT_OK(publisher->Register(tensors));
   }
   void Publish(int64_t step) {

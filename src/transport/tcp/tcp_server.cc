@@ -70,6 +70,7 @@ class TcpServerImpl final : public TcpServer {
   void Finish(const std::shared_ptr<Handshake>& h);
   void StartSession(std::shared_ptr<Handshake> h);
   void ReapSessions(bool all);
+  void ScheduleReap();
 
  private:
   struct Session {
@@ -84,6 +85,7 @@ class TcpServerImpl final : public TcpServer {
   VersionSource* source_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  asio::steady_timer reap_timer_{io_};
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};
   bool closed_ = false;
@@ -128,6 +130,7 @@ Status TcpServerImpl::Listen() {
   bound_.port = acceptor_.local_endpoint().port();
   bound_.name = bound_.ToString().substr(6);
   Accept();
+  ScheduleReap();
   io_thread_ = std::thread([this] { io_.run(); });
   LedgerAdd(LedgerItem::kThreads, 1);
   WS_LOG(INFO, "tcp") << "listening on " << bound_.ToString()
@@ -323,6 +326,16 @@ void TcpServerImpl::StartSession(std::shared_ptr<Handshake> h) {
   });
 }
 
+// Finished sessions are joined promptly so their thread and socket do not outlive the peer.
+void TcpServerImpl::ScheduleReap() {
+  reap_timer_.expires_after(std::chrono::milliseconds(50));
+  reap_timer_.async_wait([this](asio::error_code ec) {
+    if (ec || stopping_.load(std::memory_order_acquire)) return;
+    ReapSessions(false);
+    ScheduleReap();
+  });
+}
+
 void TcpServerImpl::ReapSessions(bool all) {
   std::list<std::unique_ptr<Session>> finished;
   {
@@ -354,6 +367,7 @@ Status TcpServerImpl::Close() {
       acceptor_.close(ignored);
       LedgerAdd(LedgerItem::kFds, -1);
     }
+    reap_timer_.cancel();
     auto live = live_;  // Finish() erases from live_
     for (const auto& h : live) Finish(h);
   });

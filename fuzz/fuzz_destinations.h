@@ -1,0 +1,28 @@
+// The fixed subscriber side the messages target plans a fuzzed Welcome against, shared with the
+// corpus generator so that its seed Welcomes match it and the fuzzer starts from plans that build.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weightsync/dtype.h"
+#include "weightsync/manifest.h"
+
+namespace weightsync::fuzz {
+
+// Small, but with the shapes that matter to byte arithmetic: a 2-D tensor, a 16-bit one, a packed
+// float4 with an odd element count (ceil(n/2) bytes), a zero-element tensor and a 0-d scalar.
+inline std::vector<TensorSpec> DestinationSpecs() {
+  std::vector<TensorSpec> specs = {
+      {"embed.weight", DType::kFloat32, {4, 8}, 0},
+      {"layer.0.bias", DType::kBFloat16, {8}, 0},
+      {"norm.q", DType::kFloat4E2M1FN, {5}, 0},
+      {"empty", DType::kInt8, {0, 3}, 0},
+      {"scalar", DType::kInt64, {}, 0},
+  };
+  // Fill nbytes the way Register() does; the specs above are valid by construction.
+  auto manifest = Manifest::Build(specs);
+  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+}
+
+}  // namespace weightsync::fuzz

@@ -1,0 +1,212 @@
+// Writes the seed corpora of the fuzz targets: valid encodings made with the library's own
+// encoders, plus a few near misses. Run by scripts/fuzz.sh --regen-corpus; the output is checked in
+// under fuzz/corpus/<target>/ (small on purpose: libFuzzer grows its own working corpus).
+//
+//   gen_corpus OUT_DIR   → OUT_DIR/{frame_fuzz,messages_fuzz,handshake_fuzz}/<name>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fuzz_destinations.h"
+#include "wire/frame.h"
+#include "wire/handshake.h"
+#include "wire/messages.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace wire = weightsync::wire;
+using weightsync::DType;
+using weightsync::TensorSpec;
+
+fs::path g_out;
+int g_files = 0;
+
+void Write(const std::string& target, const std::string& name, const std::vector<uint8_t>& bytes) {
+  fs::create_directories(g_out / target);
+  std::ofstream f(g_out / target / name, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!f) {
+    std::fprintf(stderr, "gen_corpus: cannot write %s/%s\n", target.c_str(), name.c_str());
+    std::exit(1);
+  }
+  ++g_files;
+}
+
+template <typename M>
+std::vector<uint8_t> Payload(const M& m) {
+  std::vector<uint8_t> out;
+  wire::Encode(m, &out);
+  return out;
+}
+
+std::vector<uint8_t> WithSelector(uint8_t selector, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out{selector};
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+std::vector<uint8_t> Frame(wire::FrameType type, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(wire::kHeaderBytes);
+  wire::EncodeHeader(type, payload, std::span<uint8_t, wire::kHeaderBytes>(out.data(), 24));
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// A Welcome placing `specs` in the arena: in the slots (two of them) if all_in_slot, in the
+// direct region if all_direct, otherwise odd-indexed tensors in the slots and the rest direct.
+wire::Welcome MakeWelcome(const std::vector<TensorSpec>& specs, uint64_t segment_bytes,
+                          bool all_in_slot, bool all_direct) {
+  wire::Welcome w;
+  w.session_id = 0x1234;
+  uint64_t direct = 0, slot = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    wire::TensorPlacement p;
+    p.spec = specs[i];
+    const bool in_slot = all_in_slot || (!all_direct && i % 2 == 1);
+    p.region = in_slot ? wire::Region::kSlot : wire::Region::kDirect;
+    uint64_t& cursor = in_slot ? slot : direct;
+    p.offset = cursor;
+    cursor = RoundUp(cursor + p.spec.nbytes, 64);
+    w.tensors.push_back(p);
+  }
+  w.direct_offset = 0;
+  w.direct_bytes = direct;
+  w.slots_offset = RoundUp(direct, 4096);
+  w.slot_bytes = RoundUp(slot, 4096);
+  w.slot_count = slot > 0 ? 2 : 0;
+  w.arena_bytes = w.slots_offset + w.slot_bytes * w.slot_count;
+  w.segment_bytes = segment_bytes;
+  return w;
+}
+
+// messages_fuzz selector: type 1 (Welcome), bucket index, destination set.
+uint8_t WelcomeSelector(int bucket, int set) { return static_cast<uint8_t>(1 + 7 * (bucket + 4 * set)); }
+
+void Messages() {
+  const std::string t = "messages_fuzz";
+  const std::vector<TensorSpec> dests = weightsync::fuzz::DestinationSpecs();
+
+  Write(t, "hello", WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion,
+                                                         wire::Role::kSubscriber, 4242})));
+  Write(t, "hello_bad_role", WithSelector(0, {1, 0, 2, 0, 0, 0, 0}));
+
+  Write(t, "welcome_mixed_seg16", WithSelector(WelcomeSelector(1, 0),
+                                               Payload(MakeWelcome(dests, 16, false, false))));
+  Write(t, "welcome_direct_seg4096",
+        WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome(dests, 4096, false, true))));
+  Write(t, "welcome_slots_seg1",
+        WithSelector(WelcomeSelector(0, 0), Payload(MakeWelcome(dests, 1, true, false))));
+  Write(t, "welcome_mixed_bucket_max",
+        WithSelector(WelcomeSelector(3, 0), Payload(MakeWelcome(dests, 24, false, false))));
+  Write(t, "welcome_duplicate_destination",
+        WithSelector(WelcomeSelector(1, 1), Payload(MakeWelcome(dests, 16, false, false))));
+  {
+    // Publisher holds an extra tensor: the subset policy plans, the strict one refuses.
+    std::vector<TensorSpec> more = dests;
+    more.insert(more.begin() + 2, TensorSpec{"extra.w", DType::kUInt16, {3, 3}, 18});
+    Write(t, "welcome_publisher_extra",
+          WithSelector(WelcomeSelector(1, 0), Payload(MakeWelcome(more, 16, false, false))));
+  }
+  {
+    // Dtype and shape mismatches, and a missing tensor.
+    std::vector<TensorSpec> wrong = dests;
+    wrong[0].dtype = DType::kInt32;
+    wrong[1].shape = {2, 4};
+    wrong.pop_back();
+    Write(t, "welcome_mismatches",
+          WithSelector(WelcomeSelector(1, 0), Payload(MakeWelcome(wrong, 16, false, false))));
+  }
+  {
+    // Layout errors: a tensor past its region, a region past the arena.
+    wire::Welcome w = MakeWelcome(dests, 16, false, false);
+    w.tensors[0].offset = w.direct_bytes;
+    Write(t, "welcome_tensor_outside_region", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+    w = MakeWelcome(dests, 16, false, false);
+    w.arena_bytes -= 1;
+    Write(t, "welcome_region_outside_arena", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+  }
+  Write(t, "welcome_empty",
+        WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));
+
+  Write(t, "update_request", WithSelector(2, Payload(wire::UpdateRequest{7, 6})));
+  Write(t, "update_request_latest", WithSelector(2, Payload(wire::UpdateRequest{})));
+  Write(t, "step_begin", WithSelector(3, Payload(wire::StepBegin{7, 1})));
+  Write(t, "step_begin_no_slot", WithSelector(3, Payload(wire::StepBegin{7, wire::kNoSlot})));
+  Write(t, "copy_done", WithSelector(4, Payload(wire::CopyDone{7})));
+  Write(t, "step_end", WithSelector(5, Payload(wire::StepEnd{7, {1, 2, 3, 0xFFFFFFFFFFFFFFFFull}})));
+  Write(t, "step_end_empty", WithSelector(5, Payload(wire::StepEnd{7, {}})));
+  Write(t, "error", WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kTimeout,
+                                                               "publisher: step 7 timed out"})));
+  Write(t, "error_utf8", WithSelector(6, Payload(wire::ErrorMessage{
+                                             weightsync::StatusCode::kCorruption,
+                                             "tensor 'w\xc3\xa9ight' digest mismatch"})));
+}
+
+void Handshake() {
+  const std::string t = "handshake_fuzz";
+  wire::Nonce nonce{};
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(i * 7 + 1);
+  wire::Challenge challenge{wire::kProtocolVersion, 99, nonce, true};
+  Write(t, "challenge_auth", WithSelector(0, Payload(challenge)));
+  challenge.auth_required = false;
+  Write(t, "challenge_loopback", WithSelector(0, Payload(challenge)));
+  wire::Auth auth{wire::Role::kSubscriber, nonce, {}};
+  auth.mac = wire::ComputeMac("token", wire::MacSide::kClient, challenge, nonce, auth.role);
+  Write(t, "auth", WithSelector(1, Payload(auth)));
+  wire::AuthOk ok{wire::ComputeMac("token", wire::MacSide::kServer, challenge, nonce, auth.role)};
+  Write(t, "auth_ok", WithSelector(2, Payload(ok)));
+  Write(t, "select", WithSelector(3, Payload(wire::Select{{0, 1, 5, 4096}})));
+  Write(t, "select_empty", WithSelector(3, Payload(wire::Select{})));
+  Write(t, "select_not_increasing", WithSelector(3, {2, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0, 0}));
+}
+
+void Frames() {
+  const std::string t = "frame_fuzz";
+  const std::vector<TensorSpec> dests = weightsync::fuzz::DestinationSpecs();
+  wire::Nonce nonce{};
+  Write(t, "hello", Frame(wire::FrameType::kHello, Payload(wire::Hello{1, wire::Role::kSubscriber, 1})));
+  Write(t, "welcome", Frame(wire::FrameType::kWelcome, Payload(MakeWelcome(dests, 16, false, false))));
+  Write(t, "update_request", Frame(wire::FrameType::kUpdateRequest, Payload(wire::UpdateRequest{})));
+  Write(t, "step_begin", Frame(wire::FrameType::kStepBegin, Payload(wire::StepBegin{3, 0})));
+  Write(t, "copy_done", Frame(wire::FrameType::kCopyDone, Payload(wire::CopyDone{3})));
+  Write(t, "step_end", Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}})));
+  Write(t, "error", Frame(wire::FrameType::kError,
+                          Payload(wire::ErrorMessage{weightsync::StatusCode::kBusy, "busy"})));
+  Write(t, "challenge", Frame(wire::FrameType::kChallenge, Payload(wire::Challenge{1, 5, nonce, true})));
+  Write(t, "auth", Frame(wire::FrameType::kAuth, Payload(wire::Auth{wire::Role::kSubscriber, nonce, {}})));
+  Write(t, "auth_ok", Frame(wire::FrameType::kAuthOk, Payload(wire::AuthOk{})));
+  Write(t, "select", Frame(wire::FrameType::kSelect, Payload(wire::Select{{0, 2}})));
+  Write(t, "empty_payload", Frame(wire::FrameType::kCopyDone, {}));
+  std::vector<uint8_t> truncated = Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}}));
+  truncated.pop_back();
+  Write(t, "truncated_payload", truncated);
+  std::vector<uint8_t> flipped = Frame(wire::FrameType::kCopyDone, Payload(wire::CopyDone{3}));
+  flipped.back() ^= 1;
+  Write(t, "bitflip_payload", flipped);
+  std::vector<uint8_t> huge = Frame(wire::FrameType::kWelcome, {});
+  huge[8] = 0xFF, huge[9] = 0xFF, huge[10] = 0xFF, huge[11] = 0xFF;  // length 2^32 - 1
+  Write(t, "length_over_cap", huge);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  g_out = argv[1];
+  Frames();
+  Messages();
+  Handshake();
+  std::printf("gen_corpus: wrote %d files under %s\n", g_files, argv[1]);
+  return 0;
+}

@@ -1,0 +1,295 @@
+// libFuzzer target: the control-message decoders (src/wire/messages.h), including the
+// manifest-bearing Welcome, followed by what a subscriber does with a Welcome from a possibly
+// hostile publisher: plan::ValidateLayout, plan::BuildPlan against a fixed destination set, and
+// the copies the plan describes.
+//
+// Input: one selector byte, then the message payload.
+//   selector % 7        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
+//                       StepEnd, Error)
+//   (selector / 7) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
+//   (selector / 28) % 2 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
+//                       duplicated name, which BuildPlan must refuse)
+//
+// Properties checked besides "no sanitizer report":
+//   - a decoder fails only with ProtocolError;
+//   - a decoded message re-encodes to exactly the payload (canonical encoding: trailing bytes,
+//     ignored fields or lossy conversions would show up here), also when decoded into a message
+//     object that already holds a previous decode;
+//   - ToStatus of a decoded ErrorMessage is never OK;
+//   - a layout ValidateLayout accepts keeps every tensor inside its region and every region
+//     inside the arena (checked here independently, in 128-bit arithmetic);
+//   - a plan BuildPlan returns only pairs same-named, same-dtype, same-shape tensors, covers each
+//     planned tensor exactly with segments inside their source region, destination and shadow
+//     buffer, numbers digests inside digest_count, and groups segments into contiguous buckets;
+//   - executing the plan's copies (staged: arena → shadow → destinations; in place: arena →
+//     destinations) against exactly-sized heap buffers stays in bounds (ASan checks every byte).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "fuzz_check.h"
+#include "fuzz_destinations.h"
+#include "plan/plan.h"
+#include "wire/messages.h"
+
+namespace {
+
+using weightsync::MatchPolicy;
+using weightsync::Status;
+using weightsync::StatusCode;
+using weightsync::TensorSpec;
+namespace plan = weightsync::plan;
+namespace wire = weightsync::wire;
+using u128 = unsigned __int128;
+
+// Arenas up to this size are allocated and the plan's copies executed.
+constexpr uint64_t kMaxSimulatedArena = 1u << 20;
+constexpr uint64_t kBucketBytes[4] = {1, 100, 4u << 20, ~uint64_t{0}};
+
+template <typename M>
+bool RoundTrip(std::span<const uint8_t> payload, M* m) {
+  Status s = wire::Decode(payload, m);
+  if (!s.ok()) {
+    WS_FUZZ_CHECK(s.code() == StatusCode::kProtocolError, "%s", s.ToString().c_str());
+    return false;
+  }
+  std::vector<uint8_t> out;
+  wire::Encode(*m, &out);
+  WS_FUZZ_CHECK(out.size() == payload.size() && std::equal(out.begin(), out.end(), payload.begin()),
+                "decoded message re-encodes to %zu bytes that differ from the %zu-byte payload",
+                out.size(), payload.size());
+  // Decoding into a used object must not keep anything from its previous contents.
+  Status again = wire::Decode(payload, m);
+  WS_FUZZ_CHECK(again.ok(), "second decode failed: %s", again.ToString().c_str());
+  out.clear();
+  wire::Encode(*m, &out);
+  WS_FUZZ_CHECK(out.size() == payload.size() && std::equal(out.begin(), out.end(), payload.begin()),
+                "re-decoding into a used message changed its encoding");
+  return true;
+}
+
+template <typename M>
+void FuzzSimple(std::span<const uint8_t> payload) {
+  M m;
+  RoundTrip(payload, &m);
+}
+
+struct Destinations {
+  std::vector<TensorSpec> specs;
+  std::vector<plan::Destination> planned;  // data == nullptr: BuildPlan never touches it
+};
+
+const Destinations& GetDestinations(int set) {
+  static const Destinations* sets = [] {
+    auto* d = new Destinations[2];
+    d[0].specs = weightsync::fuzz::DestinationSpecs();
+    d[1].specs = d[0].specs;
+    d[1].specs.push_back(d[0].specs[0]);  // a name registered twice
+    for (int i = 0; i < 2; ++i) {
+      for (const TensorSpec& s : d[i].specs) d[i].planned.push_back({s, nullptr});
+    }
+    return d;
+  }();
+  return sets[set];
+}
+
+uint64_t RegionBytes(const wire::Welcome& w, wire::Region region) {
+  return region == wire::Region::kDirect ? w.direct_bytes : w.slot_bytes;
+}
+
+void CheckLayout(const wire::Welcome& w) {
+  if (w.direct_bytes > 0) {
+    WS_FUZZ_CHECK(u128{w.direct_offset} + w.direct_bytes <= w.arena_bytes,
+                  "direct region outside the arena");
+  }
+  if (w.slot_count > 0 && w.slot_bytes > 0) {
+    WS_FUZZ_CHECK(u128{w.slots_offset} + u128{w.slot_bytes} * w.slot_count <= w.arena_bytes,
+                  "slots outside the arena");
+  }
+  WS_FUZZ_CHECK(w.segment_bytes > 0, "segment_bytes 0 accepted");
+  u128 digests = 0;
+  for (const wire::TensorPlacement& p : w.tensors) {
+    WS_FUZZ_CHECK(p.region == wire::Region::kDirect || p.region == wire::Region::kSlot,
+                  "unknown region accepted");
+    if (p.region == wire::Region::kSlot) WS_FUZZ_CHECK(w.slot_count > 0, "slot tensor, no slots");
+    WS_FUZZ_CHECK(u128{p.offset} + p.spec.nbytes <= RegionBytes(w, p.region),
+                  "tensor outside its region");
+    digests += plan::SegmentCount(p.spec.nbytes, w.segment_bytes);
+  }
+  WS_FUZZ_CHECK(digests <= wire::kMaxDigests, "more digests than a StepEnd can carry");
+}
+
+void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy policy,
+               uint64_t bucket_bytes, const plan::Plan& p) {
+  std::vector<bool> dest_used(dests.specs.size(), false);
+  u128 total = 0;
+  u128 digest_count = 0;
+  for (const wire::TensorPlacement& t : w.tensors) {
+    digest_count += plan::SegmentCount(t.spec.nbytes, w.segment_bytes);
+  }
+  WS_FUZZ_CHECK(p.digest_count == digest_count, "digest_count %u", p.digest_count);
+
+  uint32_t next_segment = 0;
+  int64_t last_publisher = -1;
+  uint64_t shadow_floor = 0;
+  std::vector<bool> digest_used(p.digest_count, false);
+  bool uses_slots = false, uses_direct = false;
+  for (const plan::PlannedTensor& t : p.tensors) {
+    WS_FUZZ_CHECK(t.publisher_index < w.tensors.size() && t.publisher_index > last_publisher,
+                  "publisher index %u out of range or out of order", t.publisher_index);
+    last_publisher = t.publisher_index;
+    WS_FUZZ_CHECK(t.destination < dests.specs.size() && !dest_used[t.destination],
+                  "destination %u out of range or planned twice", t.destination);
+    dest_used[t.destination] = true;
+    const wire::TensorPlacement& src = w.tensors[t.publisher_index];
+    const TensorSpec& dst = dests.specs[t.destination];
+    WS_FUZZ_CHECK(src.spec.name == dst.name && src.spec.dtype == dst.dtype &&
+                      src.spec.shape == dst.shape && src.spec.nbytes == dst.nbytes &&
+                      t.nbytes == dst.nbytes,
+                  "tensor %u planned onto a different destination", t.publisher_index);
+    uses_slots |= src.region == wire::Region::kSlot;
+    uses_direct |= src.region == wire::Region::kDirect;
+    total += t.nbytes;
+    WS_FUZZ_CHECK(t.shadow_offset % 64 == 0 && t.shadow_offset >= shadow_floor &&
+                      u128{t.shadow_offset} + t.nbytes <= p.shadow_bytes,
+                  "shadow range of tensor %u misplaced", t.publisher_index);
+    shadow_floor = t.shadow_offset + t.nbytes;
+    WS_FUZZ_CHECK(t.first_segment == next_segment, "segments of tensor %u not contiguous",
+                  t.publisher_index);
+    uint64_t covered = 0;
+    for (uint32_t i = 0; i < t.segment_count; ++i) {
+      WS_FUZZ_CHECK(t.first_segment + i < p.segments.size(), "segment index past the end");
+      const plan::Segment& s = p.segments[t.first_segment + i];
+      WS_FUZZ_CHECK(s.bytes > 0 && s.bytes <= w.segment_bytes && s.dst_offset == covered &&
+                        s.region == src.region && s.destination == t.destination &&
+                        s.src_offset == src.offset + covered &&
+                        s.shadow_offset == t.shadow_offset + covered,
+                    "segment %u of tensor %u malformed", i, t.publisher_index);
+      WS_FUZZ_CHECK(u128{s.src_offset} + s.bytes <= RegionBytes(w, s.region),
+                    "segment reads outside its region");
+      WS_FUZZ_CHECK(s.digest_index < p.digest_count && !digest_used[s.digest_index],
+                    "digest index %u out of range or reused", s.digest_index);
+      digest_used[s.digest_index] = true;
+      covered += s.bytes;
+    }
+    WS_FUZZ_CHECK(covered == t.nbytes, "segments of tensor %u cover %llu of %llu bytes",
+                  t.publisher_index, (unsigned long long)covered, (unsigned long long)t.nbytes);
+    next_segment += t.segment_count;
+  }
+  WS_FUZZ_CHECK(next_segment == p.segments.size(), "segments outside any planned tensor");
+  WS_FUZZ_CHECK(total == p.total_bytes, "total_bytes");
+  WS_FUZZ_CHECK(uses_slots == p.uses_slots && uses_direct == p.uses_direct, "uses_* flags");
+  for (size_t d = 0; d < dest_used.size(); ++d) {
+    WS_FUZZ_CHECK(dest_used[d], "destination %zu left unplanned", d);
+  }
+  if (policy == MatchPolicy::kStrict) {
+    WS_FUZZ_CHECK(p.tensors.size() == w.tensors.size(), "strict plan skipped a tensor");
+  }
+
+  uint32_t expected_first = 0;
+  for (const plan::Bucket& b : p.buckets) {
+    WS_FUZZ_CHECK(b.first_segment == expected_first && b.segment_count > 0 &&
+                      u128{b.first_segment} + b.segment_count <= p.segments.size(),
+                  "bucket segments not contiguous");
+    u128 bytes = 0;
+    for (uint32_t i = 0; i < b.segment_count; ++i) bytes += p.segments[b.first_segment + i].bytes;
+    WS_FUZZ_CHECK(bytes == b.bytes, "bucket bytes");
+    WS_FUZZ_CHECK(b.segment_count == 1 || b.bytes <= bucket_bytes, "bucket over bucket_bytes");
+    expected_first += b.segment_count;
+  }
+  WS_FUZZ_CHECK(expected_first == p.segments.size(), "buckets do not cover the segments");
+}
+
+// The copies of src/transport/shm/shm_handle.cc (CopyBucket) and src/core/subscriber.cc
+// (CommitSegment), into buffers of exactly the sizes the subscriber would have.
+void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::Plan& p) {
+  if (w.arena_bytes > kMaxSimulatedArena) return;
+  std::unique_ptr<uint8_t[]> arena(new uint8_t[w.arena_bytes]);
+  std::memset(arena.get(), 0xA5, w.arena_bytes);
+  std::vector<std::unique_ptr<uint8_t[]>> dst;
+  for (const TensorSpec& s : dests.specs) dst.emplace_back(new uint8_t[s.nbytes]);
+  std::unique_ptr<uint8_t[]> shadow(new uint8_t[p.shadow_bytes]);
+  // The subscriber reads the slot StepBegin names, which it checks against slot_count.
+  const uint32_t slot = w.slot_count > 0 ? w.slot_count - 1 : 0;
+  const uint64_t slot_base = w.slots_offset + uint64_t{slot} * w.slot_bytes;
+  for (const plan::Bucket& b : p.buckets) {
+    for (uint32_t i = 0; i < b.segment_count; ++i) {
+      const plan::Segment& s = p.segments[b.first_segment + i];
+      const uint8_t* src = arena.get() + s.src_offset +
+                           (s.region == wire::Region::kSlot ? slot_base : w.direct_offset);
+      std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);           // staged
+      std::memcpy(dst[s.destination].get() + s.dst_offset, src, s.bytes);  // in place
+    }
+  }
+  for (const plan::Segment& s : p.segments) {
+    std::memcpy(dst[s.destination].get() + s.dst_offset, shadow.get() + s.shadow_offset, s.bytes);
+  }
+}
+
+void FuzzWelcome(std::span<const uint8_t> payload, uint8_t params) {
+  wire::Welcome w;
+  if (!RoundTrip(payload, &w)) return;
+  Status layout = plan::ValidateLayout(w);
+  if (!layout.ok()) {
+    WS_FUZZ_CHECK(layout.code() == StatusCode::kProtocolError, "%s", layout.ToString().c_str());
+    return;
+  }
+  CheckLayout(w);
+  const uint64_t bucket_bytes = kBucketBytes[params % 4];
+  const int set = (params / 4) % 2;
+  const Destinations& dests = GetDestinations(set);
+  for (MatchPolicy policy : {MatchPolicy::kStrict, MatchPolicy::kSubset}) {
+    auto built = plan::BuildPlan(w, dests.planned, policy, bucket_bytes);
+    if (!built.ok()) {
+      const StatusCode code = built.status().code();
+      WS_FUZZ_CHECK(code == StatusCode::kInvalidArgument || code == StatusCode::kProtocolError,
+                    "%s", built.status().ToString().c_str());
+      continue;
+    }
+    WS_FUZZ_CHECK(set == 0, "a destination set with a duplicate name was planned");
+    CheckPlan(w, dests, policy, bucket_bytes, *built);
+    ExecutePlan(w, dests, *built);
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t selector = data[0];
+  std::span<const uint8_t> payload(data + 1, size - 1);
+  switch (selector % 7) {
+    case 0:
+      FuzzSimple<wire::Hello>(payload);
+      break;
+    case 1:
+      FuzzWelcome(payload, static_cast<uint8_t>(selector / 7));
+      break;
+    case 2:
+      FuzzSimple<wire::UpdateRequest>(payload);
+      break;
+    case 3:
+      FuzzSimple<wire::StepBegin>(payload);
+      break;
+    case 4:
+      FuzzSimple<wire::CopyDone>(payload);
+      break;
+    case 5:
+      FuzzSimple<wire::StepEnd>(payload);
+      break;
+    case 6: {
+      wire::ErrorMessage m;
+      if (RoundTrip(payload, &m)) {
+        Status s = wire::ToStatus(m);
+        WS_FUZZ_CHECK(!s.ok() && s.code() == m.code, "ToStatus of a decoded error: %s",
+                      s.ToString().c_str());
+      }
+      break;
+    }
+  }
+  return 0;
+}
