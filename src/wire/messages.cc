@@ -242,6 +242,9 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
   w.U64(m.slot_bytes);
   w.U32(m.slot_count);
   w.U64(m.segment_bytes);
+  w.U8(static_cast<uint8_t>(m.arena_kind));
+  w.U32(static_cast<uint32_t>(m.device));
+  w.U8(static_cast<uint8_t>(m.digest_kind));
   // The publisher's manifest was validated at Register(), so counts, names and ndim fit their
   // wire widths here.
   w.U32(static_cast<uint32_t>(m.tensors.size()));
@@ -273,6 +276,20 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   if (m->segment_bytes == 0) {
     return Status::ProtocolError(kWelcomeWhat, ": segment_bytes 0, expected > 0");
   }
+  WS_ASSIGN_OR_RETURN(uint8_t arena_kind, r.U8("arena_kind"));
+  if (arena_kind > static_cast<uint8_t>(ArenaKind::kNone)) {
+    return Status::ProtocolError(kWelcomeWhat, ": unknown arena_kind ", int(arena_kind),
+                                 ", expected 0..2");
+  }
+  m->arena_kind = static_cast<ArenaKind>(arena_kind);
+  WS_ASSIGN_OR_RETURN(uint32_t device, r.U32("device"));
+  m->device = static_cast<int32_t>(device);
+  WS_ASSIGN_OR_RETURN(uint8_t digest_kind, r.U8("digest_kind"));
+  if (digest_kind > static_cast<uint8_t>(DigestKind::kGpu64)) {
+    return Status::ProtocolError(kWelcomeWhat, ": unknown digest_kind ", int(digest_kind),
+                                 ", expected 0..1");
+  }
+  m->digest_kind = static_cast<DigestKind>(digest_kind);
   WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("tensor count", kMaxTensors, kMinTensorBytes));
 
   m->tensors.clear();

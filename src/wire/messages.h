@@ -34,6 +34,18 @@ struct TensorPlacement {
   uint64_t offset = 0;
 };
 
+// Where the arena lives, and so how a subscriber maps it.
+enum class ArenaKind : uint8_t {
+  kHostMemfd = 0,  // host memory: a sealed memfd (fd passed with the frame)
+  kCudaMem = 1,    // GPU memory: a cuMem allocation exported as a POSIX fd (fd passed)
+  kNone = 2,       // nothing to map (tcp: bytes arrive on the connection)
+};
+// How segment digests are computed (the subscriber must verify with the same function).
+enum class DigestKind : uint8_t {
+  kXxh3 = 0,   // XXH3_64bits of the segment's bytes
+  kGpu64 = 1,  // the GPU digest of src/cuda/gpu_digest_reference.h
+};
+
 struct Welcome {
   uint64_t session_id = 0;
   uint64_t arena_bytes = 0;    // size of the memfd passed with this frame
@@ -43,6 +55,9 @@ struct Welcome {
   uint64_t slot_bytes = 0;     // size of each slot
   uint32_t slot_count = 0;     // ≤ kMaxSlots
   uint64_t segment_bytes = 0;  // digest granularity, > 0
+  ArenaKind arena_kind = ArenaKind::kHostMemfd;
+  int32_t device = -1;         // kCudaMem: the publisher's CUDA device ordinal
+  DigestKind digest_kind = DigestKind::kXxh3;
   std::vector<TensorPlacement> tensors;  // ≤ kMaxTensors
 };
 inline constexpr uint32_t kMaxSlots = 64;

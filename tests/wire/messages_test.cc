@@ -67,6 +67,9 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
   EXPECT_EQ(a.slot_bytes, b.slot_bytes);
   EXPECT_EQ(a.slot_count, b.slot_count);
   EXPECT_EQ(a.segment_bytes, b.segment_bytes);
+  EXPECT_EQ(a.arena_kind, b.arena_kind);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.digest_kind, b.digest_kind);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) {
     SCOPED_TRACE("tensor " + std::to_string(i));
@@ -89,6 +92,9 @@ Welcome BaseWelcome() {
   w.slot_bytes = 1ull << 24;
   w.slot_count = 3;
   w.segment_bytes = 1ull << 20;
+  w.arena_kind = ArenaKind::kCudaMem;  // non-default values prove the fields round-trip
+  w.device = 1;
+  w.digest_kind = DigestKind::kGpu64;
   return w;
 }
 
@@ -124,6 +130,9 @@ struct RawTensor {
 struct RawWelcome {
   uint32_t slot_count = 2;
   uint64_t segment_bytes = 4096;
+  uint8_t arena_kind = 0;
+  uint32_t device = 0xFFFFFFFFu;
+  uint8_t digest_kind = 0;
   std::optional<uint32_t> count;  // tensors.size() unless set
   std::vector<RawTensor> tensors;
 };
@@ -134,6 +143,9 @@ std::vector<uint8_t> EncodeRaw(const RawWelcome& raw) {
   for (int i = 0; i < 6; ++i) w.U64(1000 + i);  // session, arena, direct and slot geometry
   w.U32(raw.slot_count);
   w.U64(raw.segment_bytes);
+  w.U8(raw.arena_kind);
+  w.U32(raw.device);
+  w.U8(raw.digest_kind);
   w.U32(raw.count.value_or(static_cast<uint32_t>(raw.tensors.size())));
   for (const RawTensor& t : raw.tensors) {
     w.String(t.name);
@@ -382,7 +394,7 @@ TEST(WireWelcomeTest, HugeTensorCountRejectedBeforeAllocating) {
   const std::vector<uint8_t> bytes = EncodeRaw(raw);
   EXPECT_TRUE(IsProtocolError(Decode(bytes, &out),
                               {"welcome: tensor count 100 needs at least 2200 bytes, only " +
-                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 4) + " left"}));
+                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - 4) + " left"}));
 }
 
 TEST(WireWelcomeTest, NameLimits) {
@@ -524,6 +536,13 @@ TEST(WireWelcomeTest, GeometryLimits) {
   EXPECT_TRUE(
       IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: slot_count 65 exceeds limit 64"}));
   raw.slot_count = 1;
+  raw.segment_bytes = 1;
+  raw.arena_kind = 3;
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown arena_kind 3"}));
+  raw.arena_kind = 0;
+  raw.digest_kind = 2;
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown digest_kind 2"}));
+  raw.digest_kind = 0;
   raw.segment_bytes = 0;
   EXPECT_TRUE(
       IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: segment_bytes 0, expected > 0"}));

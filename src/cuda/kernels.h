@@ -1,0 +1,100 @@
+// The transform kernels of the GPU data plane, each reachable only through a prepared launch:
+// dtype casts, blockwise fp8 quantization, a chunked 64-bit digest, a vectorized copy, and an
+// argument probe. Host code, no CUDA headers; in a CPU-only build every Prepare* returns
+// Unavailable("built without CUDA"). docs/gpu.md specifies formats, rounding and the digest.
+//
+// Pointers are device pointers (cudaMalloc, cuMem, IPC-mapped, or mapped pinned host memory);
+// Prepare* checks the ones it is given with cudaPointerGetAttributes. Values rewritten later with
+// args().Set() are not checked again: that is the caller's contract.
+//
+// Grids are sized at prepare time for the sizes given; every kernel loops over its work
+// (grid-stride), so a size rewritten in place stays correct, only the grid may be less suited.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device.h"
+#include "cuda/gpu_digest_reference.h"
+#include "cuda/kernel_table.h"
+#include "cuda/prepared_launch.h"
+#include "weightsync/dtype.h"
+#include "weightsync/status.h"
+
+namespace weightsync::gpu {
+
+// ---- casts ---------------------------------------------------------------------------------
+// `count` elements from `src` (dtype `from`) to `dst` (dtype `to`); from and to are two different
+// ones of float32, float16, bfloat16. Narrowing rounds to nearest even (as __float2bfloat16_rn /
+// __float2half_rn); float16 overflow gives ±inf; NaN stays NaN. Widening is exact. Arguments:
+// CastArgs. src and dst must not overlap.
+Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst,
+                                   uint64_t count, StreamHandle stream);
+// The cast kernel for a pair of dtypes; InvalidArgument names an unsupported pair.
+Result<KernelId> CastKernelFor(DType from, DType to);
+
+// ---- fp8 quantization ------------------------------------------------------------------------
+inline constexpr int64_t kFp8BlockSize = 128;  // scale blocks are 128 x 128 elements
+inline constexpr float kE4M3Max = 448.0f;      // largest finite float8_e4m3fn
+
+enum class Fp8ScaleFormat : uint8_t {
+  kFloat32,  // scale = amax / 448 (float32 division), 1 for an all-zero block
+  kE8M0,     // scale = 2^e, the smallest power of two with amax / 2^e <= 448; e in [-127, 127]
+};
+// Scale tensor shape: [ceil(rows / 128), ceil(cols / 128)], row-major.
+inline constexpr int64_t Fp8ScaleRows(int64_t rows) { return (rows + kFp8BlockSize - 1) / kFp8BlockSize; }
+inline constexpr int64_t Fp8ScaleCols(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
+
+// Quantizes the row-major bf16 matrix x[rows, cols] to row-major float8_e4m3fn q[rows, cols] with
+// one scale per 128x128 block (edge blocks partial) written to `scales` (float32 or e8m0 bytes):
+// q = e4m3fn_rn_satfinite(x / scale), i.e. round to nearest even, saturating at ±448, NaN -> NaN.
+// Arguments: QuantizeFp8Args. Fastest when x is 16-byte and q 8-byte aligned and cols % 8 == 0.
+Result<PreparedLaunch> PrepareQuantizeFp8(const void* x_bf16, void* q_e4m3, void* scales,
+                                          int64_t rows, int64_t cols, Fp8ScaleFormat format,
+                                          StreamHandle stream);
+
+// ---- digest ------------------------------------------------------------------------------------
+// The 64-bit digest of a byte range (GpuDigest in gpu_digest_reference.h is the definition and
+// the CPU implementation): one kernel hashes each 64 KiB chunk into `chunk_hashes`, a second one
+// combines them into `*digest` (both device memory, on `stream`, in that order).
+class PreparedDigest {
+ public:
+  PreparedDigest() = default;
+  // Launches both kernels.
+  Status Launch();
+  // Points the prepared launches at another range (in place; no allocation). InvalidArgument when
+  // the range needs more chunk hashes than the buffer given at prepare time holds.
+  Status SetRange(const void* data, uint64_t bytes);
+  uint64_t capacity_chunks() const { return capacity_chunks_; }
+  PreparedLaunch& chunks() { return chunks_; }
+  PreparedLaunch& combine() { return combine_; }
+  void set_stream(StreamHandle stream) {
+    chunks_.set_stream(stream);
+    combine_.set_stream(stream);
+  }
+
+ private:
+  friend Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t,
+                                              uint64_t*, StreamHandle);
+  PreparedLaunch chunks_;
+  PreparedLaunch combine_;
+  uint64_t capacity_chunks_ = 0;
+};
+// `chunk_hashes` holds `capacity_chunks` >= GpuDigestChunkCount(bytes) uint64 words.
+Result<PreparedDigest> PrepareDigest(const void* data, uint64_t bytes, uint64_t* chunk_hashes,
+                                     uint64_t capacity_chunks, uint64_t* digest,
+                                     StreamHandle stream);
+
+// ---- copy --------------------------------------------------------------------------------------
+// Copies `bytes` from src to dst (device memory of this device, or peer memory it can reach,
+// e.g. a CUDA-IPC mapping). 16-byte loads and stores when src and dst share their alignment
+// modulo 16; byte copies otherwise. Arguments: CopyArgs. src and dst must not overlap.
+Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes,
+                                   StreamHandle stream);
+
+// ---- argument probe ----------------------------------------------------------------------------
+// One thread writes its 18 scalar arguments' bytes, zero-extended, to out[0..17] and increments
+// out[18]; `out` holds kArgProbeWords uint64 words. Checks on a device that an ArgPack lays out
+// every scalar type as the kernel reads it. Arguments: ArgProbeArgs.
+Result<PreparedLaunch> PrepareArgProbe(uint64_t* out, StreamHandle stream);
+
+}  // namespace weightsync::gpu
