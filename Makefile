@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build cli test demo bench clean
 
 all: build
 
@@ -21,12 +21,38 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+	JOBS=$(JOBS) bash scripts/python_test.sh
 
-demo: build
+# demo and bench build only the CLI (and the library it links), not the tests.
+cli: configure
+	@cmake --build $(BUILD) -j$(JOBS) --target weightsync_cli
+
+demo: cli
 	./$(BUILD)/weightsync demo $(DEMO_ARGS)
 
-bench: build
+bench: cli
 	./$(BUILD)/weightsync bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)
+
+# Sanitizers, fuzzing and the whole CI pipeline (docs/ci.md):
+#   make sanitize  test suite under ASan+UBSan (build-asan/), then under TSan (build-tsan/), each
+#                  after canaries that must fail; sanitize-asan / sanitize-tsan run one of them
+#   make fuzz      libFuzzer targets in fuzz/, FUZZ_SECONDS (default 30) each (build-fuzz/)
+#   make ci        what CI runs (.ci/run): make test, make sanitize, a 20 s-per-target fuzz run
+.PHONY: sanitize sanitize-asan sanitize-tsan fuzz ci
+sanitize:
+	JOBS=$(JOBS) bash scripts/ci_sanitizers.sh all
+
+sanitize-asan:
+	JOBS=$(JOBS) bash scripts/ci_sanitizers.sh asan
+
+sanitize-tsan:
+	JOBS=$(JOBS) bash scripts/ci_sanitizers.sh tsan
+
+fuzz:
+	JOBS=$(JOBS) bash scripts/fuzz.sh
+
+ci:
+	JOBS=$(JOBS) bash .ci/run

@@ -21,7 +21,13 @@ if(WS_SANITIZE)
                         "\"${WS_SANITIZE}\"")
   endif()
 
-  set(_ws_san_flags -fsanitize=${_ws_san} -fno-omit-frame-pointer)
+  # One -fsanitize= per sanitizer, never "address,undefined": nvcc's -Xcompiler=<flag> (see
+  # cmake/Cuda.cmake) splits its argument at commas, which would hand "undefined" to the host
+  # compiler as an input file.
+  set(_ws_san_flags -fno-omit-frame-pointer)
+  foreach(_ws_one ${_ws_san_list})
+    list(APPEND _ws_san_flags -fsanitize=${_ws_one})
+  endforeach()
   if(_ws_san MATCHES "undefined")
     list(APPEND _ws_san_flags -fno-sanitize-recover=undefined)
   endif()
@@ -30,6 +36,30 @@ if(WS_SANITIZE)
   # Keep debug info in any build type so reports carry file:line.
   add_compile_options(-g)
   message(STATUS "weightsync: sanitizers enabled: ${_ws_san}")
+
+  # Canaries: deliberately broken programs, built with exactly these flags, that the CI requires
+  # to FAIL with the sanitizer's report (scripts/ci_sanitizers.sh). Not built by default:
+  #   cmake --build <dir> --target ws_sanitizer_canaries
+  set(_ws_canaries)
+  if(_ws_san MATCHES "address")
+    list(APPEND _ws_canaries asan_heap_overflow lsan_leak)
+  endif()
+  if(_ws_san MATCHES "undefined")
+    list(APPEND _ws_canaries ubsan_signed_overflow)
+  endif()
+  if(_ws_san MATCHES "thread")
+    list(APPEND _ws_canaries tsan_data_race)
+  endif()
+  add_custom_target(ws_sanitizer_canaries)
+  foreach(_ws_canary ${_ws_canaries})
+    add_executable(ws_canary_${_ws_canary} EXCLUDE_FROM_ALL
+                   ${CMAKE_CURRENT_LIST_DIR}/../.ci/canaries/${_ws_canary}.cc)
+    target_link_libraries(ws_canary_${_ws_canary} PRIVATE Threads::Threads)
+    add_dependencies(ws_sanitizer_canaries ws_canary_${_ws_canary})
+  endforeach()
+  unset(_ws_canary)
+  unset(_ws_canaries)
+  unset(_ws_one)
   unset(_ws_san_flags)
   unset(_ws_san_list)
   unset(_ws_san)

@@ -93,6 +93,9 @@ int RunBench(int argc, char** argv) {
       {"steps", std::to_string(o.steps)},
       {"rss steps", std::to_string(o.rss_steps)},
   };
+  char load[32];
+  std::snprintf(load, sizeof(load), "%.2f", LoadAverage());
+  report.config.push_back({"load average at start", load});
   std::fprintf(stderr, "weightsync bench: measuring throughput (%s)...\n",
                FormatBytes(o.bytes).c_str());
   s = MeasureThroughput(o, &report);

@@ -144,7 +144,12 @@ std::vector<NamedTensor> TensorStorage::Views() const {
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < offsets_.size(); ++i) {
     const TensorSpec& s = (*tensors_)[i];
-    out.push_back({s.name, TensorView{const_cast<uint8_t*>(data(i)), s.dtype, s.shape}});
+    NamedTensor t;  // field by field: TensorView's later fields keep their defaults (CPU)
+    t.name = s.name;
+    t.view.data = const_cast<uint8_t*>(data(i));
+    t.view.dtype = s.dtype;
+    t.view.shape = s.shape;
+    out.push_back(std::move(t));
   }
   return out;
 }

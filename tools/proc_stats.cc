@@ -52,6 +52,13 @@ uint64_t MemAvailableBytes() {
   return v.empty() ? 0 : std::strtoull(v.c_str(), nullptr, 10) * 1024;
 }
 
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
+}
+
 std::string MachineDescription() {
   std::ostringstream os;
   std::string cpu = ProcField("/proc/cpuinfo", "model name");

@@ -13,6 +13,10 @@ uint64_t ResidentBytes();
 // MemAvailable from /proc/meminfo in bytes; 0 if unknown.
 uint64_t MemAvailableBytes();
 
+// The 1-minute load average (/proc/loadavg); negative if unknown. Timing figures from a machine
+// whose load exceeds its cores are contended and say so.
+double LoadAverage();
+
 // "AMD EPYC, 2 cores, 23.4 GiB RAM, Linux 6.1.0, optimized build"
 std::string MachineDescription();
 

@@ -1,4 +1,4 @@
-// TensorView: a non-owning description of a contiguous CPU tensor (name-less).
+// TensorView: a non-owning description of a contiguous tensor in host or GPU memory.
 // The caller keeps the memory alive and must not free it while a Publisher or Subscriber that
 // registered it is prepared (call Subscriber::Sleep() first).
 #pragma once
@@ -12,10 +12,21 @@
 
 namespace weightsync {
 
+// Where a tensor's bytes live.
+struct Device {
+  enum class Kind : uint8_t { kCPU = 0, kCUDA = 1 };
+  Kind kind = Kind::kCPU;
+  int index = 0;  // CUDA device ordinal (kCUDA)
+  bool is_cuda() const { return kind == Kind::kCUDA; }
+  bool operator==(const Device&) const = default;
+};
+std::string DeviceString(const Device& device);  // "cpu", "cuda:1"
+
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;  // row-major, contiguous
+  Device device;               // CPU unless said otherwise
 
   // Elements (product of shape, overflow-checked; negative dims rejected).
   Result<uint64_t> NumElements() const;

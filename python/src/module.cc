@@ -40,8 +40,7 @@ NB_MODULE(_weightsync, m) {
   RegisterErrorTranslator();
   BindPublisher(m);
   BindSubscriber(m);
-  m.def("ledger", &LedgerDict,
-        nb::sig("def ledger() -> dict[str, int]"),
+  m.def("ledger", &LedgerDict, nb::sig("def ledger() -> dict[str, int]"),
         "Live counts of what weightsync holds in this process (fds, segments, mappings,\n"
         "threads, staging bytes, handles, connections) and cumulative release failures.");
   m.def("dtypes", &DTypeNames, nb::sig("def dtypes() -> list[str]"),

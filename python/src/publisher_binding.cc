@@ -18,7 +18,7 @@ struct PyPublisher {
   std::vector<nb::ndarray<>> sources;  // registered tensors; declared first, released last
   std::unique_ptr<Publisher> publisher;
   std::string endpoint;
-  int live_views = 0;           // arrays from allocate() still alive
+  int live_views = 0;              // arrays from allocate() still alive
   bool close_when_unused = false;  // __exit__ with live views: close when the last one dies
 
   Status Close() {
@@ -129,8 +129,7 @@ void BindPublisher(nb::module_& m) {
           "refuses while views are alive. bfloat16/float8 come back as ml_dtypes arrays when\n"
           "ml_dtypes is installed, else as raw uint16/uint8 bits.")
       .def(
-          "begin_write",
-          [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
+          "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),
           "Waits until no subscriber reads the allocate()d tensors; call before changing them.")
       .def(
@@ -140,13 +139,14 @@ void BindPublisher(nb::module_& m) {
           },
           "step"_a, nb::call_guard<nb::gil_scoped_release>(),
           "Makes `step` the latest version (steps must increase). Copies registered tensors.")
-      .def_prop_ro("latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
-                   "The latest published step, -1 before the first publish().")
+      .def_prop_ro(
+          "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
+          "The latest published step, -1 before the first publish().")
       .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
       .def("__repr__",
            [](PyPublisher& self) {
-             return "Publisher('" + self.endpoint + "', latest_step=" +
-                    std::to_string(self.publisher->latest_step()) + ")";
+             return "Publisher('" + self.endpoint +
+                    "', latest_step=" + std::to_string(self.publisher->latest_step()) + ")";
            })
       .def_prop_ro(
           "manifest",
@@ -175,8 +175,9 @@ void BindPublisher(nb::module_& m) {
             ThrowIfError(self.Close());
           },
           "Stops serving, closes connections and frees the arena. Idempotent.")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
-           nb::sig("def __enter__(self) -> typing.Self"))
+      .def(
+          "__enter__", [](nb::handle self) { return nb::borrow(self); },
+          nb::sig("def __enter__(self) -> typing.Self"))
       .def(
           "__exit__",
           [](PyPublisher& self, nb::args) {

@@ -22,10 +22,20 @@ using namespace nb::literals;
 
 constexpr auto kSignalSlice = std::chrono::milliseconds(50);
 
+bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 // If the C++ Subscriber offers Cancel() (see the report for issue 4), an interrupted update is
 // cancelled and awaited instead of left running.
 template <typename S>
-concept Cancellable = requires(S& s) { s.Cancel(); };
+concept Cancellable = requires(S& s) {
+  s.Cancel();
+};
 
 template <typename S>
 bool CancelUpdate(S& s) {
@@ -92,10 +102,10 @@ class UpdateWorker {
   Subscriber* subscriber_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<UpdateOptions> request_;        // guarded by mu_
-  std::optional<Result<UpdateStats>> result_;   // guarded by mu_
-  bool stop_ = false;                           // guarded by mu_
-  std::thread thread_;                          // last: starts after the state above exists
+  std::optional<UpdateOptions> request_;       // guarded by mu_
+  std::optional<Result<UpdateStats>> result_;  // guarded by mu_
+  bool stop_ = false;                          // guarded by mu_
+  std::thread thread_;                         // last: starts after the state above exists
 };
 
 UpdateMode ModeArg(const std::string& mode) {
@@ -117,7 +127,7 @@ struct PySubscriber {
   std::vector<nb::ndarray<>> destinations;  // registered caller tensors, kept alive
   nb::list owned;                           // (name, view) of allocate()d tensors, for receive()
   std::unique_ptr<Subscriber> subscriber;
-  std::unique_ptr<UpdateWorker> worker;     // started at the first update
+  std::unique_ptr<UpdateWorker> worker;  // started at the first update
   std::string endpoint;
   // A Python thread waits on the worker (update(), or settling an interrupted one). Only that
   // thread touches the worker; any other gets Busy, as the C++ API answers concurrent updates.
@@ -127,6 +137,16 @@ struct PySubscriber {
 
   ~PySubscriber() {
     if (!subscriber) return;
+    if (abandoned && Finalizing()) {
+      // Exiting after Ctrl-C: waiting up to `timeout` for the interrupted update would stall
+      // the exit. Leave it to the end of the process instead; everything it may write stays
+      // referenced (leaked on purpose), so it never writes freed memory.
+      (void)subscriber.release();
+      (void)worker.release();
+      (void)new std::vector<nb::ndarray<>>(std::move(destinations));
+      (void)owned.release();
+      return;
+    }
     {
       // Close() waits for an update in flight (an interrupted one, bounded by its timeout).
       nb::gil_scoped_release release;
@@ -198,9 +218,9 @@ struct PySubscriber {
       WaitInterruptibly();
     } catch (nb::python_error&) {
       if (CancelUpdate(*subscriber)) {
+        // Repeated: the worker may not have entered Update() when the first Cancel() ran.
         nb::gil_scoped_release release;
-        while (!worker->WaitDone(kSignalSlice)) {
-        }
+        while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
         (void)worker->Take();
       } else {
         abandoned = true;
@@ -246,10 +266,9 @@ void BindSubscriber(nb::module_& m) {
               "The latest step was already committed; nothing moved.")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
-        return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" +
-               std::to_string(s.bytes) + ", tensors=" + std::to_string(s.tensors) +
-               ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) +
-               ", handle_created=" + b(s.handle_created) +
+        return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
+               ", tensors=" + std::to_string(s.tensors) + ", seconds=" + std::to_string(s.seconds) +
+               ", gbps=" + std::to_string(s.gbps) + ", handle_created=" + b(s.handle_created) +
                ", prepare_count=" + std::to_string(s.prepare_count) +
                ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ")";
       });
@@ -315,8 +334,8 @@ void BindSubscriber(nb::module_& m) {
             auto [raw_name, raw_shape] = RawLayout(dt, dims);
             nb::list raw_dims;
             for (int64_t d : raw_shape) raw_dims.append(d);
-            nb::object raw = nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims),
-                                                                        raw_name);
+            nb::object raw =
+                nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims), raw_name);
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
             NamedTensor tensor{name, TensorView{raw_array.data(), dt, dims}};
             ThrowIfError(self.subscriber->Register({tensor}));
@@ -360,24 +379,24 @@ void BindSubscriber(nb::module_& m) {
           "Releases the transfer handle (mapping, connection, staging); the next update\n"
           "re-prepares. Call before freeing or replacing destination memory.")
       .def("close", &PySubscriber::Close, "Releases everything. Idempotent.")
-      .def_prop_ro("committed_step",
-                   [](PySubscriber& self) { return self.subscriber->committed_step(); },
-                   "The committed step, -1 before the first successful update.")
-      .def_prop_ro("weights_valid",
-                   [](PySubscriber& self) { return self.subscriber->weights_valid(); },
-                   "False after a failed in_place update, until the next successful one.")
+      .def_prop_ro(
+          "committed_step", [](PySubscriber& self) { return self.subscriber->committed_step(); },
+          "The committed step, -1 before the first successful update.")
+      .def_prop_ro(
+          "weights_valid", [](PySubscriber& self) { return self.subscriber->weights_valid(); },
+          "False after a failed in_place update, until the next successful one.")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
       .def("__repr__",
            [](PySubscriber& self) {
-             return "Subscriber('" + self.endpoint + "', committed_step=" +
-                    std::to_string(self.subscriber->committed_step()) +
+             return "Subscriber('" + self.endpoint +
+                    "', committed_step=" + std::to_string(self.subscriber->committed_step()) +
                     (self.closed ? ", closed)" : ")");
            })
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
-           nb::sig("def __enter__(self) -> typing.Self"))
       .def(
-          "__exit__",
-          [](PySubscriber& self, nb::args) { self.Close(); },
+          "__enter__", [](nb::handle self) { return nb::borrow(self); },
+          nb::sig("def __enter__(self) -> typing.Self"))
+      .def(
+          "__exit__", [](PySubscriber& self, nb::args) { self.Close(); },
           nb::sig("def __exit__(self, *args: object) -> None"));
 }
 

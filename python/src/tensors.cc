@@ -30,8 +30,8 @@ bool IsMlDtypesBits(std::string_view name) {
 }
 
 std::string TypeName(nb::handle obj) {
-  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))
-                                           .attr("__qualname__")));
+  return nb::cast<std::string>(
+      nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__")));
 }
 
 // Why `obj` was refused, once the strict import failed: a precise message beats "wrong type".
@@ -43,9 +43,9 @@ std::string TypeName(nb::handle obj) {
                              .c_str());
   }
   if (any.device_type() != kDLCPU) {
-    ThrowStatus(Status::InvalidArgument(
-        "tensor '", name, "': on DLPack device type ", any.device_type(),
-        "; the shared-memory transport moves CPU tensors only"));
+    ThrowStatus(Status::InvalidArgument("tensor '", name, "': on DLPack device type ",
+                                        any.device_type(),
+                                        "; the shared-memory transport moves CPU tensors only"));
   }
   bool contiguous = true;
   int64_t expected = 1;
@@ -55,7 +55,8 @@ std::string TypeName(nb::handle obj) {
   }
   if (!contiguous) {
     ThrowStatus(Status::InvalidArgument(
-        "tensor '", name, "': not C-contiguous; weightsync registers memory in place and never "
+        "tensor '", name,
+        "': not C-contiguous; weightsync registers memory in place and never "
         "copies (pass np.ascontiguousarray(x) / x.contiguous() and keep that object)"));
   }
   if (writable) {
@@ -87,9 +88,11 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
       std::string dt = nb::cast<std::string>(obj.attr("dtype").attr("name"));
       if (dt == "float4_e2m1fn") {
         ThrowStatus(Status::InvalidArgument(
-            "tensor '", name, "': ml_dtypes float4_e2m1fn stores one value per byte, weightsync's "
+            "tensor '", name,
+            "': ml_dtypes float4_e2m1fn stores one value per byte, weightsync's "
             "float4_e2m1fn packs two per byte: pass the packed uint8 bytes with "
-            "dtypes={'", name, "': 'float4_e2m1fn'}"));
+            "dtypes={'",
+            name, "': 'float4_e2m1fn'}"));
       }
       if (IsMlDtypesBits(dt)) {
         implied = ThrowIfError(DTypeFromName(dt));
@@ -159,7 +162,8 @@ DType DTypeArg(nb::handle dtype) {
       np_dtype = Numpy().attr("dtype")(dtype);
     } catch (const nb::python_error&) {
       throw nb::type_error(("dtype: expected a name such as 'bfloat16', a NumPy dtype or an "
-                            "ml_dtypes type, got " + TypeName(dtype))
+                            "ml_dtypes type, got " +
+                            TypeName(dtype))
                                .c_str());
     }
     name = nb::cast<std::string>(np_dtype.attr("name"));
@@ -201,8 +205,7 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
     }
     used.assign(overrides.size(), false);
   }
-  nb::object items = nb::hasattr(tensors, "items") ? tensors.attr("items")()
-                                                  : nb::borrow(tensors);
+  nb::object items = nb::hasattr(tensors, "items") ? tensors.attr("items")() : nb::borrow(tensors);
   std::vector<ImportedTensor> out;
   for (nb::handle item : items) {
     if (!nb::isinstance<nb::tuple>(item) && !nb::isinstance<nb::list>(item)) {
@@ -236,23 +239,38 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
 std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
                                                        const std::vector<int64_t>& shape) {
   switch (dtype) {
-    case DType::kBool: return {"bool", shape};
-    case DType::kInt8: return {"int8", shape};
-    case DType::kInt16: return {"int16", shape};
-    case DType::kInt32: return {"int32", shape};
-    case DType::kInt64: return {"int64", shape};
-    case DType::kUInt8: return {"uint8", shape};
-    case DType::kUInt16: return {"uint16", shape};
-    case DType::kUInt32: return {"uint32", shape};
-    case DType::kUInt64: return {"uint64", shape};
-    case DType::kFloat16: return {"float16", shape};
-    case DType::kFloat32: return {"float32", shape};
-    case DType::kFloat64: return {"float64", shape};
-    case DType::kTFloat32: return {"float32", shape};  // tf32 is stored in float32 bits
-    case DType::kBFloat16: return {"uint16", shape};
+    case DType::kBool:
+      return {"bool", shape};
+    case DType::kInt8:
+      return {"int8", shape};
+    case DType::kInt16:
+      return {"int16", shape};
+    case DType::kInt32:
+      return {"int32", shape};
+    case DType::kInt64:
+      return {"int64", shape};
+    case DType::kUInt8:
+      return {"uint8", shape};
+    case DType::kUInt16:
+      return {"uint16", shape};
+    case DType::kUInt32:
+      return {"uint32", shape};
+    case DType::kUInt64:
+      return {"uint64", shape};
+    case DType::kFloat16:
+      return {"float16", shape};
+    case DType::kFloat32:
+      return {"float32", shape};
+    case DType::kFloat64:
+      return {"float64", shape};
+    case DType::kTFloat32:
+      return {"float32", shape};  // tf32 is stored in float32 bits
+    case DType::kBFloat16:
+      return {"uint16", shape};
     case DType::kFloat8E4M3FN:
     case DType::kFloat8E5M2:
-    case DType::kFloat8E8M0FNU: return {"uint8", shape};
+    case DType::kFloat8E8M0FNU:
+      return {"uint8", shape};
     case DType::kFloat4E2M1FN: {
       TensorView v{nullptr, dtype, shape};
       uint64_t bytes = ThrowIfError(v.NumBytes());
@@ -262,8 +280,7 @@ std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
   ThrowStatus(Status::InvalidArgument("unknown dtype code ", int(dtype)));
 }
 
-nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape,
-                     nb::handle owner) {
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner) {
   auto [raw_name, raw_shape] = RawLayout(dtype, shape);
   std::string_view rn = raw_name;
   nb::dlpack::dtype dl;
@@ -280,8 +297,8 @@ nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape,
   nb::object array = nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner,
                                             /*strides=*/nullptr, dl)
                          .cast();
-  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN ||
-      dtype == DType::kFloat8E5M2 || dtype == DType::kFloat8E8M0FNU) {
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2 ||
+      dtype == DType::kFloat8E8M0FNU) {
     try {
       nb::module_ ml = nb::module_::import_("ml_dtypes");
       std::string_view n = DTypeName(dtype);

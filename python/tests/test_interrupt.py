@@ -91,3 +91,31 @@ def test_sleep_after_interrupt_waits_for_the_abandoned_call(endpoint):
         src += 1
         pub.publish(2)
         assert sub.update().step == 2 and (dst == src).all()
+
+
+CHILD = """
+import os, signal, sys, threading
+import numpy as np
+import weightsync
+sub = weightsync.Subscriber(sys.argv[1], timeout=20)
+sub.register({"w": np.zeros(1000, np.float32)})
+sub.update(1)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+sub.update(2)  # never published: Ctrl-C, and the interpreter exits with the update abandoned
+"""
+
+
+def test_exit_after_ctrl_c_does_not_wait_for_the_timeout(endpoint):
+    import subprocess
+    import sys
+
+    pub = weightsync.Publisher(endpoint)
+    with pub:
+        pub.register({"w": np.arange(1000, dtype=np.float32)})
+        pub.publish(1)
+        t0 = time.monotonic()
+        child = subprocess.run([sys.executable, "-c", CHILD, endpoint], capture_output=True,
+                               text=True, timeout=60)
+        elapsed = time.monotonic() - t0
+    assert "KeyboardInterrupt" in child.stderr, child.stderr
+    assert elapsed < 5, f"exit took {elapsed:.1f} s (the update's timeout is 20 s)"

@@ -47,7 +47,8 @@ struct Publisher::Impl final : transport::VersionSource {
   std::vector<TensorSpec> specs;
   std::vector<wire::TensorPlacement> placements;
   std::vector<Source> sources;
-  uint64_t slot_used = 0;
+  uint64_t slot_used = 0;         // slot bytes including alignment padding
+  uint64_t registered_bytes = 0;  // bytes of registered (copied) tensors
   Manifest manifest;
 
   // One unit of Publish() work: copy (registered tensors) then hash one segment.
@@ -172,6 +173,7 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
     d.placements.push_back({spec, wire::Region::kSlot, d.slot_used});
     d.sources.push_back({static_cast<const uint8_t*>(tensors[i - d.specs.size()].view.data)});
     d.slot_used += spec.nbytes;
+    d.registered_bytes += spec.nbytes;
   }
   d.specs = m.tensors();
   d.manifest = std::move(m);
@@ -325,7 +327,7 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
   }
   d.cv.notify_all();
   stats.step = step;
-  stats.bytes_copied = d.slot_used;
+  stats.bytes_copied = d.registered_bytes;
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;

@@ -21,6 +21,10 @@ Result<uint64_t> TensorView::NumBytes() const {
   return ByteSize(dtype, n);
 }
 
+std::string DeviceString(const Device& device) {
+  return device.is_cuda() ? "cuda:" + std::to_string(device.index) : std::string("cpu");
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << '[';

@@ -129,4 +129,17 @@ constexpr bool KernelTableInOrder() {
 }
 static_assert(KernelTableInOrder(), "kKernels must list kernels in KernelId order");
 
+// The cast kernel for a pair of dtypes; InvalidArgument names an unsupported pair.
+inline Result<KernelId> CastKernelFor(DType from, DType to) {
+  using D = DType;
+  if (from == D::kBFloat16 && to == D::kFloat32) return KernelId::kCastBF16ToF32;
+  if (from == D::kBFloat16 && to == D::kFloat16) return KernelId::kCastBF16ToF16;
+  if (from == D::kFloat16 && to == D::kFloat32) return KernelId::kCastF16ToF32;
+  if (from == D::kFloat16 && to == D::kBFloat16) return KernelId::kCastF16ToBF16;
+  if (from == D::kFloat32 && to == D::kBFloat16) return KernelId::kCastF32ToBF16;
+  if (from == D::kFloat32 && to == D::kFloat16) return KernelId::kCastF32ToF16;
+  return Status::InvalidArgument("cast: no kernel from ", DTypeName(from), " to ", DTypeName(to),
+                                 " (casts go between float32, float16 and bfloat16)");
+}
+
 }  // namespace weightsync::gpu

@@ -29,8 +29,7 @@ namespace weightsync::gpu {
 // CastArgs. src and dst must not overlap.
 Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst,
                                    uint64_t count, StreamHandle stream);
-// The cast kernel for a pair of dtypes; InvalidArgument names an unsupported pair.
-Result<KernelId> CastKernelFor(DType from, DType to);
+// CastKernelFor(from, to) in kernel_table.h picks the kernel.
 
 // ---- fp8 quantization ------------------------------------------------------------------------
 inline constexpr int64_t kFp8BlockSize = 128;  // scale blocks are 128 x 128 elements

@@ -12,7 +12,9 @@ namespace weightsync::util {
 Result<StagingBuffer> StagingBuffer::Allocate(uint64_t bytes) {
   StagingBuffer b;
   if (bytes == 0) return b;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Populated now: the staging pages are part of what a handle prepares once.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     return Status::FromErrno(errno, "allocating a staging buffer of " + std::to_string(bytes) +
                                         " bytes");

@@ -102,21 +102,28 @@ Status Decode(std::span<const uint8_t> payload, Select* m) {
 
 Mac ComputeMac(std::string_view token, MacSide side, const Challenge& challenge,
                const Nonce& client_nonce, Role role) {
-  std::vector<uint8_t> msg;
+  // label | server_nonce | client_nonce | session_id (LE64) | role | version (LE16), in a fixed
+  // buffer: the transcript has one shape and needs no allocation.
   const std::string_view label =
       side == MacSide::kClient ? "weightsync-auth-client" : "weightsync-auth-server";
-  msg.insert(msg.end(), label.begin(), label.end());
-  msg.insert(msg.end(), challenge.server_nonce.begin(), challenge.server_nonce.end());
-  msg.insert(msg.end(), client_nonce.begin(), client_nonce.end());
-  Writer w(&msg);
-  w.U64(challenge.session_id);
-  w.U8(static_cast<uint8_t>(role));
-  w.U16(challenge.protocol_version);
+  std::array<uint8_t, 22 + kNonceBytes * 2 + 8 + 1 + 2> msg{};
+  static_assert(sizeof("weightsync-auth-client") - 1 == 22);
+  size_t at = 0;
+  std::memcpy(msg.data() + at, label.data(), label.size());
+  at += label.size();
+  std::memcpy(msg.data() + at, challenge.server_nonce.data(), kNonceBytes);
+  at += kNonceBytes;
+  std::memcpy(msg.data() + at, client_nonce.data(), kNonceBytes);
+  at += kNonceBytes;
+  for (int i = 0; i < 8; ++i) msg[at++] = static_cast<uint8_t>(challenge.session_id >> (8 * i));
+  msg[at++] = static_cast<uint8_t>(role);
+  msg[at++] = static_cast<uint8_t>(challenge.protocol_version);
+  msg[at++] = static_cast<uint8_t>(challenge.protocol_version >> 8);
   Mac mac{};
   if (token.empty()) return mac;
   unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(),
-       mac.data(), &len);
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), at, mac.data(),
+       &len);
   return mac;
 }
 

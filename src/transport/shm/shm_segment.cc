@@ -22,7 +22,8 @@ Result<Mapping> Mapping::Map(int fd, uint64_t bytes, bool writable, std::string 
   m.what_ = std::move(what);
   if (bytes == 0) return m;
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  void* p = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: fault the page tables in now, at prepare time, not during the first step's copy.
+  void* p = ::mmap(nullptr, bytes, prot, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap " + m.what_);
   m.data_ = static_cast<uint8_t*>(p);
   m.size_ = bytes;

@@ -1,0 +1,63 @@
+// A build without CUDA (WS_WITH_CUDA=0): every call that would need the runtime answers
+// Unavailable("built without CUDA"), so callers and tests build and run the same way in both
+// builds. With CUDA this file compiles to nothing; device.cu, prepared_launch.cu and kernels.cu
+// define these functions instead.
+#if !WS_WITH_CUDA
+
+#include "cuda/device.h"
+#include "cuda/kernels.h"
+#include "cuda/prepared_launch.h"
+
+namespace weightsync::gpu {
+namespace {
+Status NoCuda() { return Status::Unavailable("built without CUDA"); }
+}  // namespace
+
+bool BuiltWithCuda() { return false; }
+Status CudaAvailable() { return NoCuda(); }
+int DeviceCount() { return 0; }
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(uint64_t) { return NoCuda(); }
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  data_ = std::exchange(o.data_, nullptr);
+  size_ = std::exchange(o.size_, 0);
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() = default;
+Status DeviceBuffer::Close() { return Status::Ok(); }
+
+Result<Stream> Stream::Create() { return NoCuda(); }
+Stream& Stream::operator=(Stream&& o) noexcept {
+  handle_ = std::exchange(o.handle_, nullptr);
+  return *this;
+}
+Stream::~Stream() = default;
+Status Stream::Synchronize() { return NoCuda(); }
+Status Stream::Close() { return Status::Ok(); }
+
+Status CopyToDevice(void*, const void*, uint64_t) { return NoCuda(); }
+Status CopyToHost(void*, const void*, uint64_t) { return NoCuda(); }
+Status MemsetDevice(void*, uint8_t, uint64_t) { return NoCuda(); }
+Status DeviceSynchronize() { return NoCuda(); }
+
+Status PreparedLaunch::Launch() { return NoCuda(); }
+
+Result<PreparedLaunch> PrepareCast(DType, DType, const void*, void*, uint64_t, StreamHandle) {
+  return NoCuda();
+}
+Result<PreparedLaunch> PrepareQuantizeFp8(const void*, void*, void*, int64_t, int64_t,
+                                          Fp8ScaleFormat, StreamHandle) {
+  return NoCuda();
+}
+Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t, uint64_t*,
+                                     StreamHandle) {
+  return NoCuda();
+}
+Status PreparedDigest::Launch() { return NoCuda(); }
+Status PreparedDigest::SetRange(const void*, uint64_t) { return NoCuda(); }
+Result<PreparedLaunch> PrepareCopy(const void*, void*, uint64_t, StreamHandle) { return NoCuda(); }
+Result<PreparedLaunch> PrepareArgProbe(uint64_t*, StreamHandle) { return NoCuda(); }
+
+}  // namespace weightsync::gpu
+
+#endif  // !WS_WITH_CUDA
