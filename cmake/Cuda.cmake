@@ -1,13 +1,14 @@
-# The GPU data plane (src/cuda/*.cu): cmake -DWS_CUDA=AUTO (default) | ON | OFF.
+# The GPU data plane (src/cuda, and every other src/**/*.cu): cmake -DWS_CUDA=AUTO|ON|OFF.
 #
 # Included from the top-level CMakeLists.txt right after the weightsync library target is defined.
 #   AUTO  build the kernels when CMake finds nvcc (CheckLanguage) and the CUDA toolkit
 #         (FindCUDAToolkit); otherwise build CPU-only and say why.
 #   ON    the same, but a missing compiler or toolkit is a configure error.
 #   OFF   CPU-only.
-# The weightsync target gets WS_WITH_CUDA=1 or WS_WITH_CUDA=0 (PUBLIC). src/cuda/*.cc files are
-# host code that builds either way (the library's src/*.cc glob picks them up); src/cuda/no_cuda.cc
-# answers Unavailable("built without CUDA") in a CPU-only build.
+# The weightsync target gets WS_WITH_CUDA=1 or WS_WITH_CUDA=0 (PUBLIC). Every *.cc under src/ is
+# host code that builds either way (the library's src/*.cc glob picks them up, CUDA or not); code
+# that needs CUDA headers lives in *.cu files, added here only when CUDA is found. In a CPU-only
+# build src/cuda/no_cuda.cc answers Unavailable("built without CUDA").
 #
 # Runtime: CUDA::cudart_static, never libcudart.so, libcuda.so or libnccl.so. The static runtime
 # loads the driver only when a call needs it, so every binary (tests included) starts on a machine
@@ -15,7 +16,8 @@
 #
 # Architectures: WS_CUDA_ARCHITECTURES, default "90-real;90-virtual": H100/H200 machine code plus
 # compute_90 PTX that newer GPUs compile at load time.
-set(WS_CUDA AUTO CACHE STRING "GPU data plane: AUTO (if nvcc and the CUDA toolkit are found), ON or OFF")
+set(WS_CUDA AUTO CACHE STRING
+    "GPU data plane: AUTO (if nvcc and the CUDA toolkit are found), ON or OFF")
 set_property(CACHE WS_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(WS_CUDA_ARCHITECTURES "90-real;90-virtual" CACHE STRING
     "CUDA architectures of the kernels (CMake CUDA_ARCHITECTURES syntax)")
@@ -52,7 +54,8 @@ if(NOT _ws_cuda STREQUAL "OFF")
     if(CUDAToolkit_FOUND AND TARGET CUDA::cudart_static)
       set(WS_WITH_CUDA ON)
     else()
-      set(_ws_cuda_why "nvcc found (${CMAKE_CUDA_COMPILER}) but not the CUDA toolkit's static runtime")
+      set(_ws_cuda_why
+          "nvcc found (${CMAKE_CUDA_COMPILER}) but not the CUDA toolkit's static runtime")
     endif()
   else()
     set(_ws_cuda_why "no CUDA compiler (nvcc) found; set CUDACXX or CMAKE_CUDA_COMPILER")
@@ -63,7 +66,8 @@ if(NOT _ws_cuda STREQUAL "OFF")
 endif()
 
 if(WS_WITH_CUDA)
-  file(GLOB WS_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.cu)
+  # Every .cu under src/: the kernels (src/cuda) and the CUDA side of GPU transports.
+  file(GLOB_RECURSE WS_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/*.cu)
   target_sources(weightsync PRIVATE ${WS_CUDA_SOURCES})
   target_compile_definitions(weightsync PUBLIC WS_WITH_CUDA=1)
   set_target_properties(weightsync PROPERTIES
@@ -91,8 +95,17 @@ if(WS_WITH_CUDA)
   if(_ws_opts)
     set(_ws_split_opts)
     foreach(_ws_opt IN LISTS _ws_opts)
-      list(APPEND _ws_split_opts "$<$<COMPILE_LANGUAGE:C,CXX>:${_ws_opt}>"
-                                 "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_ws_opt}>")
+      list(APPEND _ws_split_opts "$<$<COMPILE_LANGUAGE:C,CXX>:${_ws_opt}>")
+      # nvcc splits -Xcompiler values at commas: pass -fsanitize=a,b as -fsanitize=a -fsanitize=b.
+      if(_ws_opt MATCHES "^(-f[a-z-]*sanitize[a-z-]*)=(.*,.*)$")
+        string(REPLACE "," ";" _ws_parts "${CMAKE_MATCH_2}")
+        foreach(_ws_part IN LISTS _ws_parts)
+          list(APPEND _ws_split_opts
+               "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${CMAKE_MATCH_1}=${_ws_part}>")
+        endforeach()
+      else()
+        list(APPEND _ws_split_opts "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_ws_opt}>")
+      endif()
     endforeach()
     set_property(TARGET weightsync PROPERTY COMPILE_OPTIONS ${_ws_split_opts})
   endif()
@@ -109,3 +122,4 @@ unset(_ws_cuda)
 unset(_ws_cuda_why)
 unset(_ws_opts)
 unset(_ws_split_opts)
+unset(_ws_parts)

@@ -10,10 +10,7 @@
 #include "transport/transport.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
-#include "util/hash.h"
 #include "util/logging.h"
-#include "util/staging_buffer.h"
-#include "util/worker_pool.h"
 
 namespace weightsync {
 
@@ -24,7 +21,6 @@ namespace {
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
 }  // namespace
 
 struct Subscriber::Impl {
@@ -32,9 +28,8 @@ struct Subscriber::Impl {
   transport::Endpoint endpoint;
   std::vector<plan::Destination> destinations;
 
-  // The transfer handle and the staging it uses; created together, released together.
+  // The transfer handle: connection, mappings, plan, staging, workers.
   std::unique_ptr<transport::TransferHandle> handle;
-  util::StagingBuffer shadow;
 
   std::mutex update_mu;  // one update at a time; held for the whole update
   int64_t committed = -1;
@@ -42,20 +37,8 @@ struct Subscriber::Impl {
   bool closed = false;
   uint64_t prepare_count = 0;
 
-  // Per-update scratch for parallel verify/commit (no allocation per step).
-  std::span<const uint64_t> digests;
-  uint8_t* received = nullptr;  // shadow (staged) or null (in place: destinations)
-  std::atomic<uint32_t> first_mismatch{kNoMismatch};
-
   Status ReleaseHandle(std::string_view why);
   Status Prepare(const Deadline& deadline);
-  uint8_t* ReceivedBytes(const plan::Segment& s) const {
-    return received != nullptr ? received + s.shadow_offset
-                               : destinations[s.destination].data + s.dst_offset;
-  }
-  static void VerifySegment(void* context, uint32_t index);
-  static void CommitSegment(void* context, uint32_t index);
-  Status DescribeMismatch(int64_t step) const;
 };
 
 Subscriber::Subscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -88,7 +71,8 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   }
   std::vector<NamedTensor> all;
   for (const auto& dst : d.destinations) {
-    all.push_back({dst.spec.name, TensorView{dst.data, dst.spec.dtype, dst.spec.shape}});
+    all.push_back(
+        {dst.spec.name, TensorView{dst.data, dst.spec.dtype, dst.spec.shape, dst.device}});
   }
   all.insert(all.end(), tensors.begin(), tensors.end());
   WS_ASSIGN_OR_RETURN(Manifest m, Manifest::FromTensors(all));
@@ -98,7 +82,7 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
     if (all[i].view.data == nullptr && spec.nbytes > 0) {
       return Status::InvalidArgument("tensor '", spec.name, "': null data pointer");
     }
-    dests.push_back({spec, static_cast<uint8_t*>(all[i].view.data)});
+    dests.push_back({spec, static_cast<uint8_t*>(all[i].view.data), all[i].view.device});
   }
   d.destinations = std::move(dests);
   return Status::Ok();
@@ -110,7 +94,6 @@ Status Subscriber::Impl::ReleaseHandle(std::string_view why) {
     result.Update(handle->Release());
     handle.reset();
   }
-  result.Update(shadow.Close());
   if (!result.ok()) {
     WS_LOG(WARN, "subscriber") << "releasing the transfer handle (" << why << "): " << result;
   }
@@ -119,47 +102,9 @@ Status Subscriber::Impl::ReleaseHandle(std::string_view why) {
 
 Status Subscriber::Impl::Prepare(const Deadline& deadline) {
   WS_ASSIGN_OR_RETURN(handle, transport::NewTransferHandle(endpoint, options));
-  WS_RETURN_IF_ERROR(handle->Prepare(destinations, options.policy, deadline));
-  if (options.mode == UpdateMode::kStaged) {
-    WS_ASSIGN_OR_RETURN(shadow, util::StagingBuffer::Allocate(handle->plan().shadow_bytes));
-  }
+  WS_RETURN_IF_ERROR(handle->Prepare(destinations, {options.policy, options.mode}, deadline));
   ++prepare_count;
   return Status::Ok();
-}
-
-void Subscriber::Impl::VerifySegment(void* context, uint32_t index) {
-  auto* self = static_cast<Impl*>(context);
-  const plan::Segment& s = self->handle->plan().segments[index];
-  if (util::Hash64(self->ReceivedBytes(s), s.bytes) != self->digests[s.digest_index]) {
-    uint32_t expected = kNoMismatch;
-    // Keep the lowest failing segment so the error is deterministic.
-    while (index < expected &&
-           !self->first_mismatch.compare_exchange_weak(expected, index,
-                                                       std::memory_order_relaxed)) {
-    }
-  }
-}
-
-void Subscriber::Impl::CommitSegment(void* context, uint32_t index) {
-  auto* self = static_cast<Impl*>(context);
-  const plan::Segment& s = self->handle->plan().segments[index];
-  std::memcpy(self->destinations[s.destination].data + s.dst_offset,
-              self->shadow.data() + s.shadow_offset, s.bytes);
-}
-
-Status Subscriber::Impl::DescribeMismatch(int64_t step) const {
-  const plan::Plan& p = handle->plan();
-  uint32_t bad = first_mismatch.load(std::memory_order_relaxed);
-  size_t count = 0;
-  for (const auto& s : p.segments) {
-    count += util::Hash64(ReceivedBytes(s), s.bytes) != digests[s.digest_index];
-  }
-  const plan::Segment& s = p.segments[bad];
-  const TensorSpec& spec = destinations[s.destination].spec;
-  return Status::Corruption("step ", step, ": tensor '", spec.name, "' bytes [", s.dst_offset,
-                            ", ", s.dst_offset + s.bytes, ") (segment ", s.digest_index,
-                            ") do not match the publisher's digest; ", count,
-                            " corrupt segment(s) in all; nothing committed");
 }
 
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
@@ -216,36 +161,27 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   }
 
   const bool staged = d.options.mode == UpdateMode::kStaged;
-  d.received = staged ? d.shadow.data() : nullptr;
   touched_destinations = !staged;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
-  Status s = d.handle->CopyStep(d.received, deadline);
+  Status s = d.handle->CopyStep(deadline);
   if (!s.ok()) return fail(s);
-  if (util::FailPoints::Check("subscriber.flip_received").action == util::FailAction::kFlip &&
-      !plan.segments.empty()) {
-    const plan::Segment& seg = plan.segments[plan.segments.size() / 2];
-    d.ReceivedBytes(seg)[seg.bytes / 2] ^= 0x04;  // a single bit, as a bad DIMM would
-  }
   Result<std::span<const uint64_t>> digests = d.handle->EndStep(deadline);
   if (!digests.ok()) return fail(digests.status());
   auto t_verify = Clock::now();
   stats.copy_seconds = Seconds(t_copy, t_verify);
 
   if (verify) {
-    d.digests = *digests;
-    d.first_mismatch.store(kNoMismatch, std::memory_order_relaxed);
-    d.handle->workers()->Run(static_cast<uint32_t>(plan.segments.size()), &Impl::VerifySegment,
-                             &d);
-    if (d.first_mismatch.load(std::memory_order_relaxed) != kNoMismatch) {
-      return fail(d.DescribeMismatch(*step));
-    }
+    s = d.handle->Verify(*digests, *step, deadline);
+    if (!s.ok()) return fail(s);
     stats.verified = true;
   }
   auto t_commit = Clock::now();
   stats.verify_seconds = verify ? Seconds(t_verify, t_commit) : 0;
   if (staged) {
-    d.handle->workers()->Run(static_cast<uint32_t>(plan.segments.size()), &Impl::CommitSegment,
-                             &d);
+    // From here the destinations change: a failure now leaves them partly written.
+    touched_destinations = true;
+    s = d.handle->Commit(deadline);
+    if (!s.ok()) return fail(s);
   }
   auto t_end = Clock::now();
   stats.commit_seconds = staged ? Seconds(t_commit, t_end) : 0;

@@ -25,10 +25,9 @@ Result<ArgPack> ArgPack::Create(std::span<const ArgType> signature, std::string_
     value_bytes = AlignUp(value_bytes, t.alignment()) + t.size();
   }
   if (value_bytes > kMaxKernelParamBytes) {
-    return Status::InvalidArgument(label.empty() ? "kernel" : label, ": ", signature.size(),
-                                   " arguments take ", value_bytes,
-                                   " parameter bytes; a launch takes at most ",
-                                   kMaxKernelParamBytes);
+    return Status::InvalidArgument(
+        label.empty() ? "kernel" : label, ": ", signature.size(), " arguments take ", value_bytes,
+        " parameter bytes; a launch takes at most ", kMaxKernelParamBytes);
   }
   // One block: [void* params[n]] [uint32 offsets[n]] [ArgType types[n]] [values], each part at
   // its own alignment, the values at kBlockAlign.
@@ -38,7 +37,7 @@ Result<ArgPack> ArgPack::Create(std::span<const ArgType> signature, std::string_
   const size_t types_at = AlignUp(offsets_at + n * sizeof(uint32_t), alignof(ArgType));
   const size_t values_at = AlignUp(types_at + n * sizeof(ArgType), kBlockAlign);
   const size_t total = AlignUp(values_at + value_bytes, kBlockAlign);
-  void* block = ::operator new(total, std::align_val_t{kBlockAlign}, std::nothrow);
+  void* block = ::operator new (total, std::align_val_t{kBlockAlign}, std::nothrow);
   if (block == nullptr) {
     return Status::ResourceExhausted(label.empty() ? "kernel" : label, ": allocating ", total,
                                      " bytes of kernel arguments failed");
@@ -79,7 +78,7 @@ ArgPack& ArgPack::operator=(ArgPack&& o) noexcept {
 ArgPack::~ArgPack() { Release(); }
 
 void ArgPack::Release() {
-  if (block_ != nullptr) ::operator delete(block_, std::align_val_t{kBlockAlign});
+  if (block_ != nullptr) ::operator delete (block_, std::align_val_t{kBlockAlign});
   block_ = nullptr;
   params_ = nullptr;
   offsets_ = nullptr;
@@ -99,9 +98,9 @@ Status ArgPack::Mismatch(size_t index, ArgType actual) const {
 }
 
 Status ArgPack::BadFloat4(size_t index, uint8_t bits) const {
-  return Status::InvalidArgument(label_.empty() ? std::string_view("kernel") : label_,
-                                 " argument ", index, ": float4_e2m1fn value ",
-                                 static_cast<int>(bits), " does not fit in 4 bits (0..15)");
+  return Status::InvalidArgument(label_.empty() ? std::string_view("kernel") : label_, " argument ",
+                                 index, ": float4_e2m1fn value ", static_cast<int>(bits),
+                                 " does not fit in 4 bits (0..15)");
 }
 
 }  // namespace weightsync::gpu

@@ -29,6 +29,7 @@
 
 namespace weightsync::gpu {
 
+// clang-format off
 // Raw bit patterns of the element types C++ has no native type for. Size and alignment are those
 // of the storage the kernel sees (a __half, __nv_bfloat16, __nv_fp8_e4m3, ... parameter).
 struct Float16Bits { uint16_t bits; };
@@ -79,16 +80,15 @@ template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat
 template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
 template <> struct DTypeOf<Float8E4M3FNBits> { static constexpr DType value = DType::kFloat8E4M3FN; };
 template <> struct DTypeOf<Float8E5M2Bits> { static constexpr DType value = DType::kFloat8E5M2; };
-template <> struct DTypeOf<Float8E8M0FNUBits> {
-  static constexpr DType value = DType::kFloat8E8M0FNU;
-};
-template <> struct DTypeOf<Float4E2M1FNBits> {
-  static constexpr DType value = DType::kFloat4E2M1FN;
-};
+template <> struct DTypeOf<Float8E8M0FNUBits> { static constexpr DType value = DType::kFloat8E8M0FNU; };
+template <> struct DTypeOf<Float4E2M1FNBits> { static constexpr DType value = DType::kFloat4E2M1FN; };
+// clang-format on
 
 // A value Set() accepts: one of the 18 scalar carriers, or a pointer (a device address).
 template <typename T>
-concept KernelScalar = requires { DTypeOf<std::remove_cv_t<T>>::value; };
+concept KernelScalar = requires {
+  DTypeOf<std::remove_cv_t<T>>::value;
+};
 template <typename T>
 concept KernelArg = KernelScalar<T> || std::is_pointer_v<T> || std::is_null_pointer_v<T>;
 
@@ -113,11 +113,19 @@ class ArgType {
   constexpr size_t size() const {
     if (pointer_) return sizeof(void*);
     switch (dtype_) {
-      case DType::kInt16: case DType::kUInt16: case DType::kFloat16: case DType::kBFloat16:
+      case DType::kInt16:
+      case DType::kUInt16:
+      case DType::kFloat16:
+      case DType::kBFloat16:
         return 2;
-      case DType::kInt32: case DType::kUInt32: case DType::kTFloat32: case DType::kFloat32:
+      case DType::kInt32:
+      case DType::kUInt32:
+      case DType::kTFloat32:
+      case DType::kFloat32:
         return 4;
-      case DType::kInt64: case DType::kUInt64: case DType::kFloat64:
+      case DType::kInt64:
+      case DType::kUInt64:
+      case DType::kFloat64:
         return 8;
       default:
         return 1;
@@ -125,7 +133,9 @@ class ArgType {
   }
   constexpr size_t alignment() const { return size(); }
   // "bfloat16", "pointer".
-  std::string_view name() const { return pointer_ ? std::string_view("pointer") : DTypeName(dtype_); }
+  std::string_view name() const {
+    return pointer_ ? std::string_view("pointer") : DTypeName(dtype_);
+  }
 
   constexpr bool operator==(const ArgType& o) const {
     return pointer_ == o.pointer_ && (pointer_ || dtype_ == o.dtype_);
@@ -159,7 +169,7 @@ class ArgPack {
   size_t size() const { return count_; }
   ArgType type(size_t index) const { return types_[index]; }
   size_t offset(size_t index) const { return offsets_[index]; }  // into the value block
-  size_t value_bytes() const { return value_bytes_; }             // the parameter block's size
+  size_t value_bytes() const { return value_bytes_; }            // the parameter block's size
   std::string_view label() const { return label_; }
 
   // The kernelParams array: entry i points at argument i's bytes. Stable for the pack's life,
@@ -220,8 +230,8 @@ class ArgPack {
   Status BadFloat4(size_t index, uint8_t bits) const;
   void Release();
 
-  void* block_ = nullptr;     // the one allocation: params_, offsets_, types_, values
-  void** params_ = nullptr;   // count_ entries
+  void* block_ = nullptr;    // the one allocation: params_, offsets_, types_, values
+  void** params_ = nullptr;  // count_ entries
   uint32_t* offsets_ = nullptr;
   ArgType* types_ = nullptr;
   size_t count_ = 0;

@@ -59,10 +59,10 @@ Status CudaErrorStatus(cudaError_t err, const Context&... context) {
 
 // Evaluates a CUDA runtime call once; on failure returns its Status from the enclosing function
 // (a Status or a Result<T>). The context arguments are streamed only on failure.
-#define WS_CUDA_RETURN_IF_ERROR(call, ...)                                        \
-  do {                                                                            \
-    const cudaError_t ws_cuda_err_ = (call);                                      \
-    if (ws_cuda_err_ != cudaSuccess) [[unlikely]] {                               \
-      return ::weightsync::gpu::CudaErrorStatus(ws_cuda_err_, __VA_ARGS__);       \
-    }                                                                             \
+#define WS_CUDA_RETURN_IF_ERROR(call, ...)                                  \
+  do {                                                                      \
+    const cudaError_t ws_cuda_err_ = (call);                                \
+    if (ws_cuda_err_ != cudaSuccess) [[unlikely]] {                         \
+      return ::weightsync::gpu::CudaErrorStatus(ws_cuda_err_, __VA_ARGS__); \
+    }                                                                       \
   } while (0)

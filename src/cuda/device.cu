@@ -129,8 +129,7 @@ Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes) {
 
 Status MemsetDevice(void* device_dst, uint8_t value, uint64_t bytes) {
   if (bytes == 0) return Status::Ok();
-  WS_CUDA_RETURN_IF_ERROR(cudaMemset(device_dst, value, bytes), "setting ", bytes,
-                          " device bytes");
+  WS_CUDA_RETURN_IF_ERROR(cudaMemset(device_dst, value, bytes), "setting ", bytes, " device bytes");
   return Status::Ok();
 }
 

@@ -10,7 +10,8 @@
 //   with zero bytes:
 //     chunk_hash(c) = Mix64( (sum_i Mix64(w_i ^ (i * kGpuDigestWordKey))) + L_c )
 //   and the range's digest is
-//     digest = Mix64( (sum_c Mix64(chunk_hash(c) ^ (c * kGpuDigestChunkKey))) + Mix64(n ^ kGpuDigestSeed) )
+//     digest = Mix64( (sum_c Mix64(chunk_hash(c) ^ (c * kGpuDigestChunkKey)))
+//                     + Mix64(n ^ kGpuDigestSeed) )
 // Sums commute, so a GPU computes them in any order and still gets exactly this value; the keys
 // bind each word and chunk to its position. Every step from one word to the digest is a bijection
 // of that word's term, so flipping any single bit always changes the digest (and its chunk hash).
@@ -23,9 +24,9 @@
 namespace weightsync::gpu {
 
 inline constexpr uint64_t kGpuDigestChunkBytes = 65536;
-inline constexpr uint64_t kGpuDigestWordKey = 0x9E3779B97F4A7C15ull;   // 2^64 / golden ratio
+inline constexpr uint64_t kGpuDigestWordKey = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio
 inline constexpr uint64_t kGpuDigestChunkKey = 0xD6E8FEB86659FD93ull;
-inline constexpr uint64_t kGpuDigestSeed = 0x5753475055444731ull;      // "WSGPUDG1"
+inline constexpr uint64_t kGpuDigestSeed = 0x5753475055444731ull;  // "WSGPUDG1"
 
 constexpr uint64_t GpuDigestMix64(uint64_t z) {
   z ^= z >> 30;

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- fp8 quantization ------------------------------------------------------------------------
 
-constexpr int kTile = 128;                          // = kFp8BlockSize
-constexpr int kTileVectors = kTile * kTile / 8;     // 8 bf16 (16 bytes) per vector
+constexpr int kTile = 128;                       // = kFp8BlockSize
+constexpr int kTileVectors = kTile * kTile / 8;  // 8 bf16 (16 bytes) per vector
 constexpr int kVectorsPerThread = kTileVectors / kThreads;
 static_assert(kTile == kFp8BlockSize && kTileVectors % kThreads == 0);
 
@@ -193,7 +193,9 @@ __global__ void __launch_bounds__(kThreads)
       if (fast) {
         *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
       } else {
-        for (int j = 0; j < 8 && c + j < cols; ++j) out[j] = uint8_t(packed[j / 4] >> (8 * (j % 4)));
+        for (int j = 0; j < 8 && c + j < cols; ++j) {
+          out[j] = uint8_t(packed[j / 4] >> (8 * (j % 4)));
+        }
       }
     }
     __syncthreads();  // warp_amax and block_scale are reused by the next tile
@@ -384,21 +386,32 @@ static_assert(KernelMatchesSignature(&ArgProbeKernel, kArgProbeSignature));
 // The host stub of each kernel, by KernelId.
 const void* KernelFunction(KernelId id) {
   switch (id) {
-    case KernelId::kCastBF16ToF32: return reinterpret_cast<const void*>(&CastKernel<__nv_bfloat16, float>);
-    case KernelId::kCastBF16ToF16: return reinterpret_cast<const void*>(&CastKernel<__nv_bfloat16, __half>);
-    case KernelId::kCastF16ToF32: return reinterpret_cast<const void*>(&CastKernel<__half, float>);
-    case KernelId::kCastF16ToBF16: return reinterpret_cast<const void*>(&CastKernel<__half, __nv_bfloat16>);
-    case KernelId::kCastF32ToBF16: return reinterpret_cast<const void*>(&CastKernel<float, __nv_bfloat16>);
-    case KernelId::kCastF32ToF16: return reinterpret_cast<const void*>(&CastKernel<float, __half>);
+    case KernelId::kCastBF16ToF32:
+      return reinterpret_cast<const void*>(&CastKernel<__nv_bfloat16, float>);
+    case KernelId::kCastBF16ToF16:
+      return reinterpret_cast<const void*>(&CastKernel<__nv_bfloat16, __half>);
+    case KernelId::kCastF16ToF32:
+      return reinterpret_cast<const void*>(&CastKernel<__half, float>);
+    case KernelId::kCastF16ToBF16:
+      return reinterpret_cast<const void*>(&CastKernel<__half, __nv_bfloat16>);
+    case KernelId::kCastF32ToBF16:
+      return reinterpret_cast<const void*>(&CastKernel<float, __nv_bfloat16>);
+    case KernelId::kCastF32ToF16:
+      return reinterpret_cast<const void*>(&CastKernel<float, __half>);
     case KernelId::kQuantizeFp8ScaleF32:
       return reinterpret_cast<const void*>(&QuantizeFp8Kernel<Fp8ScaleFormat::kFloat32>);
     case KernelId::kQuantizeFp8ScaleE8M0:
       return reinterpret_cast<const void*>(&QuantizeFp8Kernel<Fp8ScaleFormat::kE8M0>);
-    case KernelId::kDigestChunks: return reinterpret_cast<const void*>(&DigestChunksKernel);
-    case KernelId::kDigestCombine: return reinterpret_cast<const void*>(&DigestCombineKernel);
-    case KernelId::kCopy: return reinterpret_cast<const void*>(&CopyKernel);
-    case KernelId::kArgProbe: return reinterpret_cast<const void*>(&ArgProbeKernel);
-    case KernelId::kCount: break;
+    case KernelId::kDigestChunks:
+      return reinterpret_cast<const void*>(&DigestChunksKernel);
+    case KernelId::kDigestCombine:
+      return reinterpret_cast<const void*>(&DigestCombineKernel);
+    case KernelId::kCopy:
+      return reinterpret_cast<const void*>(&CopyKernel);
+    case KernelId::kArgProbe:
+      return reinterpret_cast<const void*>(&ArgProbeKernel);
+    case KernelId::kCount:
+      break;
   }
   return nullptr;
 }
@@ -442,16 +455,16 @@ Status CheckDevicePointer(std::string_view kernel, std::string_view what, const 
 }
 
 Result<PreparedLaunch> Make(KernelId id, uint32_t grid, uint32_t block, StreamHandle stream) {
-  return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1},
-                                Dim3{block, 1, 1}, 0, stream);
+  return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1}, Dim3{block, 1, 1},
+                                0, stream);
 }
 
 uint64_t ElementBytes(DType d) { return Info(d).bits / 8; }
 
 }  // namespace
 
-Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst,
-                                   uint64_t count, StreamHandle stream) {
+Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst, uint64_t count,
+                                   StreamHandle stream) {
   WS_RETURN_IF_ERROR(CudaAvailable());
   WS_ASSIGN_OR_RETURN(KernelId id, CastKernelFor(from, to));
   const std::string_view name = Kernel(id).name;
@@ -479,8 +492,8 @@ Result<PreparedLaunch> PrepareQuantizeFp8(const void* x_bf16, void* q_e4m3, void
   const uint64_t tiles = uint64_t(Fp8ScaleRows(rows)) * uint64_t(Fp8ScaleCols(cols));
   WS_RETURN_IF_ERROR(CheckDevicePointer(name, "input", x_bf16, elements * 2));
   WS_RETURN_IF_ERROR(CheckDevicePointer(name, "output", q_e4m3, elements));
-  WS_RETURN_IF_ERROR(CheckDevicePointer(name, "scales", scales,
-                                        elements ? tiles * (format == Fp8ScaleFormat::kE8M0 ? 1 : 4) : 0));
+  WS_RETURN_IF_ERROR(CheckDevicePointer(
+      name, "scales", scales, elements ? tiles * (format == Fp8ScaleFormat::kE8M0 ? 1 : 4) : 0));
   WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(elements ? tiles : 0, 1, 16));
   WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
   launch.args().Set(QuantizeFp8Args::kX, x_bf16);
@@ -511,7 +524,8 @@ Result<PreparedDigest> PrepareDigest(const void* data, uint64_t bytes, uint64_t*
   d.chunks_.args().Set(DigestChunksArgs::kData, data);
   d.chunks_.args().Set(DigestChunksArgs::kBytes, bytes);
   d.chunks_.args().Set(DigestChunksArgs::kChunkHashes, chunk_hashes);
-  d.combine_.args().Set(DigestCombineArgs::kChunkHashes, static_cast<const uint64_t*>(chunk_hashes));
+  d.combine_.args().Set(DigestCombineArgs::kChunkHashes,
+                        static_cast<const uint64_t*>(chunk_hashes));
   d.combine_.args().Set(DigestCombineArgs::kBytes, bytes);
   d.combine_.args().Set(DigestCombineArgs::kDigest, digest);
   return Result<PreparedDigest>(std::move(d));

@@ -27,8 +27,8 @@ namespace weightsync::gpu {
 // ones of float32, float16, bfloat16. Narrowing rounds to nearest even (as __float2bfloat16_rn /
 // __float2half_rn); float16 overflow gives ±inf; NaN stays NaN. Widening is exact. Arguments:
 // CastArgs. src and dst must not overlap.
-Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst,
-                                   uint64_t count, StreamHandle stream);
+Result<PreparedLaunch> PrepareCast(DType from, DType to, const void* src, void* dst, uint64_t count,
+                                   StreamHandle stream);
 // CastKernelFor(from, to) in kernel_table.h picks the kernel.
 
 // ---- fp8 quantization ------------------------------------------------------------------------
@@ -40,8 +40,12 @@ enum class Fp8ScaleFormat : uint8_t {
   kE8M0,     // scale = 2^e, the smallest power of two with amax / 2^e <= 448; e in [-127, 127]
 };
 // Scale tensor shape: [ceil(rows / 128), ceil(cols / 128)], row-major.
-inline constexpr int64_t Fp8ScaleRows(int64_t rows) { return (rows + kFp8BlockSize - 1) / kFp8BlockSize; }
-inline constexpr int64_t Fp8ScaleCols(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
+inline constexpr int64_t Fp8ScaleRows(int64_t rows) {
+  return (rows + kFp8BlockSize - 1) / kFp8BlockSize;
+}
+inline constexpr int64_t Fp8ScaleCols(int64_t cols) {
+  return (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+}
 
 // Quantizes the row-major bf16 matrix x[rows, cols] to row-major float8_e4m3fn q[rows, cols] with
 // one scale per 128x128 block (edge blocks partial) written to `scales` (float32 or e8m0 bytes):
@@ -72,8 +76,8 @@ class PreparedDigest {
   }
 
  private:
-  friend Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t,
-                                              uint64_t*, StreamHandle);
+  friend Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t, uint64_t*,
+                                              StreamHandle);
   PreparedLaunch chunks_;
   PreparedLaunch combine_;
   uint64_t capacity_chunks_ = 0;
@@ -87,8 +91,7 @@ Result<PreparedDigest> PrepareDigest(const void* data, uint64_t bytes, uint64_t*
 // Copies `bytes` from src to dst (device memory of this device, or peer memory it can reach,
 // e.g. a CUDA-IPC mapping). 16-byte loads and stores when src and dst share their alignment
 // modulo 16; byte copies otherwise. Arguments: CopyArgs. src and dst must not overlap.
-Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes,
-                                   StreamHandle stream);
+Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes, StreamHandle stream);
 
 // ---- argument probe ----------------------------------------------------------------------------
 // One thread writes its 18 scalar arguments' bytes, zero-extended, to out[0..17] and increments

@@ -42,16 +42,13 @@ int64_t LivePreparedLaunches() { return g_live_launches.load(std::memory_order_r
 
 int64_t LogPreparedLaunchesReady() {
   const int64_t launches = LivePreparedLaunches();
-  WS_LOG(INFO, "cuda") << "prepared launches ready: " << ReadyScalarTypeCount()
-                       << " scalar types, " << launches << " launches (" << ReadyKernelCount()
-                       << " kernels)";
+  WS_LOG(INFO, "cuda") << "prepared launches ready: " << ReadyScalarTypeCount() << " scalar types, "
+                       << launches << " launches (" << ReadyKernelCount() << " kernels)";
   return launches;
 }
 
 namespace internal {
-void CountPreparedLaunch(int delta) {
-  g_live_launches.fetch_add(delta, std::memory_order_relaxed);
-}
+void CountPreparedLaunch(int delta) { g_live_launches.fetch_add(delta, std::memory_order_relaxed); }
 }  // namespace internal
 
 }  // namespace weightsync::gpu

@@ -14,8 +14,7 @@ Result<PreparedLaunch> PreparedLaunch::Create(const KernelInfo& kernel, const vo
   if (function == nullptr) {
     return Status::InvalidArgument(kernel.name, ": no kernel function");
   }
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
-      block.z == 0) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) {
     return Status::InvalidArgument(kernel.name, ": empty launch: grid ", grid.x, "x", grid.y, "x",
                                    grid.z, ", block ", block.x, "x", block.y, "x", block.z);
   }

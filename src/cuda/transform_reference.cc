@@ -68,9 +68,9 @@ uint8_t FloatToE4M3FN(float value) {
   const uint32_t u = Bits(value);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
   const uint32_t a = u & 0x7FFFFFFF;
-  if (a > 0x7F800000) return 0x7F;                 // NaN
-  if (a >= 0x43E00000) return sign | 0x7E;         // >= 448 (inf too): saturate
-  if (a >= 0x3C800000) {                           // >= 2^-6: normal e4m3
+  if (a > 0x7F800000) return 0x7F;          // NaN
+  if (a >= 0x43E00000) return sign | 0x7E;  // >= 448 (inf too): saturate
+  if (a >= 0x3C800000) {                    // >= 2^-6: normal e4m3
     const uint32_t rebased = a - ((127u - 7u) << 23);
     // < 448 never rounds past 0x7E: the largest value below it rounds to at most 448.
     return sign | static_cast<uint8_t>(ShiftRightRne(rebased, 20));
@@ -134,13 +134,26 @@ Status Cast(DType from, DType to, const void* src, void* dst, uint64_t count) {
   auto* d32 = static_cast<float*>(dst);
   for (uint64_t i = 0; i < count; ++i) {
     switch (kernel) {
-      case KernelId::kCastBF16ToF32: d32[i] = BFloat16ToFloat(s16[i]); break;
-      case KernelId::kCastBF16ToF16: d16[i] = BFloat16ToFloat16(s16[i]); break;
-      case KernelId::kCastF16ToF32: d32[i] = Float16ToFloat(s16[i]); break;
-      case KernelId::kCastF16ToBF16: d16[i] = Float16ToBFloat16(s16[i]); break;
-      case KernelId::kCastF32ToBF16: d16[i] = FloatToBFloat16(s32[i]); break;
-      case KernelId::kCastF32ToF16: d16[i] = FloatToFloat16(s32[i]); break;
-      default: return Status::Internal("cast reference: kernel ", static_cast<int>(kernel));
+      case KernelId::kCastBF16ToF32:
+        d32[i] = BFloat16ToFloat(s16[i]);
+        break;
+      case KernelId::kCastBF16ToF16:
+        d16[i] = BFloat16ToFloat16(s16[i]);
+        break;
+      case KernelId::kCastF16ToF32:
+        d32[i] = Float16ToFloat(s16[i]);
+        break;
+      case KernelId::kCastF16ToBF16:
+        d16[i] = Float16ToBFloat16(s16[i]);
+        break;
+      case KernelId::kCastF32ToBF16:
+        d16[i] = FloatToBFloat16(s32[i]);
+        break;
+      case KernelId::kCastF32ToF16:
+        d16[i] = FloatToFloat16(s32[i]);
+        break;
+      default:
+        return Status::Internal("cast reference: kernel ", static_cast<int>(kernel));
     }
   }
   return Status::Ok();

@@ -15,10 +15,10 @@
 
 namespace weightsync::gpu::reference {
 
-float BFloat16ToFloat(uint16_t bits);   // exact
-float Float16ToFloat(uint16_t bits);    // exact
-uint16_t FloatToBFloat16(float value);  // RNE; overflow rounds to ±inf
-uint16_t FloatToFloat16(float value);   // RNE; |x| >= 65520 -> ±inf; subnormals kept
+float BFloat16ToFloat(uint16_t bits);       // exact
+float Float16ToFloat(uint16_t bits);        // exact
+uint16_t FloatToBFloat16(float value);      // RNE; overflow rounds to ±inf
+uint16_t FloatToFloat16(float value);       // RNE; |x| >= 65520 -> ±inf; subnormals kept
 uint16_t BFloat16ToFloat16(uint16_t bits);  // through float32: one rounding
 uint16_t Float16ToBFloat16(uint16_t bits);  // through float32: one rounding
 

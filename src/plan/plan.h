@@ -10,6 +10,7 @@
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
+#include "weightsync/tensor_view.h"
 #include "wire/messages.h"
 
 namespace weightsync::plan {
@@ -18,6 +19,7 @@ namespace weightsync::plan {
 struct Destination {
   TensorSpec spec;
   uint8_t* data = nullptr;
+  Device device;  // host or a CUDA device; the transport decides what it can reach
 };
 
 // A contiguous byte range of one tensor, ≤ segment_bytes, covered by one publisher digest.

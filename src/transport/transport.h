@@ -18,35 +18,42 @@
 #include "plan/plan.h"
 #include "transport/endpoint.h"
 #include "util/deadline.h"
-#include "util/worker_pool.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
 
 namespace weightsync::transport {
+
+struct PrepareOptions {
+  MatchPolicy policy = MatchPolicy::kStrict;
+  UpdateMode mode = UpdateMode::kStaged;
+};
 
 class TransferHandle {
  public:
   virtual ~TransferHandle() = default;
   virtual std::string_view transport_name() const = 0;
 
-  // Connects, handshakes, matches manifests into a plan, maps memory, starts workers. Logs one
-  // line saying what it prepared.
-  virtual Status Prepare(const std::vector<plan::Destination>& destinations, MatchPolicy policy,
-                         const util::Deadline& deadline) = 0;
+  // Connects, handshakes, matches manifests into a plan, maps memory, allocates staging (staged
+  // mode), starts workers. Logs one line saying what it prepared.
+  virtual Status Prepare(const std::vector<plan::Destination>& destinations,
+                         const PrepareOptions& options, const util::Deadline& deadline) = 0;
   virtual const plan::Plan& plan() const = 0;
-  // The handle's worker threads; the core borrows them to verify and commit in parallel.
-  virtual util::WorkerPool* workers() = 0;
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher
   // holds for us. Returning `after_step` means "already up to date": no copy follows.
   virtual Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                                     const util::Deadline& deadline) = 0;
-  // Copies every planned segment into `shadow` at Segment::shadow_offset (staged), or into the
-  // destinations when `shadow` is null (in place).
-  virtual Status CopyStep(uint8_t* shadow, const util::Deadline& deadline) = 0;
+  // Moves every planned byte of the step into the staging buffer (staged) or straight into the
+  // destinations (in place).
+  virtual Status CopyStep(const util::Deadline& deadline) = 0;
   // Tells the publisher the copy is finished; returns its digests of the step (valid until the
   // next BeginStep). Only after this returns may the core commit.
   virtual Result<std::span<const uint64_t>> EndStep(const util::Deadline& deadline) = 0;
+  // Checks the received bytes against the digests. Corruption names the tensor and byte range.
+  virtual Status Verify(std::span<const uint64_t> digests, int64_t step,
+                        const util::Deadline& deadline) = 0;
+  // Staged: staging → destinations. In place: nothing to do.
+  virtual Status Commit(const util::Deadline& deadline) = 0;
 
   // Releases what the handle holds in reverse order of creation. Each failure is logged with its
   // cause and the release continues; the aggregated Status is returned.

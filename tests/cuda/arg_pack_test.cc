@@ -342,7 +342,8 @@ TEST(LaunchRegistryTest, CreateRejectsEmptyLaunches) {
   ASSERT_STATUS_IS(kInvalidArgument,
                    PreparedLaunch::Create(copy, nullptr, {1, 1, 1}, {1, 1, 1}, 0, nullptr));
   const void* fn = reinterpret_cast<const void*>(&FakeKernel);
-  Result<PreparedLaunch> empty = PreparedLaunch::Create(copy, fn, {0, 1, 1}, {256, 1, 1}, 0, nullptr);
+  Result<PreparedLaunch> empty =
+      PreparedLaunch::Create(copy, fn, {0, 1, 1}, {256, 1, 1}, 0, nullptr);
   ASSERT_STATUS_IS(kInvalidArgument, empty);
   EXPECT_NE(empty.status().message().find("copy: empty launch"), std::string::npos);
 }

@@ -39,8 +39,8 @@ TEST(CudaDeviceTest, EveryEntryPointIsUnavailableWithoutADevice) {
   int fake_device_memory = 0;
   ASSERT_STATUS_IS(kUnavailable,
                    PrepareCast(DType::kBFloat16, DType::kFloat32, host, host, 4, nullptr));
-  ASSERT_STATUS_IS(kUnavailable, PrepareQuantizeFp8(host, host, host, 2, 2,
-                                                    Fp8ScaleFormat::kE8M0, nullptr));
+  ASSERT_STATUS_IS(kUnavailable,
+                   PrepareQuantizeFp8(host, host, host, 2, 2, Fp8ScaleFormat::kE8M0, nullptr));
   uint64_t words[kArgProbeWords] = {};
   ASSERT_STATUS_IS(kUnavailable, PrepareDigest(host, 16, words, 1, words, nullptr));
   ASSERT_STATUS_IS(kUnavailable, PrepareCopy(host, &fake_device_memory, 4, nullptr));

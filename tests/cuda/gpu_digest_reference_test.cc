@@ -57,7 +57,8 @@ TEST(GpuDigestReferenceTest, ChunkHashesCombineToTheDigest) {
   std::vector<uint64_t> hashes(GpuDigestChunkCount(n));
   ASSERT_EQ(hashes.size(), 6u);
   for (uint64_t c = 0; c < hashes.size(); ++c) {
-    hashes[c] = GpuDigestChunkHash(data.data() + c * 65536, std::min<uint64_t>(65536, n - c * 65536));
+    hashes[c] =
+        GpuDigestChunkHash(data.data() + c * 65536, std::min<uint64_t>(65536, n - c * 65536));
   }
   EXPECT_EQ(GpuDigestCombine(hashes.data(), n), GpuDigest(data.data(), n));
   EXPECT_EQ(GpuDigestChunkCount(0), 0u);
@@ -72,7 +73,8 @@ TEST(GpuDigestReferenceTest, EverySingleBitFlipChangesTheDigestAndOnlyItsChunkHa
   const uint64_t base = GpuDigest(data.data(), n);
   std::vector<uint64_t> base_chunks;
   for (uint64_t c = 0; c < GpuDigestChunkCount(n); ++c) {
-    base_chunks.push_back(GpuDigestChunkHash(data.data() + c * 65536, std::min<uint64_t>(65536, n - c * 65536)));
+    base_chunks.push_back(
+        GpuDigestChunkHash(data.data() + c * 65536, std::min<uint64_t>(65536, n - c * 65536)));
   }
   // Every bit of: the first 64 bytes, the bytes around each chunk boundary, the tail, and 2000
   // random positions.

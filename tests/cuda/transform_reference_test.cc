@@ -59,7 +59,8 @@ uint8_t BruteE4M3(const Table& t, float x) {
   return static_cast<uint8_t>(code);
 }
 
-// ---- bfloat16 / float16 --------------------------------------------------------------------------
+// ---- bfloat16 / float16
+// --------------------------------------------------------------------------
 
 TEST(CastReferenceTest, DecodesKnownValues) {
   EXPECT_EQ(BFloat16ToFloat(0x3F80), 1.0f);
@@ -100,10 +101,10 @@ TEST(CastReferenceTest, FloatToFloat16RoundsToNearestEven) {
   EXPECT_EQ(FloatToFloat16(-1e10f), 0xFC00);
   EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -25)), 0x0000);         // tie, to even 0
-  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -26)), 0x0001);         // 0.75 ulp: up to 1
-  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 ulp, tie, to even 2
-  EXPECT_EQ(FloatToFloat16(-std::ldexp(1023.5f, -24)), 0x8400);     // rounds up into normal
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -25)), 0x0000);      // tie, to even 0
+  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -26)), 0x0001);      // 0.75 ulp: up to 1
+  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -25)), 0x0002);      // 1.5 ulp, tie, to even 2
+  EXPECT_EQ(FloatToFloat16(-std::ldexp(1023.5f, -24)), 0x8400);  // rounds up into normal
   EXPECT_EQ(FloatToFloat16(std::numeric_limits<float>::quiet_NaN()), 0x7FFF);
   EXPECT_EQ(FloatToFloat16(-0.0f), 0x8000);
 }
@@ -170,12 +171,12 @@ TEST(CastReferenceTest, NarrowingMatchesDoublePrecisionNearestEven) {
 TEST(CastReferenceTest, CastsThroughFloat32RoundOnce) {
   // bf16 -> f16: exact through float32, so one rounding. 0x3F81 = 1.0078125 is exact in f16.
   EXPECT_EQ(BFloat16ToFloat16(0x3F81), 0x3C08);
-  EXPECT_EQ(BFloat16ToFloat16(0x4780), 0x7C00);  // 65536 -> inf
-  EXPECT_EQ(BFloat16ToFloat16(0x3380), 0x0001);  // 2^-24
-  EXPECT_EQ(Float16ToBFloat16(0x3C01), 0x3F80);  // 1 + 2^-10 -> 1 (below the bf16 half ulp)
+  EXPECT_EQ(BFloat16ToFloat16(0x4780), 0x7C00);      // 65536 -> inf
+  EXPECT_EQ(BFloat16ToFloat16(0x3380), 0x0001);      // 2^-24
+  EXPECT_EQ(Float16ToBFloat16(0x3C01), 0x3F80);      // 1 + 2^-10 -> 1 (below the bf16 half ulp)
   EXPECT_EQ(Float16ToBFloat16(0x3C03), 0x3F80 + 0);  // 1 + 3*2^-10: 1.0029 -> 1.0 (ulp 2^-7)
-  EXPECT_EQ(Float16ToBFloat16(0x3C04), 0x3F80);  // 1 + 2^-8: tie, to even
-  EXPECT_EQ(Float16ToBFloat16(0x3C0C), 0x3F82);  // 1 + 3*2^-8: tie, odd up
+  EXPECT_EQ(Float16ToBFloat16(0x3C04), 0x3F80);      // 1 + 2^-8: tie, to even
+  EXPECT_EQ(Float16ToBFloat16(0x3C0C), 0x3F82);      // 1 + 3*2^-8: tie, odd up
   uint16_t in[4] = {0x3F80, 0xC000, 0x7F80, 0x0000};
   float out[4];
   ASSERT_OK(Cast(DType::kBFloat16, DType::kFloat32, in, out, 4));
@@ -184,7 +185,8 @@ TEST(CastReferenceTest, CastsThroughFloat32RoundOnce) {
   ASSERT_STATUS_IS(kInvalidArgument, Cast(DType::kFloat32, DType::kFloat32, in, out, 4));
 }
 
-// ---- float8 e4m3fn -------------------------------------------------------------------------------
+// ---- float8 e4m3fn
+// -------------------------------------------------------------------------------
 
 TEST(Fp8ReferenceTest, EncodesKnownValues) {
   EXPECT_EQ(FloatToE4M3FN(1.0f), 0x38);
@@ -198,16 +200,16 @@ TEST(Fp8ReferenceTest, EncodesKnownValues) {
   EXPECT_EQ(FloatToE4M3FN(-std::numeric_limits<float>::infinity()), 0xFE);
   EXPECT_EQ(FloatToE4M3FN(std::numeric_limits<float>::quiet_NaN()), 0x7F);
   EXPECT_EQ(FloatToE4M3FN(-std::numeric_limits<float>::quiet_NaN()), 0x7F);
-  EXPECT_EQ(FloatToE4M3FN(432.0f), 0x7E);   // tie between 416 (0x7D) and 448: to even
-  EXPECT_EQ(FloatToE4M3FN(1.0625f), 0x38);  // tie between 1 and 1.125: to even 1
-  EXPECT_EQ(FloatToE4M3FN(1.1875f), 0x3A);  // tie between 1.125 and 1.25: to even 1.25
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -6)), 0x08);   // smallest normal
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -9)), 0x01);   // smallest subnormal
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(7.0f, -9)), 0x07);   // largest subnormal
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(7.5f, -9)), 0x08);   // tie, odd 7 up to 8 (normal)
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -10)), 0x00);  // tie between 0 and 2^-9: 0
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(3.0f, -11)), 0x01);  // above the tie
-  EXPECT_EQ(FloatToE4M3FN(std::ldexp(3.0f, -10)), 0x02);  // 1.5 units: tie, to even 2
+  EXPECT_EQ(FloatToE4M3FN(432.0f), 0x7E);                // tie between 416 (0x7D) and 448: to even
+  EXPECT_EQ(FloatToE4M3FN(1.0625f), 0x38);               // tie between 1 and 1.125: to even 1
+  EXPECT_EQ(FloatToE4M3FN(1.1875f), 0x3A);               // tie between 1.125 and 1.25: to even 1.25
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -6)), 0x08);  // smallest normal
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -9)), 0x01);  // smallest subnormal
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(7.0f, -9)), 0x07);  // largest subnormal
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(7.5f, -9)), 0x08);  // tie, odd 7 up to 8 (normal)
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(1.0f, -10)), 0x00);   // tie between 0 and 2^-9: 0
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(3.0f, -11)), 0x01);   // above the tie
+  EXPECT_EQ(FloatToE4M3FN(std::ldexp(3.0f, -10)), 0x02);   // 1.5 units: tie, to even 2
   EXPECT_EQ(FloatToE4M3FN(-std::ldexp(1.0f, -12)), 0x80);  // underflow keeps the sign
   EXPECT_EQ(FloatToE4M3FN(-0.0f), 0x80);
   EXPECT_EQ(FloatToE4M3FN(0.0f), 0x00);
@@ -316,16 +318,28 @@ TEST(Fp8QuantizeReferenceTest, SmallMatrixKnownValues) {
   EXPECT_EQ(q[3], FloatToE4M3FN(250.0f));
 }
 
+TEST(Fp8QuantizeReferenceTest, E8M0NearTheTopOfTheFloatRange) {
+  // The largest bf16 (0x7F7F = 255 * 2^120) gets scale 2^120 and rounds to 256: the dequantized
+  // value 2^128 exists only in a wider type (float32 overflows to inf). Dequantize in double.
+  const uint16_t x[2] = {0x7F7F, 0x3F80};
+  uint8_t q[2], scale = 0;
+  ASSERT_OK(QuantizeFp8(x, 1, 2, q, &scale, Fp8ScaleFormat::kE8M0));
+  EXPECT_EQ(scale, 127 + 120);
+  EXPECT_EQ(q[0], FloatToE4M3FN(256.0f));
+  EXPECT_EQ(q[1], 0x00);  // 1 / 2^120 underflows
+  EXPECT_EQ(std::ldexp(double(E4M3FNToFloat(q[0])), 120), std::ldexp(1.0, 128));
+}
+
 // The bound dequantization keeps: with y = x / s rounded to e4m3 (3 mantissa bits) and no
 // saturation beyond rounding, |q(y) - y| <= 2^-4 |y| for |y| >= 2^-6 (half an ulp, relative) and
 // <= 2^-10 below (half the subnormal spacing 2^-9). Times s:
 //   |dequant - x| <= max(2^-4 |x|, 2^-10 s)
 // plus float32 rounding of x / s and of q * s (relative 2^-24 each), covered by a 2^-20 slack.
-void ExpectWithinBound(float x, float dequant, float scale) {
-  const double bound = std::max(std::ldexp(std::fabs(double(x)), -4),
-                                std::ldexp(double(scale), -10)) *
-                       (1 + std::ldexp(1.0, -20));
-  ASSERT_LE(std::fabs(double(dequant) - double(x)), bound)
+void ExpectWithinBound(float x, double dequant, float scale) {
+  const double bound =
+      std::max(std::ldexp(std::fabs(double(x)), -4), std::ldexp(double(scale), -10)) *
+      (1 + std::ldexp(1.0, -20));
+  ASSERT_LE(std::fabs(dequant - double(x)), bound)
       << "x " << x << " dequant " << dequant << " scale " << scale;
 }
 
@@ -361,9 +375,8 @@ TEST(Fp8QuantizeReferenceTest, EdgeBlocksScalesAndErrorBound) {
             amax = std::max(amax, std::fabs(BFloat16ToFloat(x[r * cols + c])));
           }
         }
-        const float scale = format == Fp8ScaleFormat::kE8M0
-                                ? E8M0ToFloat(scales_e8m0[br * 2 + bc])
-                                : scales_f32[br * 2 + bc];
+        const float scale = format == Fp8ScaleFormat::kE8M0 ? E8M0ToFloat(scales_e8m0[br * 2 + bc])
+                                                            : scales_f32[br * 2 + bc];
         if (format == Fp8ScaleFormat::kE8M0) {
           EXPECT_EQ(scales_e8m0[br * 2 + bc], E8M0ScaleFor(amax));
         } else {
@@ -377,7 +390,7 @@ TEST(Fp8QuantizeReferenceTest, EdgeBlocksScalesAndErrorBound) {
             const float xv = BFloat16ToFloat(x[r * cols + c]);
             const uint8_t code = q[r * cols + c];
             ASSERT_NE(code & 0x7F, 0x7F) << "NaN for a finite input";
-            ExpectWithinBound(xv, E4M3FNToFloat(code) * scale, scale);
+            ExpectWithinBound(xv, double(E4M3FNToFloat(code)) * scale, scale);
             if (std::fabs(xv) == amax && amax > 0 && format == Fp8ScaleFormat::kFloat32) {
               EXPECT_EQ(code & 0x7F, 0x7E) << "the block's amax maps to 448";
             }

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <thread>
 
+#include "transport/cuda_ipc/cuda_data_path.h"
+#include "transport/host_data_path.h"
 #include "transport/shm/shm_segment.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
@@ -33,44 +35,43 @@ class ShmHandle final : public TransferHandle {
     if (Status s = Release(); !s.ok()) WS_LOG(WARN, "shm") << "handle cleanup: " << s;
   }
 
-  std::string_view transport_name() const override { return "shm"; }
+  std::string_view transport_name() const override { return gpu_ ? "cuda-ipc" : "shm"; }
   const plan::Plan& plan() const override { return plan_; }
-  util::WorkerPool* workers() override { return workers_.get(); }
 
-  Status Prepare(const std::vector<plan::Destination>& destinations, MatchPolicy policy,
-                 const Deadline& deadline) override;
+  Status Prepare(const std::vector<plan::Destination>& destinations,
+                 const PrepareOptions& options, const Deadline& deadline) override;
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                             const Deadline& deadline) override;
-  Status CopyStep(uint8_t* shadow, const Deadline& deadline) override;
+  Status CopyStep(const Deadline& deadline) override;
   Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
+  Status Verify(std::span<const uint64_t> digests, int64_t step,
+                const Deadline& deadline) override;
+  Status Commit(const Deadline& deadline) override;
   Status Release() override;
 
  private:
-  struct CopyJob {
-    ShmHandle* self;
-    uint8_t* shadow;
-  };
-  static void CopyBucket(void* context, uint32_t bucket);
+  Status PrepareHost(util::UniqueFd arena_fd, const std::vector<plan::Destination>& destinations,
+                     UpdateMode mode);
 
   Endpoint endpoint_;
   SubscriberOptions options_;
   std::string peer_;
+  bool gpu_ = false;  // the publisher's arena is GPU memory (cuda-ipc)
   // Created in this order by Prepare, released in reverse by Release.
   std::unique_ptr<wire::Channel> channel_;
-  Mapping mapping_;
-  std::unique_ptr<util::WorkerPool> workers_;
-  bool counted_ = false;  // ledger "handles"
+  Mapping mapping_;            // host arena
+  HostDataPath host_;          // host arena
+  cuda_ipc::CudaDataPath gpu_path_;  // GPU arena
+  bool counted_ = false;       // ledger "handles"
 
   wire::Welcome welcome_;
   plan::Plan plan_;
-  std::vector<uint8_t*> destination_data_;
   wire::StepBegin begin_;
   wire::StepEnd end_;
-  int64_t after_step_ = -1;
 };
 
 Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
-                          MatchPolicy policy, const Deadline& deadline) {
+                          const PrepareOptions& options, const Deadline& deadline) {
   peer_ = "publisher local://" + endpoint_.name;
   counted_ = true;
   LedgerAdd(LedgerItem::kHandles, 1);
@@ -90,33 +91,59 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
     return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
-  WS_RETURN_IF_ERROR(CheckImportedSegment(arena_fd.get(), welcome_.arena_bytes).WithContext(peer_));
-  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, policy,
+  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, options.policy,
                                              /*bucket_bytes=*/4ull << 20));
+  switch (welcome_.arena_kind) {
+    case wire::ArenaKind::kHostMemfd:
+      WS_RETURN_IF_ERROR(PrepareHost(std::move(arena_fd), destinations, options.mode));
+      break;
+    case wire::ArenaKind::kCudaMem:
+      gpu_ = true;
+      WS_RETURN_IF_ERROR(
+          gpu_path_.Prepare(arena_fd.get(), welcome_, &plan_, destinations, options.mode)
+              .WithContext(peer_));
+      WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
+      break;
+    case wire::ArenaKind::kNone:
+      return Status::ProtocolError(peer_, ": welcome on a local socket names no arena");
+  }
+  end_.digests.reserve(plan_.digest_count);
+
+  WS_LOG(INFO, "shm") << "prepared " << transport_name() << " handle for " << peer_ << ": "
+                      << plan_.tensors.size() << " tensors, " << plan_.total_bytes << " bytes, "
+                      << plan_.buckets.size() << " buckets, " << plan_.segments.size()
+                      << " segments, " << welcome_.slot_count << " slots mapped ("
+                      << welcome_.arena_bytes << " bytes"
+                      << (gpu_ ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
+                                     " into cuda:" + std::to_string(gpu_path_.device())
+                               : std::string())
+                      << ")";
+  return Status::Ok();
+}
+
+Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
+                              const std::vector<plan::Destination>& destinations,
+                              UpdateMode mode) {
+  for (const auto& d : destinations) {
+    if (d.device.is_cuda()) {
+      return Status::NotSupported(peer_, " keeps its arena in host memory; destination '",
+                                  d.spec.name, "' is on ", DeviceString(d.device),
+                                  " (publish from GPU tensors to use cuda-ipc)");
+    }
+  }
+  WS_RETURN_IF_ERROR(CheckImportedSegment(arena_fd.get(), welcome_.arena_bytes).WithContext(peer_));
   WS_ASSIGN_OR_RETURN(mapping_, Mapping::Map(arena_fd.get(), welcome_.arena_bytes,
                                              /*writable=*/false, "arena of " + peer_));
   // The mapping keeps the memory alive; the fd is no longer needed.
   WS_RETURN_IF_ERROR(arena_fd.Close());
-
-  destination_data_.clear();
-  for (const auto& d : destinations) destination_data_.push_back(d.data);
   int threads = options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
   threads = std::min<int>(threads, std::max<size_t>(plan_.buckets.size(), 1));
-  workers_ = std::make_unique<util::WorkerPool>(threads);
-  end_.digests.reserve(plan_.digest_count);
-
-  WS_LOG(INFO, "shm") << "prepared handle for " << peer_ << ": " << plan_.tensors.size()
-                      << " tensors, " << plan_.total_bytes << " bytes, " << plan_.buckets.size()
-                      << " buckets, " << plan_.segments.size() << " segments, "
-                      << welcome_.slot_count << " slots mapped (" << welcome_.arena_bytes
-                      << " bytes), " << workers_->size() << " copy threads";
-  return Status::Ok();
+  return host_.Prepare(&plan_, destinations, mode, threads);
 }
 
 Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                      const Deadline& deadline) {
   wire::UpdateRequest req{step.value_or(-1), after_step};
-  after_step_ = after_step;
   WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kUpdateRequest, req, deadline));
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepBegin, &begin_, deadline));
   if (begin_.step == after_step) return begin_.step;  // up to date; publisher pinned nothing
@@ -132,26 +159,16 @@ Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_
   return begin_.step;
 }
 
-void ShmHandle::CopyBucket(void* context, uint32_t bucket) {
-  auto* job = static_cast<CopyJob*>(context);
-  ShmHandle* self = job->self;
-  const plan::Bucket& b = self->plan_.buckets[bucket];
-  const uint8_t* arena = self->mapping_.data();
-  const uint64_t slot_base =
-      self->welcome_.slots_offset + uint64_t{self->begin_.slot} * self->welcome_.slot_bytes;
-  for (uint32_t i = 0; i < b.segment_count; ++i) {
-    const plan::Segment& s = self->plan_.segments[b.first_segment + i];
-    const uint8_t* src = arena + s.src_offset +
-                         (s.region == wire::Region::kSlot ? slot_base : self->welcome_.direct_offset);
-    uint8_t* dst = job->shadow != nullptr ? job->shadow + s.shadow_offset
-                                          : self->destination_data_[s.destination] + s.dst_offset;
-    std::memcpy(dst, src, s.bytes);
+Status ShmHandle::CopyStep(const Deadline& deadline) {
+  if (gpu_) {
+    WS_RETURN_IF_ERROR(gpu_path_.Copy(begin_.slot, deadline));
+  } else {
+    const uint8_t* arena = mapping_.data();
+    host_.CopyFromArena(
+        arena + welcome_.slots_offset + uint64_t{begin_.slot} * welcome_.slot_bytes,
+        arena + welcome_.direct_offset);
+    host_.MaybeInjectBitFlip();
   }
-}
-
-Status ShmHandle::CopyStep(uint8_t* shadow, const Deadline& deadline) {
-  CopyJob job{this, shadow};
-  workers_->Run(static_cast<uint32_t>(plan_.buckets.size()), &ShmHandle::CopyBucket, &job);
   // Bytes in shared memory cannot be "lost"; a publisher that died or was stopped meanwhile is
   // caught by EndStep, which needs its confirmation before anything is committed.
   if (util::FailPoints::Check("shm.after_copy").action == util::FailAction::kError) {
@@ -178,10 +195,29 @@ Result<std::span<const uint64_t>> ShmHandle::EndStep(const Deadline& deadline) {
   return std::span<const uint64_t>(end_.digests);
 }
 
+Status ShmHandle::Verify(std::span<const uint64_t> digests, int64_t step,
+                         const Deadline& deadline) {
+  if (gpu_) return gpu_path_.Verify(digests, step, deadline);
+  return host_.Verify(digests, welcome_.digest_kind, step);
+}
+
+Status ShmHandle::Commit(const Deadline& deadline) {
+  if (gpu_) return gpu_path_.Commit(deadline);
+  host_.Commit();
+  return Status::Ok();
+}
+
 Status ShmHandle::Release() {
   Status result;
-  // Reverse order of creation: workers, mapping, connection.
-  if (workers_) workers_.reset();
+  // Reverse order of creation: data paths (staging, workers, GPU mappings), mapping, connection.
+  if (Status s = gpu_path_.Release(); !s.ok()) {
+    WS_LOG(WARN, "cuda-ipc") << "release: " << s;
+    result.Update(s);
+  }
+  if (Status s = host_.Release(); !s.ok()) {
+    WS_LOG(WARN, "shm") << "release: " << s;
+    result.Update(s);
+  }
   if (Status s = mapping_.Close(); !s.ok()) {
     WS_LOG(WARN, "shm") << "release: " << s;
     result.Update(s);

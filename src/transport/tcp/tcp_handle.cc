@@ -9,6 +9,7 @@
 #include "util/ledger.h"
 #include "util/logging.h"
 #include "util/token.h"
+#include "transport/host_data_path.h"
 #include "util/worker_pool.h"
 #include "wire/channel.h"
 #include "wire/handshake.h"
@@ -31,13 +32,20 @@ class TcpHandle final : public TransferHandle {
 
   std::string_view transport_name() const override { return "tcp"; }
   const plan::Plan& plan() const override { return plan_; }
-  util::WorkerPool* workers() override { return workers_.get(); }
-  Status Prepare(const std::vector<plan::Destination>& destinations, MatchPolicy policy,
-                 const Deadline& deadline) override;
+  Status Prepare(const std::vector<plan::Destination>& destinations,
+                 const PrepareOptions& options, const Deadline& deadline) override;
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                             const Deadline& deadline) override;
-  Status CopyStep(uint8_t* shadow, const Deadline& deadline) override;
+  Status CopyStep(const Deadline& deadline) override;
   Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
+  Status Verify(std::span<const uint64_t> digests, int64_t step,
+                const Deadline& deadline) override {
+    return host_.Verify(digests, welcome_.digest_kind, step);
+  }
+  Status Commit(const Deadline& deadline) override {
+    host_.Commit();
+    return Status::Ok();
+  }
   Status Release() override;
 
  private:
@@ -47,11 +55,10 @@ class TcpHandle final : public TransferHandle {
   SubscriberOptions options_;
   std::string peer_;
   std::unique_ptr<wire::Channel> channel_;
-  std::unique_ptr<util::WorkerPool> workers_;
+  HostDataPath host_;  // staging, verification, commit
   bool counted_ = false;
   wire::Welcome welcome_;
   plan::Plan plan_;
-  std::vector<uint8_t*> destination_data_;
   std::vector<iovec> parts_;  // one per planned tensor, refilled per step without allocating
   wire::StepBegin begin_;
   wire::StepEnd end_;
@@ -89,9 +96,16 @@ Status TcpHandle::Authenticate(const std::string& token, const Deadline& deadlin
   return Status::Ok();
 }
 
-Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations, MatchPolicy policy,
-                          const Deadline& deadline) {
+Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
+                          const PrepareOptions& options, const Deadline& deadline) {
   peer_ = "publisher " + endpoint_.ToString();
+  for (const auto& d : destinations) {
+    if (d.device.is_cuda()) {
+      return Status::NotSupported("tcp: destination '", d.spec.name, "' is on ",
+                                  DeviceString(d.device),
+                                  "; the tcp transport receives into host memory only");
+    }
+  }
   counted_ = true;
   LedgerAdd(LedgerItem::kHandles, 1);
   WS_FAIL_POINT_RETURN("tcp.prepare");
@@ -106,16 +120,19 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations, Ma
   WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
-  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, policy, 4ull << 20));
+  if (welcome_.arena_kind == wire::ArenaKind::kCudaMem) {
+    return Status::NotSupported(peer_, " keeps its arena on a GPU; the tcp transport sends from "
+                                       "host memory only");
+  }
+  WS_ASSIGN_OR_RETURN(plan_,
+                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20));
   wire::Select select;
   for (const auto& t : plan_.tensors) select.tensors.push_back(t.publisher_index);
   WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kSelect, select, deadline));
 
-  destination_data_.clear();
-  for (const auto& d : destinations) destination_data_.push_back(d.data);
   parts_.assign(plan_.tensors.size(), iovec{});
   int threads = options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
-  workers_ = std::make_unique<util::WorkerPool>(threads);
+  WS_RETURN_IF_ERROR(host_.Prepare(&plan_, destinations, options.mode, threads));
   end_.digests.reserve(plan_.digest_count);
   WS_LOG(INFO, "tcp") << "prepared handle for " << peer_ << ": " << plan_.tensors.size()
                       << " tensors, " << plan_.total_bytes << " bytes, " << plan_.buckets.size()
@@ -138,15 +155,15 @@ Result<int64_t> TcpHandle::BeginStep(std::optional<int64_t> step, int64_t after_
   return begin_.step;
 }
 
-Status TcpHandle::CopyStep(uint8_t* shadow, const Deadline& deadline) {
+Status TcpHandle::CopyStep(const Deadline& deadline) {
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::PlannedTensor& t = plan_.tensors[i];
-    uint8_t* dst = shadow != nullptr ? shadow + t.shadow_offset : destination_data_[t.destination];
-    parts_[i] = {dst, t.nbytes};
+    parts_[i] = {host_.ReceivedTensor(t), t.nbytes};
   }
   WS_FAIL_POINT_RETURN("tcp.before_data");
   Status s = channel_->ReadAll(parts_, deadline);
   if (!s.ok()) return s.WithContext("step " + std::to_string(begin_.step) + " data");
+  host_.MaybeInjectBitFlip();
   return Status::Ok();
 }
 
@@ -165,7 +182,10 @@ Result<std::span<const uint64_t>> TcpHandle::EndStep(const Deadline& deadline) {
 
 Status TcpHandle::Release() {
   Status result;
-  if (workers_) workers_.reset();
+  if (Status s = host_.Release(); !s.ok()) {
+    WS_LOG(WARN, "tcp") << "release: " << s;
+    result.Update(s);
+  }
   if (channel_) {
     if (Status s = channel_->Close(); !s.ok()) {
       WS_LOG(WARN, "tcp") << "release: connection to " << peer_ << ": " << s;

@@ -1,0 +1,144 @@
+#include "transport/cuda_ipc/cuda_data_path.h"
+
+#include "cuda/gpu_digest_reference.h"
+#include "util/fail_point.h"
+#include "util/ledger.h"
+
+namespace weightsync::transport::cuda_ipc {
+
+using util::LedgerAdd;
+using util::LedgerItem;
+
+Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
+                             const std::vector<plan::Destination>& destinations,
+                             UpdateMode mode) {
+  plan_ = plan;
+  welcome_ = &welcome;
+  destinations_.clear();
+  names_.clear();
+  for (const auto& d : destinations) {
+    if (!d.device.is_cuda() || (device_ >= 0 && d.device.index != device_)) {
+      return Status::InvalidArgument(
+          "cuda-ipc: destination '", d.spec.name, "' is on ", DeviceString(d.device),
+          "; a GPU arena is received into destinations on one CUDA device",
+          device_ >= 0 ? " (cuda:" + std::to_string(device_) + ")" : std::string());
+    }
+    device_ = d.device.index;
+    destinations_.push_back(d.data);
+    names_.push_back(d.spec.name);
+  }
+  if (welcome.direct_bytes > 0) {
+    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+  }
+  WS_ASSIGN_OR_RETURN(arena_, ImportedAllocation::Import(arena_fd, welcome.arena_bytes, device_));
+  WS_ASSIGN_OR_RETURN(queue_, CopyQueue::Create(device_));
+  if (mode == UpdateMode::kStaged) {
+    WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
+    LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(shadow_.size()));
+  }
+  // One prepared digest per segment over where its bytes land, each with its own chunk scratch
+  // and output word: a step only launches them.
+  uint64_t chunks = 0;
+  for (const auto& s : plan->segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
+  WS_ASSIGN_OR_RETURN(chunk_hashes_, gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+  WS_ASSIGN_OR_RETURN(digests_device_,
+                      gpu::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
+  digests_host_.assign(plan->segments.size(), 0);
+  digest_launches_.clear();
+  digest_launches_.reserve(plan->segments.size());
+  uint64_t chunk_at = 0;
+  for (size_t i = 0; i < plan->segments.size(); ++i) {
+    const plan::Segment& s = plan->segments[i];
+    uint8_t* where = shadow_.data() != nullptr
+                         ? shadow_.as<uint8_t>() + s.shadow_offset
+                         : destinations_[s.destination] + s.dst_offset;
+    uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
+    WS_ASSIGN_OR_RETURN(auto launch,
+                        gpu::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
+                                           std::max<uint64_t>(n, 1),
+                                           digests_device_.as<uint64_t>() + i, queue_.stream()));
+    digest_launches_.push_back(std::move(launch));
+    chunk_at += n;
+  }
+  return Status::Ok();
+}
+
+uint8_t* CudaDataPath::Received(const plan::PlannedTensor& t) const {
+  return shadow_.data() != nullptr ? shadow_.as<uint8_t>() + t.shadow_offset
+                                   : destinations_[t.destination];
+}
+
+Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  const uint8_t* slot_base =
+      arena_.data() + welcome_->slots_offset + uint64_t{slot} * welcome_->slot_bytes;
+  // A tensor is contiguous on both sides: one copy-engine transfer per tensor.
+  for (const plan::PlannedTensor& t : plan_->tensors) {
+    const wire::TensorPlacement& p = welcome_->tensors[t.publisher_index];
+    WS_RETURN_IF_ERROR(queue_.Enqueue(Received(t), slot_base + p.offset, t.nbytes));
+  }
+  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
+  return MaybeInjectBitFlip();
+}
+
+Status CudaDataPath::MaybeInjectBitFlip() {
+  if (util::FailPoints::Check("subscriber.flip_received").action != util::FailAction::kFlip ||
+      plan_->segments.empty()) {
+    return Status::Ok();
+  }
+  const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
+  if (s.bytes == 0) return Status::Ok();
+  uint8_t* where = shadow_.data() != nullptr ? shadow_.as<uint8_t>() + s.shadow_offset
+                                             : destinations_[s.destination] + s.dst_offset;
+  uint8_t byte = 0;
+  WS_RETURN_IF_ERROR(gpu::CopyToHost(&byte, where + s.bytes / 2, 1));
+  byte ^= 0x04;
+  return gpu::CopyToDevice(where + s.bytes / 2, &byte, 1);
+}
+
+Status CudaDataPath::Verify(std::span<const uint64_t> digests, int64_t step,
+                            const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  for (auto& launch : digest_launches_) WS_RETURN_IF_ERROR(launch.Launch());
+  WS_RETURN_IF_ERROR(queue_.Enqueue(digests_host_.data(), digests_device_.data(),
+                                    digests_host_.size() * 8));
+  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
+  size_t bad = 0, first = digests_host_.size();
+  for (size_t i = 0; i < digests_host_.size(); ++i) {
+    if (digests_host_[i] != digests[plan_->segments[i].digest_index]) {
+      ++bad;
+      first = std::min(first, i);
+    }
+  }
+  if (bad == 0) return Status::Ok();
+  const plan::Segment& s = plan_->segments[first];
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' bytes [",
+                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
+                            s.digest_index, ") do not match the publisher's GPU digest; ", bad,
+                            " corrupt segment(s) in all; nothing committed");
+}
+
+Status CudaDataPath::Commit(const util::Deadline& deadline) {
+  if (shadow_.data() == nullptr) return Status::Ok();
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  for (const plan::PlannedTensor& t : plan_->tensors) {
+    WS_RETURN_IF_ERROR(queue_.Enqueue(destinations_[t.destination],
+                                      shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes));
+  }
+  return queue_.Wait(deadline);
+}
+
+Status CudaDataPath::Release() {
+  Status result;
+  // Reverse order of creation; the queue first drains nothing new (no step is in flight).
+  digest_launches_.clear();
+  result.Update(digests_device_.Close());
+  result.Update(chunk_hashes_.Close());
+  LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size()));
+  result.Update(shadow_.Close());
+  result.Update(queue_.Close());
+  result.Update(arena_.Close());
+  return result;
+}
+
+}  // namespace weightsync::transport::cuda_ipc

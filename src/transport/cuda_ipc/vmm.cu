@@ -1,0 +1,337 @@
+// CUDA side of vmm.h. Driver entry points come through the static runtime
+// (cudaGetDriverEntryPointByVersion), so nothing links libcuda and binaries still start where no
+// driver is installed.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+// The explicit moves in `return std::move(x)` are needed by nvcc's front end, redundant to g++'s.
+#pragma GCC diagnostic ignored "-Wredundant-move"
+
+#include <cerrno>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include "transport/cuda_ipc/vmm.h"
+#include "util/fail_point.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::cuda_ipc {
+namespace {
+
+using util::LedgerAdd;
+using util::LedgerItem;
+
+struct Driver {
+  decltype(&cuMemCreate) MemCreate = nullptr;
+  decltype(&cuMemRelease) MemRelease = nullptr;
+  decltype(&cuMemAddressReserve) MemAddressReserve = nullptr;
+  decltype(&cuMemAddressFree) MemAddressFree = nullptr;
+  decltype(&cuMemMap) MemMap = nullptr;
+  decltype(&cuMemUnmap) MemUnmap = nullptr;
+  decltype(&cuMemSetAccess) MemSetAccess = nullptr;
+  decltype(&cuMemExportToShareableHandle) MemExportToShareableHandle = nullptr;
+  decltype(&cuMemImportFromShareableHandle) MemImportFromShareableHandle = nullptr;
+  decltype(&cuMemGetAllocationGranularity) MemGetAllocationGranularity = nullptr;
+  decltype(&cuGetErrorName) GetErrorName = nullptr;
+  Status status;
+};
+
+template <typename F>
+Status Load(const char* name, F* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
+    return Status::Unavailable("CUDA driver entry point ", name, " not found (",
+                               cudaGetErrorString(e), ")");
+  }
+  *fn = reinterpret_cast<F>(p);
+  return Status::Ok();
+}
+
+const Driver& GetDriver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Status s;
+    s.Update(Load("cuMemCreate", &d.MemCreate));
+    s.Update(Load("cuMemRelease", &d.MemRelease));
+    s.Update(Load("cuMemAddressReserve", &d.MemAddressReserve));
+    s.Update(Load("cuMemAddressFree", &d.MemAddressFree));
+    s.Update(Load("cuMemMap", &d.MemMap));
+    s.Update(Load("cuMemUnmap", &d.MemUnmap));
+    s.Update(Load("cuMemSetAccess", &d.MemSetAccess));
+    s.Update(Load("cuMemExportToShareableHandle", &d.MemExportToShareableHandle));
+    s.Update(Load("cuMemImportFromShareableHandle", &d.MemImportFromShareableHandle));
+    s.Update(Load("cuMemGetAllocationGranularity", &d.MemGetAllocationGranularity));
+    s.Update(Load("cuGetErrorName", &d.GetErrorName));
+    d.status = s;
+  });
+  return d;
+}
+
+Status DriverError(CUresult r, const char* what) {
+  const char* name = "unknown";
+  if (GetDriver().GetErrorName) GetDriver().GetErrorName(r, &name);
+  StatusCode code = r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted
+                                                  : StatusCode::kIoError;
+  return Status(code, std::string(what) + ": " + name + " (CUresult " + std::to_string(r) + ")");
+}
+
+Status RuntimeError(cudaError_t e, const char* what) {
+  StatusCode code = e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
+                    : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+                        ? StatusCode::kUnavailable
+                        : StatusCode::kIoError;
+  return Status(code, std::string(what) + ": " + cudaGetErrorName(e) + ": " +
+                          cudaGetErrorString(e));
+}
+
+#define WS_CU(call, what)                                        \
+  do {                                                           \
+    CUresult ws_r_ = (call);                                     \
+    if (ws_r_ != CUDA_SUCCESS) return DriverError(ws_r_, what);  \
+  } while (0)
+#define WS_CUDART(call, what)                                     \
+  do {                                                            \
+    cudaError_t ws_e_ = (call);                                   \
+    if (ws_e_ != cudaSuccess) return RuntimeError(ws_e_, what);   \
+  } while (0)
+
+CUmemAllocationProp PropFor(int device) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = device;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+// Unmaps and frees whatever of (va, size, handle) is set; reports the first failure.
+Status Unmap(uint64_t va, uint64_t size, uint64_t handle) {
+  const Driver& d = GetDriver();
+  Status result;
+  if (va != 0 && handle != 0) {
+    CUresult r = d.MemUnmap(va, size);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemUnmap"));
+  }
+  if (va != 0) {
+    CUresult r = d.MemAddressFree(va, size);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemAddressFree"));
+  }
+  if (handle != 0) {
+    CUresult r = d.MemRelease(handle);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemRelease"));
+  }
+  if (!result.ok()) LedgerAdd(LedgerItem::kReleaseFailures, 1);
+  return result;
+}
+
+// Reserves address space, maps `handle` there and grants `device` read-write access.
+Status MapFor(uint64_t handle, uint64_t size, int device, uint64_t* va_out) {
+  const Driver& d = GetDriver();
+  CUdeviceptr va = 0;
+  WS_CU(d.MemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve");
+  CUresult r = d.MemMap(va, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    d.MemAddressFree(va, size);
+    return DriverError(r, "cuMemMap");
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.MemSetAccess(va, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    d.MemUnmap(va, size);
+    d.MemAddressFree(va, size);
+    return DriverError(r, "cuMemSetAccess");
+  }
+  *va_out = va;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SetDevice(int device) {
+  WS_CUDART(cudaSetDevice(device), "cudaSetDevice");
+  return Status::Ok();
+}
+
+Result<ExportedAllocation> ExportedAllocation::Create(int device, uint64_t bytes) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  CUmemAllocationProp prop = PropFor(device);
+  size_t granularity = 0;
+  WS_CU(d.MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+        "cuMemGetAllocationGranularity");
+  ExportedAllocation a;
+  a.device_ = device;
+  a.size_ = (std::max<uint64_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+  CUmemGenericAllocationHandle handle = 0;
+  WS_CU(d.MemCreate(&handle, a.size_, &prop, 0), "cuMemCreate");
+  a.handle_ = handle;
+  Status s = MapFor(handle, a.size_, device, &a.va_);
+  if (!s.ok()) {
+    d.MemRelease(handle);
+    a.handle_ = 0;
+    return s;
+  }
+  LedgerAdd(LedgerItem::kSegments, 1);
+  LedgerAdd(LedgerItem::kMappings, 1);
+  LedgerAdd(LedgerItem::kMappedBytes, static_cast<int64_t>(a.size_));
+  return std::move(a);  // nvcc's front end does not apply C++20's implicit move here
+}
+
+ExportedAllocation& ExportedAllocation::operator=(ExportedAllocation&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+    va_ = std::exchange(o.va_, 0);
+    size_ = std::exchange(o.size_, 0);
+    handle_ = std::exchange(o.handle_, 0);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+ExportedAllocation::~ExportedAllocation() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+}
+
+Result<util::UniqueFd> ExportedAllocation::ExportFd() const {
+  int fd = -1;
+  WS_CU(GetDriver().MemExportToShareableHandle(&fd, handle_,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "cuMemExportToShareableHandle");
+  return util::UniqueFd(fd);
+}
+
+Status ExportedAllocation::Close() {
+  if (handle_ == 0 && va_ == 0) return Status::Ok();
+  Status s = Unmap(std::exchange(va_, 0), size_, std::exchange(handle_, 0));
+  LedgerAdd(LedgerItem::kSegments, -1);
+  LedgerAdd(LedgerItem::kMappings, -1);
+  LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
+  return s.WithContext("GPU arena on cuda:" + std::to_string(device_));
+}
+
+Result<ImportedAllocation> ImportedAllocation::Import(int fd, uint64_t bytes, int device) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  ImportedAllocation a;
+  CUmemGenericAllocationHandle handle = 0;
+  // The driver takes the fd number through a void*; it does not take ownership of it.
+  WS_CU(d.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "cuMemImportFromShareableHandle");
+  a.handle_ = handle;
+  a.size_ = bytes;
+  Status s = MapFor(handle, bytes, device, &a.va_);
+  if (!s.ok()) {
+    d.MemRelease(handle);
+    a.handle_ = 0;
+    return s.WithContext("mapping the publisher's GPU arena (" + std::to_string(bytes) +
+                         " bytes) for cuda:" + std::to_string(device));
+  }
+  LedgerAdd(LedgerItem::kSegments, 1);
+  LedgerAdd(LedgerItem::kMappings, 1);
+  LedgerAdd(LedgerItem::kMappedBytes, static_cast<int64_t>(bytes));
+  return std::move(a);
+}
+
+ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+    va_ = std::exchange(o.va_, 0);
+    size_ = std::exchange(o.size_, 0);
+    handle_ = std::exchange(o.handle_, 0);
+  }
+  return *this;
+}
+
+ImportedAllocation::~ImportedAllocation() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+}
+
+Status ImportedAllocation::Close() {
+  if (handle_ == 0 && va_ == 0) return Status::Ok();
+  Status s = Unmap(std::exchange(va_, 0), size_, std::exchange(handle_, 0));
+  if (util::FailPoints::Check("cuda_ipc.unmap").action == util::FailAction::kError) {
+    s.Update(Status::IoError("cuMemUnmap: injected failure at fail point 'cuda_ipc.unmap'"));
+  }
+  LedgerAdd(LedgerItem::kSegments, -1);
+  LedgerAdd(LedgerItem::kMappings, -1);
+  LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
+  return s.WithContext("publisher's GPU arena mapping");
+}
+
+Result<CopyQueue> CopyQueue::Create(int device) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  CopyQueue q;
+  q.device_ = device;
+  cudaStream_t stream;
+  WS_CUDART(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  q.stream_ = stream;
+  cudaEvent_t event;
+  WS_CUDART(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  q.event_ = event;
+  return std::move(q);
+}
+
+CopyQueue& CopyQueue::operator=(CopyQueue&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+    stream_ = std::exchange(o.stream_, nullptr);
+    event_ = std::exchange(o.event_, nullptr);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+CopyQueue::~CopyQueue() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+}
+
+Status CopyQueue::Enqueue(void* dst, const void* src, uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  WS_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                            static_cast<cudaStream_t>(stream_)),
+            "cudaMemcpyAsync");
+  return Status::Ok();
+}
+
+Status CopyQueue::Wait(const util::Deadline& deadline) {
+  WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)),
+            "cudaEventRecord");
+  // Spin briefly (copies of a step take milliseconds), then back off; the deadline bounds it.
+  int spins = 0;
+  while (true) {
+    cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return RuntimeError(e, "waiting for GPU copies");
+    if (deadline.expired()) {
+      return Status::Timeout("GPU copies on cuda:", device_, " did not finish before the deadline");
+    }
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+Status CopyQueue::Close() {
+  Status result;
+  if (event_ != nullptr) {
+    cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(event_, nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy"));
+  }
+  if (stream_ != nullptr) {
+    cudaError_t e = cudaStreamDestroy(static_cast<cudaStream_t>(std::exchange(stream_, nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaStreamDestroy"));
+  }
+  return result;
+}
+
+}  // namespace weightsync::transport::cuda_ipc

@@ -1,0 +1,90 @@
+// GPU memory shared between processes on one host, through the CUDA virtual memory management
+// API: the exporter creates a cuMem allocation whose handle is a POSIX fd, passes the fd over the
+// Unix socket (SCM_RIGHTS, like a memfd), and the importer maps it into its own address space for
+// its own device. Prepared once per transfer handle; nothing here runs per step except CopyQueue.
+//
+// The fd is a bearer capability: it is only ever passed to the uid-checked peer and never logged.
+// Host code with no CUDA headers; in a CPU-only build every call returns Unavailable.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+#include "weightsync/status.h"
+
+namespace weightsync::transport::cuda_ipc {
+
+// Device memory on `device` from cuMemCreate (POSIX-fd exportable), mapped read-write there.
+class ExportedAllocation {
+ public:
+  ExportedAllocation() = default;
+  // `bytes` is rounded up to the allocation granularity.
+  static Result<ExportedAllocation> Create(int device, uint64_t bytes);
+  ExportedAllocation(ExportedAllocation&& o) noexcept { *this = std::move(o); }
+  ExportedAllocation& operator=(ExportedAllocation&& o) noexcept;
+  ~ExportedAllocation();
+
+  uint8_t* data() const { return reinterpret_cast<uint8_t*>(va_); }  // a device pointer
+  uint64_t size() const { return size_; }
+  int device() const { return device_; }
+  // A fresh fd for the allocation (one per peer).
+  Result<util::UniqueFd> ExportFd() const;
+  Status Close();  // unmap, free the address range, release the allocation
+
+ private:
+  uint64_t va_ = 0;
+  uint64_t size_ = 0;
+  uint64_t handle_ = 0;
+  int device_ = -1;
+};
+
+// A peer's allocation mapped into this process for `device` (read-write access: copies may use
+// it as source; nothing writes it).
+class ImportedAllocation {
+ public:
+  ImportedAllocation() = default;
+  static Result<ImportedAllocation> Import(int fd, uint64_t bytes, int device);
+  ImportedAllocation(ImportedAllocation&& o) noexcept { *this = std::move(o); }
+  ImportedAllocation& operator=(ImportedAllocation&& o) noexcept;
+  ~ImportedAllocation();
+
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(va_); }
+  uint64_t size() const { return size_; }
+  Status Close();
+
+ private:
+  uint64_t va_ = 0;
+  uint64_t size_ = 0;
+  uint64_t handle_ = 0;
+};
+
+// Asynchronous copies on one non-blocking stream of `device`, completion by an event, waited for
+// with a deadline (the host polls the event, so a stuck copy is a Timeout, not a hang).
+class CopyQueue {
+ public:
+  CopyQueue() = default;
+  static Result<CopyQueue> Create(int device);
+  CopyQueue(CopyQueue&& o) noexcept { *this = std::move(o); }
+  CopyQueue& operator=(CopyQueue&& o) noexcept;
+  ~CopyQueue();
+
+  // dst/src: device pointers, peer mappings or host memory (cudaMemcpyDefault, unified addressing).
+  Status Enqueue(void* dst, const void* src, uint64_t bytes);
+  // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
+  Status Wait(const util::Deadline& deadline);
+  void* stream() const { return stream_; }  // a cudaStream_t
+  int device() const { return device_; }
+  Status Close();
+
+ private:
+  void* stream_ = nullptr;
+  void* event_ = nullptr;
+  int device_ = -1;
+};
+
+// Makes `device` current on the calling thread.
+Status SetDevice(int device);
+
+}  // namespace weightsync::transport::cuda_ipc

@@ -1,0 +1,32 @@
+// CPU-only build: the GPU memory sharing API answers Unavailable.
+#include "transport/cuda_ipc/vmm.h"
+
+#if !WS_WITH_CUDA
+
+namespace weightsync::transport::cuda_ipc {
+namespace {
+Status NoCuda() { return Status::Unavailable("built without CUDA: no GPU arena"); }
+}  // namespace
+
+Result<ExportedAllocation> ExportedAllocation::Create(int, uint64_t) { return NoCuda(); }
+ExportedAllocation& ExportedAllocation::operator=(ExportedAllocation&&) noexcept { return *this; }
+ExportedAllocation::~ExportedAllocation() = default;
+Result<util::UniqueFd> ExportedAllocation::ExportFd() const { return NoCuda(); }
+Status ExportedAllocation::Close() { return Status::Ok(); }
+
+Result<ImportedAllocation> ImportedAllocation::Import(int, uint64_t, int) { return NoCuda(); }
+ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&&) noexcept { return *this; }
+ImportedAllocation::~ImportedAllocation() = default;
+Status ImportedAllocation::Close() { return Status::Ok(); }
+
+Result<CopyQueue> CopyQueue::Create(int) { return NoCuda(); }
+CopyQueue& CopyQueue::operator=(CopyQueue&&) noexcept { return *this; }
+CopyQueue::~CopyQueue() = default;
+Status CopyQueue::Enqueue(void*, const void*, uint64_t) { return NoCuda(); }
+Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
+Status CopyQueue::Close() { return Status::Ok(); }
+Status SetDevice(int) { return NoCuda(); }
+
+}  // namespace weightsync::transport::cuda_ipc
+
+#endif  // !WS_WITH_CUDA

@@ -1,0 +1,111 @@
+#include "transport/host_data_path.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/gpu_digest_reference.h"
+#include "util/fail_point.h"
+#include "util/hash.h"
+
+namespace weightsync::transport {
+namespace {
+constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
+}  // namespace
+
+Status HostDataPath::Prepare(const plan::Plan* plan,
+                             const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                             int threads) {
+  plan_ = plan;
+  destinations_.clear();
+  names_.clear();
+  for (const auto& d : destinations) {
+    destinations_.push_back(d.data);
+    names_.push_back(d.spec.name);
+  }
+  if (mode == UpdateMode::kStaged) {
+    WS_ASSIGN_OR_RETURN(shadow_, util::StagingBuffer::Allocate(plan->shadow_bytes));
+  }
+  threads = std::max(1, threads);
+  workers_ = std::make_unique<util::WorkerPool>(threads);
+  return Status::Ok();
+}
+
+void HostDataPath::CopyBucket(void* context, uint32_t bucket) {
+  auto* self = static_cast<HostDataPath*>(context);
+  const plan::Bucket& b = self->plan_->buckets[bucket];
+  for (uint32_t i = 0; i < b.segment_count; ++i) {
+    const plan::Segment& s = self->plan_->segments[b.first_segment + i];
+    const uint8_t* base = s.region == wire::Region::kSlot ? self->slot_base_ : self->direct_base_;
+    std::memcpy(self->ReceivedBytes(s), base + s.src_offset, s.bytes);
+  }
+}
+
+void HostDataPath::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base) {
+  slot_base_ = slot_base;
+  direct_base_ = direct_base;
+  workers_->Run(static_cast<uint32_t>(plan_->buckets.size()), &HostDataPath::CopyBucket, this);
+}
+
+uint64_t HostDataPath::Digest(const plan::Segment& s) const {
+  return digest_kind_ == wire::DigestKind::kXxh3 ? util::Hash64(ReceivedBytes(s), s.bytes)
+                                                 : gpu::GpuDigest(ReceivedBytes(s), s.bytes);
+}
+
+void HostDataPath::VerifySegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostDataPath*>(context);
+  const plan::Segment& s = self->plan_->segments[index];
+  if (self->Digest(s) != self->digests_[s.digest_index]) {
+    uint32_t seen = self->first_mismatch_.load(std::memory_order_relaxed);
+    // Keep the lowest failing segment so the error is deterministic.
+    while (index < seen && !self->first_mismatch_.compare_exchange_weak(
+                               seen, index, std::memory_order_relaxed)) {
+    }
+  }
+}
+
+void HostDataPath::MaybeInjectBitFlip() {
+  if (util::FailPoints::Check("subscriber.flip_received").action == util::FailAction::kFlip &&
+      !plan_->segments.empty()) {
+    const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
+    if (s.bytes > 0) ReceivedBytes(s)[s.bytes / 2] ^= 0x04;  // one bit, as a bad DIMM would
+  }
+}
+
+Status HostDataPath::Verify(std::span<const uint64_t> digests, wire::DigestKind kind,
+                            int64_t step) {
+  digests_ = digests;
+  digest_kind_ = kind;
+  first_mismatch_.store(kNoMismatch, std::memory_order_relaxed);
+  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostDataPath::VerifySegment,
+                this);
+  const uint32_t bad = first_mismatch_.load(std::memory_order_relaxed);
+  if (bad == kNoMismatch) return Status::Ok();
+  // The failure path may take its time: count every corrupt segment for the message.
+  size_t count = 0;
+  for (const auto& s : plan_->segments) count += Digest(s) != digests[s.digest_index];
+  const plan::Segment& s = plan_->segments[bad];
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' bytes [",
+                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
+                            s.digest_index, ") do not match the publisher's digest; ", count,
+                            " corrupt segment(s) in all; nothing committed");
+}
+
+void HostDataPath::CommitSegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostDataPath*>(context);
+  const plan::Segment& s = self->plan_->segments[index];
+  std::memcpy(self->destinations_[s.destination] + s.dst_offset,
+              self->shadow_.data() + s.shadow_offset, s.bytes);
+}
+
+void HostDataPath::Commit() {
+  if (shadow_.data() == nullptr) return;
+  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostDataPath::CommitSegment,
+                this);
+}
+
+Status HostDataPath::Release() {
+  workers_.reset();
+  return shadow_.Close();
+}
+
+}  // namespace weightsync::transport
