@@ -20,6 +20,9 @@ enum class MatchPolicy : uint8_t {
   kSubset,  // the subscriber may register a subset of the publisher's names
 };
 
+// Tensors registered with a Publisher may live in host memory or on one CUDA device: a publisher
+// of CUDA tensors keeps its arena on that device and subscribers on the same host receive over
+// cuda-ipc (GPU to GPU).
 struct PublisherOptions {
   // "local://NAME": a Unix socket, owner-only, in $WEIGHTSYNC_SOCKET_DIR or /tmp/weightsync-UID;
   // subscribers on this host map the publisher's shared memory.
@@ -33,8 +36,9 @@ struct PublisherOptions {
   // Versions held in the arena at once for registered (copied) tensors. Two lets a subscriber read
   // version N while version N+1 is written.
   int slots = 2;
-  // Largest contiguous byte range covered by one digest.
-  uint64_t segment_bytes = 8ull << 20;
+  // Largest contiguous byte range covered by one digest. 0: 8 MiB for a host arena, 64 MiB for a
+  // GPU arena (fewer, larger digest launches per step).
+  uint64_t segment_bytes = 0;
   // Threads used by Publish() to copy and hash; 0 picks min(4, hardware threads).
   int copy_threads = 0;
   // Accepted connections at once; further ones are refused with a logged reason.

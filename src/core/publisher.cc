@@ -7,6 +7,7 @@
 #include <random>
 
 #include "plan/plan.h"
+#include "transport/cuda_ipc/gpu_arena.h"
 #include "transport/endpoint.h"
 #include "transport/shm/arena.h"
 #include "transport/shm/shm_server.h"
@@ -39,6 +40,8 @@ struct Publisher::Impl final : transport::VersionSource {
   std::unique_ptr<transport::tcp::TcpServer> tcp_server;  // tcp:// endpoints
   std::string bound_endpoint;
   std::unique_ptr<util::WorkerPool> workers;
+  int cuda_device = -1;  // ≥ 0: registered tensors are on this CUDA device (GPU arena)
+  std::unique_ptr<transport::cuda_ipc::GpuArena> gpu_arena;
 
   // Registration (before the first Publish), in manifest order.
   struct Source {
@@ -121,9 +124,6 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
     return Status::InvalidArgument("PublisherOptions.slots = ", options.slots,
                                    ": must be 1..", wire::kMaxSlots);
   }
-  if (options.segment_bytes == 0) {
-    return Status::InvalidArgument("PublisherOptions.segment_bytes must be > 0");
-  }
   if (options.max_connections < 1) {
     return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
   }
@@ -157,6 +157,23 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (d.frozen) return Status::FailedPrecondition("Register() after the first Publish()");
   }
+  // One memory kind per publisher: host tensors, or tensors of one CUDA device.
+  int device = d.specs.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
+                                      ? -1
+                                      : tensors[0].view.device.index)
+                               : d.cuda_device;
+  for (const auto& t : tensors) {
+    int here = t.view.device.is_cuda() ? t.view.device.index : -1;
+    if (here != device) {
+      return Status::InvalidArgument(
+          "tensor '", t.name, "' is on ", DeviceString(t.view.device), " but this publisher's ",
+          "tensors are on ", device < 0 ? std::string("cpu") : "cuda:" + std::to_string(device),
+          ": one publisher holds host tensors or tensors of one CUDA device");
+    }
+  }
+  if (device >= 0 && d.arena->direct_bytes() > 0) {
+    return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
+  }
   std::vector<TensorSpec> all = d.specs;
   for (const auto& t : tensors) {
     all.push_back({t.name, t.view.dtype, t.view.shape, 0});
@@ -177,6 +194,7 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   }
   d.specs = m.tensors();
   d.manifest = std::move(m);
+  d.cuda_device = device;
   return Status::Ok();
 }
 
@@ -188,6 +206,11 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
+  }
+  if (d.cuda_device >= 0) {
+    return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:",
+                                d.cuda_device, "): arena-allocated GPU tensors are not supported "
+                                "yet; register the tensors instead");
   }
   std::vector<TensorSpec> all = d.specs;
   all.push_back({name, dtype, shape, 0});
@@ -202,29 +225,52 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
 }
 
 Status Publisher::Impl::Freeze() {
-  WS_RETURN_IF_ERROR(arena->Freeze(slot_used, static_cast<uint32_t>(options.slots)));
+  const bool gpu = cuda_device >= 0;
+  const uint64_t segment_bytes =
+      options.segment_bytes > 0 ? options.segment_bytes : (gpu ? 64ull << 20 : 8ull << 20);
   welcome.session_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-  welcome.arena_bytes = arena->arena_bytes();
-  welcome.direct_offset = 0;
-  welcome.direct_bytes = arena->direct_bytes();
-  welcome.slots_offset = arena->slots_offset();
-  welcome.slot_bytes = arena->slot_bytes();
   welcome.slot_count = static_cast<uint32_t>(options.slots);
-  welcome.segment_bytes = options.segment_bytes;
+  welcome.segment_bytes = segment_bytes;
   welcome.tensors = placements;
 
   uint32_t digest = 0;
   for (size_t i = 0; i < placements.size(); ++i) {
     const auto& p = placements[i];
-    for (uint64_t off = 0; off < p.spec.nbytes; off += options.segment_bytes) {
+    for (uint64_t off = 0; off < p.spec.nbytes; off += segment_bytes) {
       Task t;
-      t.bytes = std::min(options.segment_bytes, p.spec.nbytes - off);
+      t.bytes = std::min(segment_bytes, p.spec.nbytes - off);
       t.in_slot = p.region == wire::Region::kSlot;
       t.arena_offset = p.offset + off;
       t.src = sources[i].data != nullptr ? sources[i].data + off : nullptr;
       t.digest = digest++;
       tasks.push_back(t);
     }
+  }
+  if (gpu) {
+    std::vector<transport::cuda_ipc::GpuArena::Copy> copies;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      copies.push_back({sources[i].data, placements[i].offset, placements[i].spec.nbytes});
+    }
+    std::vector<transport::cuda_ipc::GpuArena::Segment> segments;
+    for (const Task& t : tasks) segments.push_back({t.arena_offset, t.bytes, t.digest});
+    WS_ASSIGN_OR_RETURN(gpu_arena, transport::cuda_ipc::GpuArena::Create(
+                                       cuda_device, slot_used, welcome.slot_count,
+                                       std::move(copies), std::move(segments), digest));
+    welcome.arena_kind = wire::ArenaKind::kCudaMem;
+    welcome.device = cuda_device;
+    welcome.digest_kind = wire::DigestKind::kGpu64;
+    welcome.arena_bytes = gpu_arena->arena_bytes();
+    welcome.direct_offset = 0;
+    welcome.direct_bytes = 0;
+    welcome.slots_offset = 0;
+    welcome.slot_bytes = gpu_arena->slot_bytes();
+  } else {
+    WS_RETURN_IF_ERROR(arena->Freeze(slot_used, welcome.slot_count));
+    welcome.arena_bytes = arena->arena_bytes();
+    welcome.direct_offset = 0;
+    welcome.direct_bytes = arena->direct_bytes();
+    welcome.slots_offset = arena->slots_offset();
+    welcome.slot_bytes = arena->slot_bytes();
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
   versions.resize(options.slots);
@@ -233,9 +279,14 @@ Status Publisher::Impl::Freeze() {
   workers = std::make_unique<util::WorkerPool>(threads);
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << placements.size()
                             << " tensors, " << manifest.total_bytes() << " bytes ("
-                            << arena->direct_bytes() << " arena-allocated), " << options.slots
-                            << " slots of " << arena->slot_bytes() << " bytes, " << tasks.size()
-                            << " segments, " << workers->size() << " threads";
+                            << welcome.direct_bytes << " arena-allocated), " << options.slots
+                            << " slots of " << welcome.slot_bytes << " bytes "
+                            << (gpu ? "on cuda:" + std::to_string(cuda_device)
+                                    : std::string("in host memory"))
+                            << ", " << tasks.size() << " segments, "
+                            << (gpu ? std::to_string(tasks.size() * options.slots) +
+                                          " prepared digest launches"
+                                    : std::to_string(workers->size()) + " threads");
   return Status::Ok();
 }
 
@@ -308,8 +359,17 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
     d.versions[k].writing = true;
     if (d.latest == chosen) d.latest = -1;
   }
-  Impl::PublishJob job{&d, k};
-  d.workers->Run(static_cast<uint32_t>(d.tasks.size()), &Impl::RunTask, &job);
+  if (d.gpu_arena) {
+    Status s = d.gpu_arena->Publish(k, d.versions[k].digests.data(), Deadline(d.options.timeout));
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
+      return s.WithContext("Publish(" + std::to_string(step) + ")");
+    }
+  } else {
+    Impl::PublishJob job{&d, k};
+    d.workers->Run(static_cast<uint32_t>(d.tasks.size()), &Impl::RunTask, &job);
+  }
   PublishStats stats;
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -346,7 +406,8 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
     cv.wait_for(lock, kWaitSlice);
   }
   if (closed) return Status::Unavailable("publisher closed");
-  return std::make_pair(static_cast<const wire::Welcome*>(&welcome), arena->fd());
+  return std::make_pair(static_cast<const wire::Welcome*>(&welcome),
+                        gpu_arena ? gpu_arena->fd() : arena->fd());
 }
 
 Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
@@ -440,6 +501,13 @@ Status Publisher::Close() {
     d.tcp_server.reset();
   }
   d.workers.reset();
+  if (d.gpu_arena) {
+    if (Status s = d.gpu_arena->Close(); !s.ok()) {
+      WS_LOG(WARN, "publisher") << "release: GPU arena: " << s;
+      result.Update(s);
+    }
+    d.gpu_arena.reset();
+  }
   if (d.arena) {
     if (Status s = d.arena->Close(); !s.ok()) result.Update(s);  // logged by the arena
     d.arena.reset();

@@ -1,0 +1,64 @@
+// GpuArena: the publisher's side of cuda-ipc. Its slots live in one cuMem allocation on the
+// publisher's device, exported once as a POSIX fd that subscribers import. Publishing a version
+// is a batch of device-to-device copies (registered tensors → slot) plus one prepared GPU-digest
+// launch per segment, on a dedicated stream, waited for with a deadline. Everything — the
+// allocation, the stream, the launches for every (slot, segment) — is prepared at the first
+// publish; a step only enqueues.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/kernels.h"
+#include "transport/cuda_ipc/vmm.h"
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+
+namespace weightsync::transport::cuda_ipc {
+
+class GpuArena {
+ public:
+  struct Copy {  // one registered tensor
+    const uint8_t* src = nullptr;  // device pointer in the caller's tensor
+    uint64_t slot_offset = 0;
+    uint64_t bytes = 0;
+  };
+  struct Segment {  // one digest
+    uint64_t slot_offset = 0;
+    uint64_t bytes = 0;
+    uint32_t digest = 0;  // index into the version's digest array
+  };
+
+  static Result<std::unique_ptr<GpuArena>> Create(int device, uint64_t slot_bytes, uint32_t slots,
+                                                  std::vector<Copy> copies,
+                                                  std::vector<Segment> segments,
+                                                  uint32_t digest_count);
+  ~GpuArena();
+
+  int device() const { return device_; }
+  int fd() const { return fd_.get(); }
+  uint64_t arena_bytes() const { return allocation_.size(); }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  // Copies every registered tensor into `slot` and computes its digests into `digests`
+  // (digest_count words, host memory).
+  Status Publish(uint32_t slot, uint64_t* digests, const util::Deadline& deadline);
+  Status Close();
+
+ private:
+  GpuArena() = default;
+
+  int device_ = -1;
+  uint64_t slot_bytes_ = 0;
+  uint32_t digest_count_ = 0;
+  std::vector<Copy> copies_;
+  ExportedAllocation allocation_;
+  util::UniqueFd fd_;
+  CopyQueue queue_;
+  gpu::DeviceBuffer chunk_hashes_;
+  gpu::DeviceBuffer digests_device_;                   // slots × digest_count words
+  std::vector<std::vector<gpu::PreparedDigest>> launches_;  // [slot][segment]
+};
+
+}  // namespace weightsync::transport::cuda_ipc
