@@ -161,6 +161,11 @@ Status SetDevice(int device) {
   return Status::Ok();
 }
 
+Status MemInfo(size_t* free_bytes, size_t* total_bytes) {
+  WS_CUDART(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+  return Status::Ok();
+}
+
 Result<ExportedAllocation> ExportedAllocation::Create(int device, uint64_t bytes) {
   WS_RETURN_IF_ERROR(SetDevice(device));
   const Driver& d = GetDriver();

@@ -86,5 +86,7 @@ class CopyQueue {
 
 // Makes `device` current on the calling thread.
 Status SetDevice(int device);
+// Free and total memory of the current device (cudaMemGetInfo).
+Status MemInfo(size_t* free_bytes, size_t* total_bytes);
 
 }  // namespace weightsync::transport::cuda_ipc

@@ -26,6 +26,7 @@ Status CopyQueue::Enqueue(void*, const void*, uint64_t) { return NoCuda(); }
 Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
 Status CopyQueue::Close() { return Status::Ok(); }
 Status SetDevice(int) { return NoCuda(); }
+Status MemInfo(size_t*, size_t*) { return NoCuda(); }
 
 }  // namespace weightsync::transport::cuda_ipc
 

@@ -1,0 +1,280 @@
+// weightsync cuda-ipc on a 7B-like model (Qwen2.5-7B shapes, bf16), publisher on cuda:0 in a child
+// process, subscriber on cuda:1 in this one. Prints one JSON object per figure; bench/gpu_update.py
+// runs it next to the torch baselines and prints the table.
+//
+//   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
+//                 [--verify 0|1] [--src 0] [--dst 1]
+// Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
+// of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
+// per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
+// same way (host wall time around a copy and its event wait).
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "model_presets.h"
+#include "transport/cuda_ipc/vmm.h"
+#include "weightsync/weightsync.h"
+
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+std::atomic<int64_t> g_allocations{0};
+}
+void* operator new(size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+extern char** environ;
+namespace ws = weightsync;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string model = "qwen2.5-7b";
+  double scale = 1.0;
+  int steps = 20;
+  bool staged = false;
+  bool verify = false;
+  int src = 0, dst = 1;
+  std::string role = "main";
+  std::string endpoint;
+};
+
+void Die(const std::string& what, const ws::Status& s) {
+  std::fprintf(stderr, "gpu_update: %s: %s\n", what.c_str(), s.ToString().c_str());
+  std::exit(1);
+}
+
+// The model's tensors; scale 0 keeps every name but shrinks each tensor to 64 elements.
+std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
+  auto preset = ws::tools::FindPreset(a.model);
+  if (!preset.ok()) Die("model", preset.status());
+  auto scaled = ws::tools::ScaleConfig(*preset, scale > 0 ? scale : 1.0);
+  if (!scaled.ok()) Die("scale", scaled.status());
+  auto specs = ws::tools::BuildTensors(*scaled, ws::DType::kBFloat16);
+  if (!specs.ok()) Die("tensors", specs.status());
+  if (scale == 0) {
+    for (auto& s : *specs) {
+      s.shape = {64};
+      s.nbytes = 128;
+    }
+  }
+  return *specs;
+}
+
+// Device tensors for `specs` on `device`, filled with `fill`.
+std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, int device,
+                                      uint8_t fill, std::vector<ws::gpu::DeviceBuffer>* keep) {
+  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("set device", s);
+  std::vector<ws::NamedTensor> out;
+  for (const auto& spec : specs) {
+    auto b = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
+    if (!b.ok()) Die("allocate " + spec.name, b.status());
+    if (auto s = ws::gpu::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
+    out.push_back({spec.name, ws::TensorView{b->data(), spec.dtype, spec.shape,
+                                             {ws::Device::Kind::kCUDA, device}}});
+    keep->push_back(std::move(b).value());
+  }
+  return out;
+}
+
+int RunPublisher(const Args& a) {
+  std::vector<ws::gpu::DeviceBuffer> keep;
+  auto tensors = Allocate(Specs(a, a.scale), a.src, 0x3C, &keep);
+  ws::PublisherOptions o;
+  o.endpoint = a.endpoint;
+  o.timeout = std::chrono::milliseconds(60000);
+  auto pub = ws::Publisher::Create(o);
+  if (!pub.ok()) Die("publisher", pub.status());
+  if (auto s = (*pub)->Register(tensors); !s.ok()) Die("register", s);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string cmd;
+  int64_t step;
+  while (std::cin >> cmd >> step) {
+    auto r = (*pub)->Publish(step);
+    if (!r.ok()) Die("publish", r.status());
+    std::printf("ok %lld %.6f\n", static_cast<long long>(step), r->seconds);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+struct Child {
+  pid_t pid = -1;
+  FILE* in = nullptr;
+  FILE* out = nullptr;
+};
+
+Child Spawn(const Args& a, double scale, const std::string& endpoint) {
+  int to[2], from[2];
+  if (pipe(to) != 0 || pipe(from) != 0) std::exit(1);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to[1]);
+  posix_spawn_file_actions_addclose(&fa, from[0]);
+  std::vector<std::string> argv = {"/proc/self/exe", "--role", "publisher", "--endpoint",
+                                   endpoint, "--model", a.model, "--scale",
+                                   std::to_string(scale), "--src", std::to_string(a.src)};
+  std::vector<char*> cargv;
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  Child c;
+  if (posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, cargv.data(), environ) != 0) {
+    std::exit(1);
+  }
+  close(to[0]);
+  close(from[1]);
+  c.in = fdopen(to[1], "w");
+  c.out = fdopen(from[0], "r");
+  char line[256];
+  if (!fgets(line, sizeof(line), c.out) || std::strncmp(line, "ready", 5) != 0) {
+    std::fprintf(stderr, "gpu_update: publisher did not start\n");
+    std::exit(1);
+  }
+  return c;
+}
+
+double Publish(Child& c, int64_t step) {
+  std::fprintf(c.in, "publish %lld\n", static_cast<long long>(step));
+  std::fflush(c.in);
+  char line[256];
+  if (!fgets(line, sizeof(line), c.out)) std::exit(1);
+  long long s;
+  double seconds = 0;
+  std::sscanf(line, "ok %lld %lf", &s, &seconds);
+  return seconds;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Updates `steps` times; prints the figures under `label`.
+void Measure(const Args& a, double scale, const std::string& label) {
+  const std::string endpoint = "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
+  Child child = Spawn(a, scale, endpoint);
+  std::vector<ws::gpu::DeviceBuffer> keep;
+  auto specs = Specs(a, scale);
+  auto dst = Allocate(specs, a.dst, 0xFF, &keep);
+  ws::SubscriberOptions o;
+  o.endpoint = endpoint;
+  o.mode = a.staged ? ws::UpdateMode::kStaged : ws::UpdateMode::kInPlace;
+  o.verify = a.verify;
+  o.timeout = std::chrono::milliseconds(120000);
+  auto sub = ws::Subscriber::Create(o);
+  if (!sub.ok()) Die("subscriber", sub.status());
+  if (auto s = (*sub)->Register(dst); !s.ok()) Die("register", s);
+  std::vector<double> steady, copy, publish;
+  double first = 0, first_prepare = 0;
+  int64_t allocations = 0;
+  uint64_t bytes = 0;
+  for (int step = 1; step <= a.steps; ++step) {
+    double pub_s = Publish(child, step);
+    int64_t before = g_allocations.load();
+    auto t0 = Clock::now();
+    auto stats = (*sub)->Update(step);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    int64_t after = g_allocations.load();
+    if (!stats.ok()) Die("update", stats.status());
+    bytes = stats->bytes;
+    if (step == 1) {
+      first = s;
+      first_prepare = stats->prepare_seconds;
+    } else {
+      steady.push_back(s);
+      copy.push_back(stats->copy_seconds);
+      publish.push_back(pub_s);
+      if (step > 2) allocations += after - before;
+    }
+  }
+  double med = Median(steady);
+  std::printf(
+      "{\"what\": \"weightsync_cuda_ipc\", \"label\": \"%s\", \"mode\": \"%s\", \"verify\": %s, "
+      "\"tensors\": %zu, \"bytes\": %llu, \"first_update_s\": %.6f, \"first_prepare_s\": %.6f, "
+      "\"steady_median_s\": %.6f, \"steady_min_s\": %.6f, \"steady_GBps\": %.3f, "
+      "\"copy_median_s\": %.6f, \"publish_median_s\": %.6f, \"heap_allocs_per_step\": %.3f}\n",
+      label.c_str(), a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
+      static_cast<unsigned long long>(bytes), first, first_prepare, med,
+      *std::min_element(steady.begin(), steady.end()), bytes / med / 1e9, Median(copy),
+      Median(publish), a.steps > 2 ? double(allocations) / (a.steps - 2) : 0.0);
+  std::fflush(stdout);
+  fclose(child.in);
+  int status;
+  waitpid(child.pid, &status, 0);
+  fclose(child.out);
+}
+
+void PeerCopyLimit(const Args& a) {
+  const uint64_t n = 2ull << 30;
+  if (auto s = ws::transport::cuda_ipc::SetDevice(a.src); !s.ok()) Die("device", s);
+  auto src = ws::gpu::DeviceBuffer::Allocate(n);
+  if (auto s = ws::transport::cuda_ipc::SetDevice(a.dst); !s.ok()) Die("device", s);
+  auto dst = ws::gpu::DeviceBuffer::Allocate(n);
+  if (!src.ok() || !dst.ok()) Die("allocate", src.ok() ? dst.status() : src.status());
+  auto q = ws::transport::cuda_ipc::CopyQueue::Create(a.dst);
+  if (!q.ok()) Die("queue", q.status());
+  ws::util::Deadline forever(std::chrono::milliseconds(60000));
+  std::vector<double> times;
+  for (int i = 0; i < 12; ++i) {
+    auto t0 = Clock::now();
+    (void)q->Enqueue(dst->data(), src->data(), n);
+    if (auto s = q->Wait(forever); !s.ok()) Die("copy", s);
+    if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  double med = Median(times);
+  std::printf("{\"what\": \"peer_copy_limit\", \"bytes\": %llu, \"median_s\": %.6f, "
+              "\"GBps\": %.3f}\n",
+              static_cast<unsigned long long>(n), med, n / med / 1e9);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") a.model = v;
+    else if (k == "--scale") a.scale = std::atof(v.c_str());
+    else if (k == "--steps") a.steps = std::atoi(v.c_str());
+    else if (k == "--mode") a.staged = v == "staged";
+    else if (k == "--verify") a.verify = v == "1";
+    else if (k == "--src") a.src = std::atoi(v.c_str());
+    else if (k == "--dst") a.dst = std::atoi(v.c_str());
+    else if (k == "--role") a.role = v;
+    else if (k == "--endpoint") a.endpoint = v;
+    else {
+      std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (a.role == "publisher") return RunPublisher(a);
+  if (auto s = ws::gpu::CudaAvailable(); !s.ok()) Die("CUDA", s);
+  if (ws::gpu::DeviceCount() < 2) a.dst = a.src;
+  PeerCopyLimit(a);
+  Measure(a, a.scale, "model");
+  Measure(a, 0, "tiny");  // same tensor list, 128 bytes each: the host overhead of a step
+  return 0;
+}

@@ -1,0 +1,220 @@
+// cuda-ipc end to end (label gpu): a publisher process keeps CUDA tensors and its GPU arena on
+// cuda:0; this process subscribes into CUDA destinations on cuda:1 (cuda:0 when there is one GPU).
+// Bit-exact round trips into poisoned destinations, a prepared handle reused over many steps with
+// no host allocation, corruption caught on the GPU, exporter death, and sleep/wake cycles that
+// return GPU memory and the ledger to baseline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <thread>
+
+#include "cuda/device.h"
+#include "gpu/gpu_test_util.h"
+#include "testing/test_util.h"
+#include "transport/cuda_ipc/vmm.h"
+#include "util/fail_point.h"
+
+// Counts host heap allocations (forwarding to malloc) to show a steady update makes none.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+void* operator new(size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace weightsync {
+namespace {
+
+using testing::ChildProcess;
+using testing::SyntheticModel;
+using util::FailAction;
+using util::FailPoints;
+
+constexpr int kTensors = 24;
+constexpr int64_t kElements = 200000;
+
+class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override {
+    WS_SKIP_WITHOUT_GPU();
+    FailPoints::DisarmAll();
+    sub_device_ = gpu::DeviceCount() > 1 ? 1 : 0;
+    endpoint_ = testing::UniqueEndpoint("cudaipc");
+    StartPublisher();
+    ASSERT_OK(transport::cuda_ipc::SetDevice(sub_device_));
+    like_ = model_.Tensors();
+    for (const auto& t : like_) {
+      auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_OK(gpu::MemsetDevice(b->data(), 0xFF, b->size()));  // poison
+      TensorView v = t.view;
+      v.data = b->data();
+      v.device = {Device::Kind::kCUDA, sub_device_};
+      dst_.push_back({t.name, v});
+      buffers_.push_back(std::move(b).value());
+    }
+    baseline_ = ReadLedger();
+  }
+
+  void StartPublisher() {
+    publisher_ = ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), endpoint_,
+                                      std::to_string(kTensors), std::to_string(kElements), "0"});
+    std::string ready = publisher_.ReadLine(60000);
+    ASSERT_EQ(ready, "ready " + endpoint_);
+  }
+  void Publish(int64_t step) {
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
+              "ok " + std::to_string(step));
+  }
+  std::unique_ptr<Subscriber> Connect(bool verify = true) {
+    SubscriberOptions o;
+    o.endpoint = endpoint_;
+    o.mode = GetParam();
+    o.verify = verify;
+    o.timeout = std::chrono::milliseconds(5000);
+    auto s = Subscriber::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK((*s)->Register(dst_));
+    return std::move(s).value();
+  }
+  // Downloads every destination and compares it with the model at `step`.
+  bool Holds(int64_t step, std::string* why) {
+    std::vector<std::vector<uint8_t>> host;
+    for (size_t i = 0; i < dst_.size(); ++i) {
+      host.emplace_back(*dst_[i].view.NumBytes());
+      if (!gpu::CopyToHost(host.back().data(), dst_[i].view.data, host.back().size()).ok()) {
+        *why = "download failed";
+        return false;
+      }
+    }
+    return SyntheticModel::Holds(SyntheticModel::Views(like_, host), step, why);
+  }
+
+  int sub_device_ = 0;
+  SyntheticModel model_{kTensors, kElements};
+  std::string endpoint_;
+  ChildProcess publisher_;
+  std::vector<NamedTensor> like_, dst_;
+  std::vector<gpu::DeviceBuffer> buffers_;
+  LedgerSnapshot baseline_;
+};
+
+TEST_P(CudaIpc, RoundTripIsBitExactIntoPoisonedDestinations) {
+  Publish(1);
+  auto sub = Connect();
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(stats->verified);
+  EXPECT_TRUE(stats->handle_created);
+  std::string why;
+  EXPECT_TRUE(Holds(1, &why)) << why;
+  Publish(2);
+  ASSERT_OK(sub->Update());
+  EXPECT_TRUE(Holds(2, &why)) << why;
+}
+
+TEST_P(CudaIpc, ThousandStepsPreparedOnceWithoutHostAllocation) {
+  auto sub = Connect(/*verify=*/true);
+  int64_t allocations_in_updates = 0;
+  size_t free_before = 0, total = 0, free_after = 0;
+  for (int step = 1; step <= 1000; ++step) {
+    Publish(step);
+    int64_t before = g_allocations.load();
+    auto stats = sub->Update(step);
+    int64_t after = g_allocations.load();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->handle_created, step == 1);
+    if (step > 10) allocations_in_updates += after - before;
+    if (step == 10) ASSERT_OK(transport::cuda_ipc::MemInfo(&free_before, &total));
+  }
+  ASSERT_OK(transport::cuda_ipc::MemInfo(&free_after, &total));
+  EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 990 steady updates";
+  EXPECT_EQ(free_before, free_after) << "GPU memory changed over 990 steady updates";
+  std::string why;
+  EXPECT_TRUE(Holds(1000, &why)) << why;
+}
+
+TEST_P(CudaIpc, CorruptionCaughtOnTheGpuNamesTheTensor) {
+  Publish(1);
+  auto sub = Connect(/*verify=*/true);
+  ASSERT_OK(sub->Update());
+  Publish(2);
+  FailPoints::Arm("subscriber.flip_received", FailAction::kFlip, 0, 1);
+  auto stats = sub->Update();
+  ASSERT_EQ(FailPoints::Hits("subscriber.flip_received"), 1);
+  ASSERT_STATUS_IS(kCorruption, stats);
+  EXPECT_NE(stats.status().message().find("tensor 'layers."), std::string::npos);
+  std::string why;
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(Holds(1, &why)) << why;  // nothing committed
+    EXPECT_TRUE(sub->weights_valid());
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  auto again = sub->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Holds(2, &why)) << why;
+}
+
+TEST_P(CudaIpc, ExporterDeathMidCopyIsPeerLostAndNothingCommitted) {
+  Publish(1);
+  auto sub = Connect();
+  ASSERT_OK(sub->Update());
+  Publish(2);
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 300, 1);
+  std::thread killer([&] {
+    while (FailPoints::Hits("subscriber.before_copy") == 0) std::this_thread::yield();
+    publisher_.Signal(SIGKILL);
+  });
+  auto stats = sub->Update();
+  killer.join();
+  int status = publisher_.Wait();
+  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_STATUS_IS(kPeerLost, stats);
+  std::string why;
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(Holds(1, &why)) << why;
+  }
+  LedgerSnapshot now;
+  EXPECT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
+  StartPublisher();
+  Publish(3);
+  auto again = sub->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Holds(3, &why)) << why;
+}
+
+TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
+  Publish(1);
+  size_t free0 = 0, total = 0;
+  ASSERT_OK(transport::cuda_ipc::MemInfo(&free0, &total));
+  auto sub = Connect();
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    auto stats = sub->Update();  // the first prepares and copies; later ones find it current
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_OK(sub->Sleep());
+    LedgerSnapshot now;
+    ASSERT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
+  }
+  size_t free1 = 0;
+  ASSERT_OK(transport::cuda_ipc::MemInfo(&free1, &total));
+  EXPECT_EQ(free0, free1) << "GPU memory not returned after 100 sleep/wake cycles";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaIpc,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
+                         });
+
+}  // namespace
+}  // namespace weightsync

@@ -1,0 +1,80 @@
+// A publisher of CUDA tensors, driven line by line like ws_publisher (tests/helpers/
+// publisher_main.cc): the synthetic model is filled on the host and uploaded to device memory
+// before each publish.
+//   ws_gpu_publisher ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS]
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "cuda/device.h"
+#include "testing/test_util.h"
+#include "transport/cuda_ipc/vmm.h"
+
+namespace ws = weightsync;
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS]\n", argv[0]);
+    return 2;
+  }
+  const int device = std::atoi(argv[4]);
+  if (ws::Status s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) {
+    std::printf("error %s\n", s.ToString().c_str());
+    return 1;
+  }
+  ws::PublisherOptions options;
+  options.endpoint = argv[1];
+  options.timeout = std::chrono::milliseconds(5000);
+  if (argc > 5) options.slots = std::atoi(argv[5]);
+  ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
+  std::vector<ws::NamedTensor> host = model.Tensors();
+  std::vector<ws::gpu::DeviceBuffer> buffers;
+  std::vector<ws::NamedTensor> on_device;
+  for (const auto& t : host) {
+    auto buffer = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
+    if (!buffer.ok()) {
+      std::printf("error %s\n", buffer.status().ToString().c_str());
+      return 1;
+    }
+    ws::TensorView v = t.view;
+    v.data = buffer->data();
+    v.device = {ws::Device::Kind::kCUDA, device};
+    on_device.push_back({t.name, v});
+    buffers.push_back(std::move(buffer).value());
+  }
+  auto publisher = ws::Publisher::Create(options);
+  if (!publisher.ok()) {
+    std::printf("error %s\n", publisher.status().ToString().c_str());
+    return 1;
+  }
+  if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) {
+    std::printf("error %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("ready %s\n", (*publisher)->endpoint().c_str());
+  std::fflush(stdout);
+  std::string cmd;
+  while (std::cin >> cmd) {
+    if (cmd == "publish") {
+      int64_t step;
+      std::cin >> step;
+      model.Fill(step);
+      ws::Status s;
+      for (size_t i = 0; i < host.size() && s.ok(); ++i) {
+        s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
+      }
+      auto r = s.ok() ? (*publisher)->Publish(step) : ws::Result<ws::PublishStats>(s);
+      if (r.ok()) std::printf("ok %lld\n", static_cast<long long>(step));
+      else std::printf("error %s\n", r.status().ToString().c_str());
+    } else if (cmd == "quit") {
+      ws::Status s = (*publisher)->Close();
+      std::printf("%s\n", s.ok() ? "ok" : s.ToString().c_str());
+      std::fflush(stdout);
+      return s.ok() ? 0 : 1;
+    } else {
+      std::printf("error unknown command '%s'\n", cmd.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
