@@ -233,6 +233,10 @@ void PeerCopyLimit(const Args& a) {
   if (auto s = ws::transport::cuda_ipc::SetDevice(a.dst); !s.ok()) Die("device", s);
   auto dst = ws::gpu::DeviceBuffer::Allocate(n);
   if (!src.ok() || !dst.ok()) Die("allocate", src.ok() ? dst.status() : src.status());
+  // As torch does for its peer copies: direct peer access, then the copy engine.
+  if (a.src != a.dst) {
+    if (auto s = ws::transport::cuda_ipc::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
+  }
   auto q = ws::transport::cuda_ipc::CopyQueue::Create(a.dst);
   if (!q.ok()) Die("queue", q.status());
   ws::util::Deadline forever(std::chrono::milliseconds(60000));

@@ -17,6 +17,12 @@
 #include "testing/test_util.h"
 
 // ---- counting global operator new (count only; storage comes from malloc) ----------------------
+// The replacements below pair malloc/aligned_alloc with free by design; GCC's
+// -Wmismatched-new-delete cannot see that when it inlines them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 namespace {
 std::atomic<int64_t> g_new_calls{0};
 void* CountedAlloc(std::size_t n) {
@@ -66,6 +72,9 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 namespace weightsync::gpu {
 namespace {

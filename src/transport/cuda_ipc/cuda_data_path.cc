@@ -44,6 +44,26 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   WS_ASSIGN_OR_RETURN(digests_device_,
                       gpu::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
   digests_host_.assign(plan->segments.size(), 0);
+  // Copy batches, built once: a step submits one batch per direction.
+  slot_batches_.assign(welcome.slot_count, Batch{});
+  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
+    const uint8_t* slot_base = arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      slot_batches_[k].dsts.push_back(Received(t));
+      slot_batches_[k].srcs.push_back(slot_base + welcome.tensors[t.publisher_index].offset);
+      slot_batches_[k].sizes.push_back(t.nbytes);
+    }
+  }
+  commit_batch_ = Batch{};
+  if (shadow_.data() != nullptr) {
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      commit_batch_.dsts.push_back(destinations_[t.destination]);
+      commit_batch_.srcs.push_back(shadow_.as<uint8_t>() + t.shadow_offset);
+      commit_batch_.sizes.push_back(t.nbytes);
+    }
+  }
   digest_launches_.clear();
   digest_launches_.reserve(plan->segments.size());
   uint64_t chunk_at = 0;
@@ -70,13 +90,9 @@ uint8_t* CudaDataPath::Received(const plan::PlannedTensor& t) const {
 
 Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  const uint8_t* slot_base =
-      arena_.data() + welcome_->slots_offset + uint64_t{slot} * welcome_->slot_bytes;
-  // A tensor is contiguous on both sides: one copy-engine transfer per tensor.
-  for (const plan::PlannedTensor& t : plan_->tensors) {
-    const wire::TensorPlacement& p = welcome_->tensors[t.publisher_index];
-    WS_RETURN_IF_ERROR(queue_.Enqueue(Received(t), slot_base + p.offset, t.nbytes));
-  }
+  // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at once.
+  const Batch& b = slot_batches_[slot];
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
   return MaybeInjectBitFlip();
 }
@@ -121,10 +137,8 @@ Status CudaDataPath::Verify(std::span<const uint64_t> digests, int64_t step,
 Status CudaDataPath::Commit(const util::Deadline& deadline) {
   if (shadow_.data() == nullptr) return Status::Ok();
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  for (const plan::PlannedTensor& t : plan_->tensors) {
-    WS_RETURN_IF_ERROR(queue_.Enqueue(destinations_[t.destination],
-                                      shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes));
-  }
+  const Batch& b = commit_batch_;
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
   return queue_.Wait(deadline);
 }
 

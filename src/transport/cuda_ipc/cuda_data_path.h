@@ -48,6 +48,14 @@ class CudaDataPath {
   gpu::DeviceBuffer digests_device_;
   std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
   std::vector<uint64_t> digests_host_;
+  // Prepared copy batches: per slot, every planned tensor's (dst, src, size); and the commit.
+  struct Batch {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+  };
+  std::vector<Batch> slot_batches_;
+  Batch commit_batch_;
 };
 
 }  // namespace weightsync::transport::cuda_ipc

@@ -26,6 +26,15 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
                       gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * slots * 8));
   WS_ASSIGN_OR_RETURN(a->digests_device_, gpu::DeviceBuffer::Allocate(
                                               std::max<uint64_t>(digest_count, 1) * slots * 8));
+  a->batch_dsts_.assign(slots, {});
+  for (const Copy& c : a->copies_) {
+    if (c.bytes == 0) continue;
+    a->batch_srcs_.push_back(c.src);
+    a->batch_sizes_.push_back(c.bytes);
+    for (uint32_t k = 0; k < slots; ++k) {
+      a->batch_dsts_[k].push_back(a->allocation_.data() + k * a->slot_bytes_ + c.slot_offset);
+    }
+  }
   a->launches_.resize(slots);
   for (uint32_t k = 0; k < slots; ++k) {
     uint8_t* slot = a->allocation_.data() + k * a->slot_bytes_;
@@ -52,10 +61,8 @@ GpuArena::~GpuArena() {
 
 Status GpuArena::Publish(uint32_t slot, uint64_t* digests, const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  uint8_t* base = allocation_.data() + slot * slot_bytes_;
-  for (const Copy& c : copies_) {
-    WS_RETURN_IF_ERROR(queue_.Enqueue(base + c.slot_offset, c.src, c.bytes));
-  }
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
+                                         batch_sizes_.data(), batch_srcs_.size()));
   for (auto& launch : launches_[slot]) WS_RETURN_IF_ERROR(launch.Launch());
   WS_RETURN_IF_ERROR(queue_.Enqueue(
       digests, digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,

@@ -59,6 +59,10 @@ class GpuArena {
   gpu::DeviceBuffer chunk_hashes_;
   gpu::DeviceBuffer digests_device_;                   // slots × digest_count words
   std::vector<std::vector<gpu::PreparedDigest>> launches_;  // [slot][segment]
+  // Prepared copy batches per slot (registered tensors → slot).
+  std::vector<std::vector<void*>> batch_dsts_;
+  std::vector<const void*> batch_srcs_;
+  std::vector<size_t> batch_sizes_;
 };
 
 }  // namespace weightsync::transport::cuda_ipc

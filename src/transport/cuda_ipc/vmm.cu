@@ -161,6 +161,17 @@ Status SetDevice(int device) {
   return Status::Ok();
 }
 
+Status EnablePeerAccess(int device, int peer) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return Status::Ok();
+  }
+  if (e != cudaSuccess) return RuntimeError(e, "cudaDeviceEnablePeerAccess");
+  return Status::Ok();
+}
+
 Status MemInfo(size_t* free_bytes, size_t* total_bytes) {
   WS_CUDART(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
   return Status::Ok();
@@ -307,6 +318,23 @@ Status CopyQueue::Enqueue(void* dst, const void* src, uint64_t bytes) {
   WS_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                             static_cast<cudaStream_t>(stream_)),
             "cudaMemcpyAsync");
+  return Status::Ok();
+}
+
+Status CopyQueue::EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                               size_t count) {
+  if (count == 0) return Status::Ok();
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t attr_index = 0;
+  cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &attr_index, 1,
+                                       static_cast<cudaStream_t>(stream_));
+  if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {
+    (void)cudaGetLastError();  // clear it; copy one by one instead
+    for (size_t i = 0; i < count; ++i) WS_RETURN_IF_ERROR(Enqueue(dsts[i], srcs[i], sizes[i]));
+    return Status::Ok();
+  }
+  if (e != cudaSuccess) return RuntimeError(e, "cudaMemcpyBatchAsync");
   return Status::Ok();
 }
 

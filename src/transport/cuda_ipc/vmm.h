@@ -72,6 +72,10 @@ class CopyQueue {
 
   // dst/src: device pointers, peer mappings or host memory (cudaMemcpyDefault, unified addressing).
   Status Enqueue(void* dst, const void* src, uint64_t bytes);
+  // Many copies in one call (cudaMemcpyBatchAsync: one driver submission instead of `count`; the
+  // arrays are the caller's, prepared once). Falls back to one call per copy where unsupported.
+  Status EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                      size_t count);
   // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
   Status Wait(const util::Deadline& deadline);
   void* stream() const { return stream_; }  // a cudaStream_t
@@ -86,6 +90,9 @@ class CopyQueue {
 
 // Makes `device` current on the calling thread.
 Status SetDevice(int device);
+// Lets `device` access memory allocated on `peer` directly (cudaDeviceEnablePeerAccess; already
+// enabled is fine).
+Status EnablePeerAccess(int device, int peer);
 // Free and total memory of the current device (cudaMemGetInfo).
 Status MemInfo(size_t* free_bytes, size_t* total_bytes);
 

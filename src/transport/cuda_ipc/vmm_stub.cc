@@ -23,10 +23,14 @@ Result<CopyQueue> CopyQueue::Create(int) { return NoCuda(); }
 CopyQueue& CopyQueue::operator=(CopyQueue&&) noexcept { return *this; }
 CopyQueue::~CopyQueue() = default;
 Status CopyQueue::Enqueue(void*, const void*, uint64_t) { return NoCuda(); }
+Status CopyQueue::EnqueueBatch(void* const*, const void* const*, const size_t*, size_t) {
+  return NoCuda();
+}
 Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
 Status CopyQueue::Close() { return Status::Ok(); }
 Status SetDevice(int) { return NoCuda(); }
 Status MemInfo(size_t*, size_t*) { return NoCuda(); }
+Status EnablePeerAccess(int, int) { return NoCuda(); }
 
 }  // namespace weightsync::transport::cuda_ipc
 
