@@ -37,6 +37,10 @@ class Subscriber {
   // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.
   Status Sleep();
   Status Close();
+  // Makes the update in flight (if any) stop at its next wait and return Cancelled, within about
+  // 20 ms, as a failed update (staged: old weights intact; in place: marked invalid if bytes had
+  // moved). Thread-safe; an update that starts later is not affected.
+  Status Cancel();
 
   int64_t committed_step() const;  // -1 before the first successful update
   // False after a failed in_place update, until the next successful one.

@@ -32,6 +32,7 @@ struct Subscriber::Impl {
   std::unique_ptr<transport::TransferHandle> handle;
 
   std::mutex update_mu;  // one update at a time; held for the whole update
+  std::atomic<bool> cancel{false};  // set by Cancel(), cleared when an update starts
   int64_t committed = -1;
   bool valid = true;
   bool closed = false;
@@ -122,7 +123,8 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
                                       " (steps only move forward)");
   }
   const bool verify = update.verify.value_or(d.options.verify);
-  Deadline deadline(d.options.timeout);
+  d.cancel.store(false, std::memory_order_release);
+  Deadline deadline(d.options.timeout, &d.cancel);
   UpdateStats stats;
   std::string step_text = update.step ? std::to_string(*update.step) : std::string("latest");
   bool touched_destinations = false;
@@ -209,6 +211,12 @@ Status Subscriber::Close() {
   if (d.closed) return Status::Ok();
   d.closed = true;
   return d.ReleaseHandle("close");
+}
+
+Status Subscriber::Cancel() {
+  // Release pairs with the acquire in Deadline::cancelled(): waits see it within one slice.
+  impl_->cancel.store(true, std::memory_order_release);
+  return Status::Ok();
 }
 
 int64_t Subscriber::committed_step() const { return impl_->committed; }

@@ -1,7 +1,10 @@
-// Deadline: a point on the steady clock every blocking wait is bounded by.
+// Deadline: a point on the steady clock every blocking wait is bounded by, and optionally a
+// cancellation flag those waits watch (Subscriber::Cancel): every wait already takes the deadline,
+// so cancellation reaches all of them without extra plumbing.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 namespace weightsync::util {
@@ -9,10 +12,16 @@ namespace weightsync::util {
 class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit Deadline(std::chrono::milliseconds budget) : at_(Clock::now() + budget) {}
+  explicit Deadline(std::chrono::milliseconds budget, const std::atomic<bool>* cancel = nullptr)
+      : at_(Clock::now() + budget), cancel_(cancel) {}
   static Deadline At(Clock::time_point at) { return Deadline(at); }
   Clock::time_point at() const { return at_; }
   bool expired() const { return Clock::now() >= at_; }
+  // Acquire pairs with the release store in Subscriber::Cancel().
+  bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_acquire); }
+  // How long one blocking call may wait: the time left, in slices of 20 ms when cancellable so a
+  // cancel is noticed promptly.
+  int SliceMs() const { return cancel_ != nullptr ? std::min(RemainingMs(), 20) : RemainingMs(); }
   // Milliseconds left, clamped to [0, INT_MAX], rounded up so a poll does not spin.
   int RemainingMs() const {
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(at_ - Clock::now()).count();
@@ -23,6 +32,7 @@ class Deadline {
  private:
   explicit Deadline(Clock::time_point at) : at_(at) {}
   Clock::time_point at_;
+  const std::atomic<bool>* cancel_ = nullptr;
 };
 
 }  // namespace weightsync::util

@@ -16,16 +16,20 @@ Channel::Channel(util::UniqueFd fd, std::string peer, uint32_t max_payload)
 
 namespace {
 
-// Waits until fd is ready for `events`; Timeout when the deadline passes.
+// Waits until fd is ready for `events`; Timeout when the deadline passes, Cancelled when the
+// caller cancels.
 Status WaitReady(int fd, short events, const util::Deadline& deadline, const std::string& peer,
                  const char* what) {
   while (true) {
+    if (deadline.cancelled()) return Status::Cancelled(peer, ": cancelled while ", what);
     pollfd p{fd, events, 0};
-    int ms = deadline.RemainingMs();
-    int r = ::poll(&p, 1, ms);
+    int r = ::poll(&p, 1, deadline.SliceMs());
     if (r > 0) return Status::Ok();
     if (r == 0) {
-      return Status::Timeout(peer, ": no progress ", what, " before the deadline");
+      if (deadline.expired()) {
+        return Status::Timeout(peer, ": no progress ", what, " before the deadline");
+      }
+      continue;  // a slice ended: look at the cancel flag again
     }
     if (errno != EINTR) return Status::FromErrno(errno, peer + ": poll");
   }

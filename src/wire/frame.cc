@@ -65,6 +65,10 @@ std::string_view FrameTypeName(FrameType type) {
       return "auth_ok";
     case FrameType::kSelect:
       return "select";
+    case FrameType::kNcclSetup:
+      return "nccl_setup";
+    case FrameType::kNcclId:
+      return "nccl_id";
   }
   return "unknown";
 }

@@ -37,9 +37,12 @@ enum class FrameType : uint16_t {
   kAuth = 9,           // subscriber → publisher
   kAuthOk = 10,        // publisher → subscriber
   kSelect = 11,        // subscriber → publisher: which tensors to stream each step
+  // TCP with a GPU arena (src/wire/handshake.h): the bytes move over NCCL, set up once.
+  kNcclSetup = 12,     // subscriber → publisher: asks for an NCCL communicator
+  kNcclId = 13,        // publisher → subscriber: the ncclUniqueId to join it with
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 11;
+inline constexpr uint16_t kMaxFrameType = 13;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

@@ -53,6 +53,18 @@ void Encode(const Select& m, std::vector<uint8_t>* out) {
   for (uint32_t t : m.tensors) w.U32(t);
 }
 
+void Encode(const NcclSetup& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U32(m.nccl_version);
+  w.U32(m.device);
+}
+
+void Encode(const NcclId& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U32(m.nccl_version);
+  PutBytes(w, m.unique_id);
+}
+
 Status Decode(std::span<const uint8_t> payload, Challenge* m) {
   Reader r(payload, "challenge");
   WS_ASSIGN_OR_RETURN(m->protocol_version, r.U16("protocol_version"));
@@ -97,6 +109,26 @@ Status Decode(std::span<const uint8_t> payload, Select* m) {
     }
     m->tensors.push_back(t);
   }
+  return r.ExpectEnd();
+}
+
+Status Decode(std::span<const uint8_t> payload, NcclSetup* m) {
+  Reader r(payload, "nccl_setup");
+  WS_ASSIGN_OR_RETURN(m->nccl_version, r.U32("nccl_version"));
+  if (m->nccl_version == 0) {
+    return Status::ProtocolError("nccl_setup: nccl_version 0, expected an NCCL_VERSION_CODE");
+  }
+  WS_ASSIGN_OR_RETURN(m->device, r.U32("device"));
+  return r.ExpectEnd();
+}
+
+Status Decode(std::span<const uint8_t> payload, NcclId* m) {
+  Reader r(payload, "nccl_id");
+  WS_ASSIGN_OR_RETURN(m->nccl_version, r.U32("nccl_version"));
+  if (m->nccl_version == 0) {
+    return Status::ProtocolError("nccl_id: nccl_version 0, expected an NCCL_VERSION_CODE");
+  }
+  WS_RETURN_IF_ERROR(GetBytes(r, "unique_id", &m->unique_id));
   return r.ExpectEnd();
 }
 

@@ -10,6 +10,11 @@
 // Fresh nonces on both sides make every MAC single-use: a recorded Auth fails against a new
 // challenge, a recorded AuthOk fails against a new client nonce. Without a token (loopback only)
 // the MACs are all zero and auth_required is 0.
+//
+// When the Welcome says the arena is GPU memory (ArenaKind::kCudaMem), the bytes move over NCCL:
+// after Select the subscriber sends NcclSetup and the publisher answers NcclId, whose unique id
+// both sides use to join a two-rank communicator (publisher rank 0, subscriber rank 1), once per
+// connection (src/transport/nccl/).
 #pragma once
 
 #include <array>
@@ -51,15 +56,34 @@ struct Select {
   std::vector<uint32_t> tensors;
 };
 
+// Subscriber → publisher, after Select, when the arena is GPU memory: "set up NCCL".
+struct NcclSetup {
+  uint32_t nccl_version = 0;  // the subscriber's NCCL_VERSION_CODE (e.g. 22809 for 2.28.9); > 0
+  uint32_t device = 0;        // CUDA ordinal of the subscriber's destinations (for logs)
+};
+
+// Publisher → subscriber: the communicator to join. The unique id is a bearer capability (it
+// names NCCL's bootstrap listener): it only travels on an authenticated connection and is never
+// logged.
+inline constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct NcclId {
+  uint32_t nccl_version = 0;  // the publisher's NCCL_VERSION_CODE; > 0
+  std::array<uint8_t, kNcclUniqueIdBytes> unique_id{};
+};
+
 void Encode(const Challenge& m, std::vector<uint8_t>* out);
 void Encode(const Auth& m, std::vector<uint8_t>* out);
 void Encode(const AuthOk& m, std::vector<uint8_t>* out);
 void Encode(const Select& m, std::vector<uint8_t>* out);
+void Encode(const NcclSetup& m, std::vector<uint8_t>* out);
+void Encode(const NcclId& m, std::vector<uint8_t>* out);
 Status Decode(std::span<const uint8_t> payload, Challenge* m);
 Status Decode(std::span<const uint8_t> payload, Auth* m);
 Status Decode(std::span<const uint8_t> payload, AuthOk* m);
 // Bounded by kMaxTensors; rejects non-increasing indices.
 Status Decode(std::span<const uint8_t> payload, Select* m);
+Status Decode(std::span<const uint8_t> payload, NcclSetup* m);
+Status Decode(std::span<const uint8_t> payload, NcclId* m);
 
 enum class MacSide { kClient, kServer };
 Mac ComputeMac(std::string_view token, MacSide side, const Challenge& challenge,

@@ -3,6 +3,7 @@
 // move forward, concurrent updates are refused, several subscribers share one publisher.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "testing/local_pair.h"
@@ -187,6 +188,35 @@ TEST_F(SubscriberTest, FutureStepTimesOutClearly) {
   auto stats = sub->Update(9);
   ASSERT_STATUS_IS(kTimeout, stats);
   EXPECT_NE(stats.status().message().find("9"), std::string::npos) << stats.status();
+}
+
+TEST_F(SubscriberTest, CancelStopsABlockedUpdatePromptly) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  auto sub = p.Connect();
+  ASSERT_OK(sub->Update());
+  // Step 7 is never published: the update would wait its whole 5 s deadline.
+  std::atomic<bool> done{false};
+  auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration cancelled_after{};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    cancelled_after = std::chrono::steady_clock::now() - t0;
+    EXPECT_OK(sub->Cancel());
+  });
+  auto stats = sub->Update(7);
+  auto elapsed = std::chrono::steady_clock::now() - t0;
+  canceller.join();
+  ASSERT_STATUS_IS(kCancelled, stats);
+  EXPECT_LT(elapsed - cancelled_after, std::chrono::milliseconds(200));
+  EXPECT_EQ(sub->committed_step(), 1);
+  EXPECT_TRUE(sub->weights_valid());
+  // A cancel does not stick: the next update runs normally.
+  p.Publish(2);
+  auto again = sub->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step, 2);
 }
 
 TEST_F(SubscriberTest, ConcurrentUpdateIsBusy) {

@@ -350,6 +350,11 @@ Status CopyQueue::Wait(const util::Deadline& deadline) {
     if (deadline.expired()) {
       return Status::Timeout("GPU copies on cuda:", device_, " did not finish before the deadline");
     }
+    if (deadline.cancelled()) {
+      // The copies may still run; the handle is destroyed after this error, and its release
+      // synchronizes the stream before anything it points at is freed.
+      return Status::Cancelled("waiting for GPU copies on cuda:", device_, ": cancelled");
+    }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

@@ -251,6 +251,7 @@ Result<util::UniqueFd> ConnectUnix(const std::string& path, const util::Deadline
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
     int err = errno;
     if (err == EINTR) continue;
+    if (deadline.cancelled()) return Status::Cancelled("connecting to '", path, "': cancelled");
     if ((err == ENOENT || err == ECONNREFUSED) && !deadline.expired()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
