@@ -100,6 +100,11 @@ int RunBench(int argc, char** argv) {
                FormatBytes(o.bytes).c_str());
   s = MeasureThroughput(o, &report);
   if (s.ok()) {
+    std::fprintf(stderr, "weightsync bench: measuring tcp on loopback (%s)...\n",
+                 FormatBytes(o.bytes).c_str());
+    s = MeasureTcpThroughput(o, &report);
+  }
+  if (s.ok()) {
     std::fprintf(stderr, "weightsync bench: measuring per-step figures (%lld x %s)...\n",
                  static_cast<long long>(o.small_tensors),
                  FormatBytes(o.small_tensor_bytes).c_str());

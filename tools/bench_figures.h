@@ -28,6 +28,10 @@ struct BenchOptions {
 // against a single-threaded memcpy of the same bytes.
 Status MeasureThroughput(const BenchOptions& options, BenchReport* report);
 
+// The tcp transport on loopback (in_place and staged) against a plain socket copy of the same
+// bytes between two threads over 127.0.0.1.
+Status MeasureTcpThroughput(const BenchOptions& options, BenchReport* report);
+
 // With many small tensors: the first (preparing) update, the steady-state step against memcpy
 // of the same bytes (staged and in_place), heap allocations per steady-state step on both sides,
 // the RSS slope, and a fresh Subscriber every step (no handle reuse).

@@ -25,12 +25,15 @@ BenchPair::BenchPair(const std::vector<TensorSpec>& tensors, int copy_threads)
 BenchPair::~BenchPair() = default;
 
 Result<std::unique_ptr<BenchPair>> BenchPair::Create(const std::vector<TensorSpec>& tensors,
-                                                     int copy_threads) {
+                                                     int copy_threads,
+                                                     const std::string& endpoint) {
   std::unique_ptr<BenchPair> pair(new BenchPair(tensors, copy_threads));
+  if (!endpoint.empty()) pair->endpoint_ = endpoint;
   PublisherOptions po;
   po.endpoint = pair->endpoint_;
   po.copy_threads = copy_threads;
   WS_ASSIGN_OR_RETURN(pair->publisher_, Publisher::Create(po));
+  pair->endpoint_ = pair->publisher_->endpoint();  // tcp://127.0.0.1:0 → the bound port
   WS_RETURN_IF_ERROR(pair->publisher_->Register(pair->source_.Views()));
   return pair;
 }

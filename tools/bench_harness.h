@@ -16,9 +16,10 @@ namespace weightsync::tools {
 
 class BenchPair {
  public:
-  // `tensors` must outlive the pair.
+  // `tensors` must outlive the pair. `endpoint` empty: a fresh local:// one (shared memory).
   static Result<std::unique_ptr<BenchPair>> Create(const std::vector<TensorSpec>& tensors,
-                                                   int copy_threads);
+                                                   int copy_threads,
+                                                   const std::string& endpoint = "");
   ~BenchPair();
 
   // A subscriber of this pair's destinations (not yet prepared).

@@ -9,28 +9,35 @@ namespace weightsync::transport::cuda_ipc {
 using util::LedgerAdd;
 using util::LedgerItem;
 
-Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
-                             const std::vector<plan::Destination>& destinations,
-                             UpdateMode mode) {
+// ---- GpuReceiver ---------------------------------------------------------------------------
+
+Result<int> GpuReceiver::DestinationDevice(const std::vector<plan::Destination>& destinations,
+                                           std::string_view transport) {
+  int device = -1;
+  for (const auto& d : destinations) {
+    if (!d.device.is_cuda() || (device >= 0 && d.device.index != device)) {
+      return Status::InvalidArgument(
+          transport, ": destination '", d.spec.name, "' is on ", DeviceString(d.device),
+          "; a GPU arena is received into destinations on one CUDA device",
+          device >= 0 ? " (cuda:" + std::to_string(device) + ")" : std::string());
+    }
+    device = d.device.index;
+  }
+  if (device < 0) return Status::InvalidArgument(transport, ": no destination tensors");
+  return device;
+}
+
+Status GpuReceiver::Prepare(const plan::Plan* plan,
+                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                            int device) {
   plan_ = plan;
-  welcome_ = &welcome;
+  device_ = device;
   destinations_.clear();
   names_.clear();
   for (const auto& d : destinations) {
-    if (!d.device.is_cuda() || (device_ >= 0 && d.device.index != device_)) {
-      return Status::InvalidArgument(
-          "cuda-ipc: destination '", d.spec.name, "' is on ", DeviceString(d.device),
-          "; a GPU arena is received into destinations on one CUDA device",
-          device_ >= 0 ? " (cuda:" + std::to_string(device_) + ")" : std::string());
-    }
-    device_ = d.device.index;
     destinations_.push_back(d.data);
     names_.push_back(d.spec.name);
   }
-  if (welcome.direct_bytes > 0) {
-    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
-  }
-  WS_ASSIGN_OR_RETURN(arena_, ImportedAllocation::Import(arena_fd, welcome.arena_bytes, device_));
   WS_ASSIGN_OR_RETURN(queue_, CopyQueue::Create(device_));
   if (mode == UpdateMode::kStaged) {
     WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
@@ -40,28 +47,20 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   // and output word: a step only launches them.
   uint64_t chunks = 0;
   for (const auto& s : plan->segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
-  WS_ASSIGN_OR_RETURN(chunk_hashes_, gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+  WS_ASSIGN_OR_RETURN(chunk_hashes_,
+                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
   WS_ASSIGN_OR_RETURN(digests_device_,
                       gpu::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
   digests_host_.assign(plan->segments.size(), 0);
-  // Copy batches, built once: a step submits one batch per direction.
-  slot_batches_.assign(welcome.slot_count, Batch{});
-  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
-    const uint8_t* slot_base = arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
-    for (const plan::PlannedTensor& t : plan->tensors) {
-      if (t.nbytes == 0) continue;
-      slot_batches_[k].dsts.push_back(Received(t));
-      slot_batches_[k].srcs.push_back(slot_base + welcome.tensors[t.publisher_index].offset);
-      slot_batches_[k].sizes.push_back(t.nbytes);
-    }
-  }
-  commit_batch_ = Batch{};
+  commit_dsts_.clear();
+  commit_srcs_.clear();
+  commit_sizes_.clear();
   if (shadow_.data() != nullptr) {
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
-      commit_batch_.dsts.push_back(destinations_[t.destination]);
-      commit_batch_.srcs.push_back(shadow_.as<uint8_t>() + t.shadow_offset);
-      commit_batch_.sizes.push_back(t.nbytes);
+      commit_dsts_.push_back(destinations_[t.destination]);
+      commit_srcs_.push_back(shadow_.as<uint8_t>() + t.shadow_offset);
+      commit_sizes_.push_back(t.nbytes);
     }
   }
   digest_launches_.clear();
@@ -83,21 +82,12 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   return Status::Ok();
 }
 
-uint8_t* CudaDataPath::Received(const plan::PlannedTensor& t) const {
+uint8_t* GpuReceiver::Received(const plan::PlannedTensor& t) const {
   return shadow_.data() != nullptr ? shadow_.as<uint8_t>() + t.shadow_offset
                                    : destinations_[t.destination];
 }
 
-Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
-  WS_RETURN_IF_ERROR(SetDevice(device_));
-  // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at once.
-  const Batch& b = slot_batches_[slot];
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
-  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
-  return MaybeInjectBitFlip();
-}
-
-Status CudaDataPath::MaybeInjectBitFlip() {
+Status GpuReceiver::MaybeInjectBitFlip() {
   if (util::FailPoints::Check("subscriber.flip_received").action != util::FailAction::kFlip ||
       plan_->segments.empty()) {
     return Status::Ok();
@@ -112,8 +102,8 @@ Status CudaDataPath::MaybeInjectBitFlip() {
   return gpu::CopyToDevice(where + s.bytes / 2, &byte, 1);
 }
 
-Status CudaDataPath::Verify(std::span<const uint64_t> digests, int64_t step,
-                            const util::Deadline& deadline) {
+Status GpuReceiver::Verify(std::span<const uint64_t> digests, int64_t step,
+                           const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(device_));
   for (auto& launch : digest_launches_) WS_RETURN_IF_ERROR(launch.Launch());
   WS_RETURN_IF_ERROR(queue_.Enqueue(digests_host_.data(), digests_device_.data(),
@@ -134,15 +124,15 @@ Status CudaDataPath::Verify(std::span<const uint64_t> digests, int64_t step,
                             " corrupt segment(s) in all; nothing committed");
 }
 
-Status CudaDataPath::Commit(const util::Deadline& deadline) {
+Status GpuReceiver::Commit(const util::Deadline& deadline) {
   if (shadow_.data() == nullptr) return Status::Ok();
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  const Batch& b = commit_batch_;
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_dsts_.data(), commit_srcs_.data(),
+                                         commit_sizes_.data(), commit_dsts_.size()));
   return queue_.Wait(deadline);
 }
 
-Status CudaDataPath::Release() {
+Status GpuReceiver::Release() {
   Status result;
   // Reverse order of creation; the queue first drains nothing new (no step is in flight).
   digest_launches_.clear();
@@ -151,6 +141,52 @@ Status CudaDataPath::Release() {
   LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size()));
   result.Update(shadow_.Close());
   result.Update(queue_.Close());
+  return result;
+}
+
+// ---- CudaDataPath --------------------------------------------------------------------------
+
+Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
+                             const std::vector<plan::Destination>& destinations,
+                             UpdateMode mode) {
+  WS_ASSIGN_OR_RETURN(int device, GpuReceiver::DestinationDevice(destinations, "cuda-ipc"));
+  if (welcome.direct_bytes > 0) {
+    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+  }
+  WS_ASSIGN_OR_RETURN(arena_, ImportedAllocation::Import(arena_fd, welcome.arena_bytes, device));
+  WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
+  // Copy batches, built once: a step submits one batch.
+  slot_batches_.assign(welcome.slot_count, Batch{});
+  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
+    const uint8_t* slot_base =
+        arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      slot_batches_[k].dsts.push_back(receiver_.Received(t));
+      slot_batches_[k].srcs.push_back(slot_base + welcome.tensors[t.publisher_index].offset);
+      slot_batches_[k].sizes.push_back(t.nbytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
+  // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
+  // once.
+  const Batch& b = slot_batches_[slot];
+  CopyQueue& queue = receiver_.queue();
+  WS_RETURN_IF_ERROR(
+      queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
+  WS_RETURN_IF_ERROR(queue.Wait(deadline));
+  return receiver_.MaybeInjectBitFlip();
+}
+
+Status CudaDataPath::Release() {
+  Status result;
+  // Reverse order of creation: the receiver (digests, staging, stream), then the mapping.
+  slot_batches_.clear();
+  result.Update(receiver_.Release());
   result.Update(arena_.Close());
   return result;
 }

@@ -1,13 +1,20 @@
-// CudaDataPath: the receiving end of a transfer from a publisher's GPU arena (cuda-ipc): the
-// arena imported once from its POSIX fd and mapped for the destinations' device, a dedicated
-// stream whose copies are waited for by event with a deadline, a device staging buffer (staged
-// mode), and one prepared GPU-digest launch per segment over the received bytes. A step enqueues
-// one copy per planned tensor and launches the prepared digests; it allocates nothing.
+// The subscriber's GPU data paths.
+//
+// GpuReceiver: where a step's bytes land on the subscriber's GPU, whatever moves them there
+// (cuda-ipc copies from the publisher's imported arena, or NCCL receives): a device staging
+// buffer (staged mode) or the destinations themselves (in place), one prepared GPU-digest launch
+// per plan segment over those bytes, and the prepared commit batch, all on a dedicated stream
+// waited for by event with a deadline. Prepared once; a step allocates nothing.
+//
+// CudaDataPath: the receiving end of a transfer from a publisher's GPU arena on this host
+// (cuda-ipc): the arena imported once from its POSIX fd and mapped for the destinations' device,
+// and per slot the prepared batch of copies (one per planned tensor) into a GpuReceiver.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda/device.h"
@@ -20,6 +27,46 @@
 
 namespace weightsync::transport::cuda_ipc {
 
+class GpuReceiver {
+ public:
+  // The one CUDA device every destination is on. InvalidArgument names the first destination
+  // that is not on a CUDA device, or on another one ("<transport>: destination 'x' is on cpu").
+  static Result<int> DestinationDevice(const std::vector<plan::Destination>& destinations,
+                                       std::string_view transport);
+
+  // Creates the stream, the staging buffer (staged mode), the digest launches and the commit
+  // batch on `device` (DestinationDevice's answer).
+  Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
+                 UpdateMode mode, int device);
+  // Where tensor `t`'s bytes must land: its place in the staging buffer, or its destination.
+  uint8_t* Received(const plan::PlannedTensor& t) const;
+  // The stream the digests and the commit run on (mover copies may run on it too).
+  CopyQueue& queue() { return queue_; }
+  // Test hook (fail point subscriber.flip_received): flips one received bit.
+  Status MaybeInjectBitFlip();
+  Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
+  Status Commit(const util::Deadline& deadline);  // staged: staging → destinations
+  int device() const { return device_; }
+  uint64_t staging_bytes() const { return shadow_.size(); }
+  Status Release();  // digests, staging, stream
+
+ private:
+  const plan::Plan* plan_ = nullptr;
+  std::vector<uint8_t*> destinations_;
+  std::vector<std::string> names_;
+  int device_ = -1;
+  CopyQueue queue_;
+  gpu::DeviceBuffer shadow_;
+  gpu::DeviceBuffer chunk_hashes_;
+  gpu::DeviceBuffer digests_device_;
+  std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
+  std::vector<uint64_t> digests_host_;
+  // Prepared commit batch: every planned tensor's (dst, src, size).
+  std::vector<void*> commit_dsts_;
+  std::vector<const void*> commit_srcs_;
+  std::vector<size_t> commit_sizes_;
+};
+
 class CudaDataPath {
  public:
   // `arena_fd`: the publisher's exported allocation. Every destination must be on one CUDA
@@ -27,35 +74,23 @@ class CudaDataPath {
   Status Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
                  const std::vector<plan::Destination>& destinations, UpdateMode mode);
   Status Copy(uint32_t slot, const util::Deadline& deadline);
-  Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
-  Status Commit(const util::Deadline& deadline);
-  int device() const { return device_; }
-  Status Release();  // digests, staging, stream, then the mapping
+  Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline) {
+    return receiver_.Verify(digests, step, deadline);
+  }
+  Status Commit(const util::Deadline& deadline) { return receiver_.Commit(deadline); }
+  int device() const { return receiver_.device(); }
+  Status Release();  // the receiver (digests, staging, stream), then the mapping
 
  private:
-  uint8_t* Received(const plan::PlannedTensor& t) const;
-  Status MaybeInjectBitFlip();  // test hook: fail point subscriber.flip_received
-
-  const plan::Plan* plan_ = nullptr;
-  const wire::Welcome* welcome_ = nullptr;
-  std::vector<uint8_t*> destinations_;
-  std::vector<std::string> names_;
-  int device_ = -1;
   ImportedAllocation arena_;
-  CopyQueue queue_;
-  gpu::DeviceBuffer shadow_;
-  gpu::DeviceBuffer chunk_hashes_;
-  gpu::DeviceBuffer digests_device_;
-  std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
-  std::vector<uint64_t> digests_host_;
-  // Prepared copy batches: per slot, every planned tensor's (dst, src, size); and the commit.
+  GpuReceiver receiver_;
+  // Prepared copy batches: per slot, every planned tensor's (dst, src, size).
   struct Batch {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
   };
   std::vector<Batch> slot_batches_;
-  Batch commit_batch_;
 };
 
 }  // namespace weightsync::transport::cuda_ipc

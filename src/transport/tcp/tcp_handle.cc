@@ -5,11 +5,13 @@
 
 #include <asio.hpp>
 
+#include "cuda/device.h"
+#include "transport/host_data_path.h"
+#include "transport/nccl/nccl_endpoints.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
 #include "util/logging.h"
 #include "util/token.h"
-#include "transport/host_data_path.h"
 #include "util/worker_pool.h"
 #include "wire/channel.h"
 #include "wire/handshake.h"
@@ -30,7 +32,7 @@ class TcpHandle final : public TransferHandle {
     if (Status s = Release(); !s.ok()) WS_LOG(WARN, "tcp") << "handle cleanup: " << s;
   }
 
-  std::string_view transport_name() const override { return "tcp"; }
+  std::string_view transport_name() const override { return nccl_ ? "nccl" : "tcp"; }
   const plan::Plan& plan() const override { return plan_; }
   Status Prepare(const std::vector<plan::Destination>& destinations,
                  const PrepareOptions& options, const Deadline& deadline) override;
@@ -40,9 +42,11 @@ class TcpHandle final : public TransferHandle {
   Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const Deadline& deadline) override {
+    if (nccl_) return nccl_->Verify(digests, step, deadline);
     return host_.Verify(digests, welcome_.digest_kind, step);
   }
   Status Commit(const Deadline& deadline) override {
+    if (nccl_) return nccl_->Commit(deadline);
     host_.Commit();
     return Status::Ok();
   }
@@ -50,12 +54,20 @@ class TcpHandle final : public TransferHandle {
 
  private:
   Status Authenticate(const std::string& token, const Deadline& deadline);
+  // GPU arena: select, then set up the NCCL communicator that carries every step.
+  Status PrepareNccl(const std::vector<plan::Destination>& destinations,
+                     const PrepareOptions& options, const Deadline& deadline);
+  // After a failed NCCL wait that saw the connection close: the publisher's Error frame, if it
+  // sent one before closing, says more than "closed".
+  Status PublisherReason(const Status& seen);
 
   Endpoint endpoint_;
   SubscriberOptions options_;
   std::string peer_;
   std::unique_ptr<wire::Channel> channel_;
-  HostDataPath host_;  // staging, verification, commit
+  HostDataPath host_;  // host arena: staging, verification, commit
+  std::unique_ptr<nccl::NcclReceiver> nccl_;  // GPU arena: NCCL receives, GPU staging/verify
+  nccl::Watch watch_;  // what NCCL waits watch: this connection
   bool counted_ = false;
   wire::Welcome welcome_;
   plan::Plan plan_;
@@ -99,11 +111,16 @@ Status TcpHandle::Authenticate(const std::string& token, const Deadline& deadlin
 Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
                           const PrepareOptions& options, const Deadline& deadline) {
   peer_ = "publisher " + endpoint_.ToString();
+  // Host destinations take a host arena's bytes from this connection; CUDA destinations (all on
+  // one device) take a GPU arena's bytes over NCCL. Which one the publisher has, its Welcome says.
+  const bool cuda = !destinations.empty() && destinations[0].device.is_cuda();
   for (const auto& d : destinations) {
-    if (d.device.is_cuda()) {
+    if (d.device.is_cuda() != cuda) {
       return Status::NotSupported("tcp: destination '", d.spec.name, "' is on ",
-                                  DeviceString(d.device),
-                                  "; the tcp transport receives into host memory only");
+                                  DeviceString(d.device), " but '", destinations[0].spec.name,
+                                  "' is on ", DeviceString(destinations[0].device),
+                                  ": a tcp subscriber receives into host memory (from a host "
+                                  "arena) or into one CUDA device (from a GPU arena, over nccl)");
     }
   }
   counted_ = true;
@@ -121,8 +138,20 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
   if (welcome_.arena_kind == wire::ArenaKind::kCudaMem) {
-    return Status::NotSupported(peer_, " keeps its arena on a GPU; the tcp transport sends from "
-                                       "host memory only");
+    if (!cuda) {
+      return Status::NotSupported(
+          peer_, " keeps its arena on cuda:", welcome_.device, ", which tcp moves over nccl into "
+          "CUDA destinations only; destination '", destinations[0].spec.name, "' is on ",
+          DeviceString(destinations[0].device));
+    }
+    return PrepareNccl(destinations, options, deadline);
+  }
+  if (cuda) {
+    return Status::NotSupported(peer_, " keeps its arena in host memory, which the tcp transport "
+                                       "delivers into host memory only; destination '",
+                                destinations[0].spec.name, "' is on ",
+                                DeviceString(destinations[0].device),
+                                " (publish from CUDA tensors to use nccl)");
   }
   WS_ASSIGN_OR_RETURN(plan_,
                       plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20));
@@ -141,6 +170,72 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
   return Status::Ok();
 }
 
+Status TcpHandle::PrepareNccl(const std::vector<plan::Destination>& destinations,
+                              const PrepareOptions& options, const Deadline& deadline) {
+  if (welcome_.digest_kind != wire::DigestKind::kGpu64) {
+    return Status::ProtocolError(peer_, ": a GPU arena with digest kind ",
+                                 static_cast<int>(welcome_.digest_kind),
+                                 ", expected 1 (GPU digest)");
+  }
+  if (welcome_.direct_bytes > 0) {
+    return Status::NotSupported("nccl: arena-allocated GPU tensors are not supported yet");
+  }
+  // Everything this side needs is checked before the publisher is asked for anything.
+  const std::string why = peer_ + " keeps its arena on cuda:" + std::to_string(welcome_.device) +
+                          " and the destinations are CUDA tensors, which needs the nccl transport";
+  WS_RETURN_IF_ERROR(nccl::NcclAvailable().WithContext(why));
+  WS_RETURN_IF_ERROR(gpu::CudaAvailable().WithContext(why));
+  WS_ASSIGN_OR_RETURN(plan_,
+                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20));
+  if (plan_.uses_direct) {
+    return Status::NotSupported("nccl: arena-allocated GPU tensors are not supported yet");
+  }
+  wire::Select select;
+  for (const auto& t : plan_.tensors) select.tensors.push_back(t.publisher_index);
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kSelect, select, deadline));
+
+  // Staging, digests and the receive list first: the communicator is created last and released
+  // first, so no NCCL kernel can outlive the memory it writes.
+  nccl_ = std::make_unique<nccl::NcclReceiver>();
+  WS_RETURN_IF_ERROR(nccl_->Prepare(&plan_, destinations, options.mode).WithContext(peer_));
+  const int version = nccl::NcclVersionCode();
+  wire::NcclSetup setup{static_cast<uint32_t>(version), static_cast<uint32_t>(nccl_->device())};
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kNcclSetup, setup, deadline));
+  wire::NcclId id;
+  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kNcclId, &id, deadline));
+  if (!nccl::CompatibleVersions(version, static_cast<int>(id.nccl_version))) {
+    return Status::FailedPrecondition(
+        peer_, ": NCCL versions differ: publisher ",
+        nccl::NcclVersionString(static_cast<int>(id.nccl_version)), ", subscriber ",
+        nccl::NcclVersionString(version),
+        " (both ranks of a communicator need the same NCCL major.minor)");
+  }
+  watch_ = nccl::Watch{channel_->fd(), nullptr, peer_};
+  Status s = nccl_->Connect(id.unique_id, deadline, watch_);
+  if (!s.ok()) return PublisherReason(s);
+  end_.digests.reserve(plan_.digest_count);
+  WS_LOG(INFO, "tcp") << "prepared nccl handle for " << peer_ << ": " << plan_.tensors.size()
+                      << " tensors, " << plan_.total_bytes << " bytes, " << plan_.segments.size()
+                      << " segments; communicator rank 1 on cuda:" << nccl_->device()
+                      << " (publisher rank 0 on cuda:" << welcome_.device << "), NCCL "
+                      << nccl::NcclVersionString(version) << ", joined in "
+                      << static_cast<int>(nccl_->link()->connect_seconds() * 1000) << " ms, "
+                      << (options.mode == UpdateMode::kStaged
+                              ? std::to_string(nccl_->staging_bytes()) + " staging bytes"
+                              : std::string("in place"));
+  return Status::Ok();
+}
+
+Status TcpHandle::PublisherReason(const Status& seen) {
+  if (seen.code() != StatusCode::kPeerLost || !channel_) return seen;
+  Result<wire::FrameHeader> h = channel_->Receive(Deadline(std::chrono::milliseconds(100)));
+  if (!h.ok() || h->type != wire::FrameType::kError) return seen;
+  wire::ErrorMessage err;
+  if (!wire::Decode(channel_->payload(), &err).ok()) return seen;
+  Status reason = wire::ToStatus(err).WithContext(peer_);
+  return Status(reason.code(), reason.message() + " (" + seen.message() + ")");
+}
+
 Result<int64_t> TcpHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                      const Deadline& deadline) {
   wire::UpdateRequest req{step.value_or(-1), after_step};
@@ -156,6 +251,14 @@ Result<int64_t> TcpHandle::BeginStep(std::optional<int64_t> step, int64_t after_
 }
 
 Status TcpHandle::CopyStep(const Deadline& deadline) {
+  if (nccl_) {
+    WS_FAIL_POINT_RETURN("tcp.before_data");
+    Status s = nccl_->Receive(deadline, watch_);
+    if (!s.ok()) {
+      return PublisherReason(s).WithContext("step " + std::to_string(begin_.step) + " data");
+    }
+    return Status::Ok();
+  }
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const plan::PlannedTensor& t = plan_.tensors[i];
     parts_[i] = {host_.ReceivedTensor(t), t.nbytes};
@@ -182,6 +285,15 @@ Result<std::span<const uint64_t>> TcpHandle::EndStep(const Deadline& deadline) {
 
 Status TcpHandle::Release() {
   Status result;
+  // Reverse order of creation: the communicator and GPU staging (nccl), host staging, then the
+  // connection.
+  if (nccl_) {
+    if (Status s = nccl_->Release(); !s.ok()) {
+      WS_LOG(WARN, "nccl") << "release: " << s;
+      result.Update(s);
+    }
+    nccl_.reset();
+  }
   if (Status s = host_.Release(); !s.ok()) {
     WS_LOG(WARN, "tcp") << "release: " << s;
     result.Update(s);

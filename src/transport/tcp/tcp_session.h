@@ -2,6 +2,11 @@
 //   Hello → Welcome → Select → { UpdateRequest → StepBegin → data bytes → StepEnd }*
 // The data of a step is the selected tensors' bytes, in Select order, straight from the pinned
 // version (scatter-gather send, no staging copy).
+//
+// When the arena is GPU memory the data goes over NCCL instead (src/transport/nccl/):
+//   ... Select → NcclSetup → NcclId → (both join a two-rank communicator)
+//   { UpdateRequest → StepBegin → grouped ncclSend of the slot's selected tensors → StepEnd }*
+// The communicator lives as long as the session; any failure aborts it and ends the session.
 #pragma once
 
 #include <atomic>
