@@ -113,6 +113,8 @@ TEST(WireFrameTest, TypeNames) {
   EXPECT_EQ(FrameTypeName(FrameType::kAuth), "auth");
   EXPECT_EQ(FrameTypeName(FrameType::kAuthOk), "auth_ok");
   EXPECT_EQ(FrameTypeName(FrameType::kSelect), "select");
+  EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");
+  EXPECT_EQ(FrameTypeName(FrameType::kNcclId), "nccl_id");
   // Every defined type has a name of its own.
   for (FrameType type : AllTypes()) EXPECT_NE(FrameTypeName(type), "unknown");
   EXPECT_EQ(FrameTypeName(static_cast<FrameType>(0)), "unknown");

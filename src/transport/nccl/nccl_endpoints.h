@@ -26,6 +26,7 @@
 #include "plan/plan.h"
 #include "transport/cuda_ipc/cuda_data_path.h"
 #include "transport/cuda_ipc/vmm.h"
+#include "transport/nccl/nccl_api.h"
 #include "transport/nccl/nccl_link.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"

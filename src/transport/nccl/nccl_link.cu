@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -36,24 +35,27 @@ struct Api {
   int version_code = 0;
 };
 
-Result<const Api*> GetApi() {
-  static Api api;
-  static Status failure;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Result<const NcclLibrary*> lib = Nccl();
-    if (!lib.ok()) {
-      failure = lib.status();
-      return;
-    }
+struct LoadedApi {
+  Api api;
+  Status failure;
+};
+
+LoadedApi Load() {
+  Result<const NcclLibrary*> lib = Nccl();
+  if (!lib.ok()) return LoadedApi{Api{}, lib.status()};
+  LoadedApi loaded;
 #define WS_NCCL_ENTRY_BIND(index, symbol) \
-  api.index = reinterpret_cast<decltype(&::symbol)>((*lib)->entry[NcclLibrary::k##index]);
-    WS_NCCL_ENTRY_POINTS(WS_NCCL_ENTRY_BIND)
+  loaded.api.index = reinterpret_cast<decltype(&::symbol)>((*lib)->entry[NcclLibrary::k##index]);
+  WS_NCCL_ENTRY_POINTS(WS_NCCL_ENTRY_BIND)
 #undef WS_NCCL_ENTRY_BIND
-    api.version_code = (*lib)->version_code;
-  });
-  if (!failure.ok()) return failure;
-  return static_cast<const Api*>(&api);
+  loaded.api.version_code = (*lib)->version_code;
+  return loaded;
+}
+
+Result<const Api*> GetApi() {
+  static const LoadedApi loaded = Load();  // thread-safe static initialization, once
+  if (!loaded.failure.ok()) return loaded.failure;
+  return &loaded.api;
 }
 
 std::atomic<int64_t> g_live{0};

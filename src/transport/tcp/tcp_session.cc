@@ -106,7 +106,8 @@ Status Serve(wire::Channel& ch, const SessionConfig& config) {
     }
   }
   // A GPU arena's bytes go over NCCL (set up once, here); a host arena's over this connection.
-  const nccl::Watch watch{ch.fd(), config.stopping, config.peer};
+  const std::string subscriber = "subscriber " + config.peer;
+  const nccl::Watch watch{ch.fd(), config.stopping, subscriber};
   std::unique_ptr<nccl::NcclSender> sender;
   if (welcome.arena_kind == wire::ArenaKind::kCudaMem) {
     WS_ASSIGN_OR_RETURN(sender, SetUpNccl(ch, config, welcome, layout.second, select, watch));
