@@ -55,6 +55,7 @@ struct Args {
   bool verify = false;
   int src = 0, dst = 1;
   std::string role = "main";
+  bool nccl = true;  // also measure the nccl transport
   std::string endpoint;
 };
 
@@ -105,7 +106,7 @@ int RunPublisher(const Args& a) {
   auto pub = ws::Publisher::Create(o);
   if (!pub.ok()) Die("publisher", pub.status());
   if (auto s = (*pub)->Register(tensors); !s.ok()) Die("register", s);
-  std::printf("ready\n");
+  std::printf("ready %s\n", (*pub)->endpoint().c_str());
   std::fflush(stdout);
   std::string cmd;
   int64_t step;
@@ -122,6 +123,7 @@ struct Child {
   pid_t pid = -1;
   FILE* in = nullptr;
   FILE* out = nullptr;
+  std::string endpoint;  // as bound (tcp://127.0.0.1:0 gets its port)
 };
 
 Child Spawn(const Args& a, double scale, const std::string& endpoint) {
@@ -148,9 +150,13 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
   c.in = fdopen(to[1], "w");
   c.out = fdopen(from[0], "r");
   char line[256];
-  if (!fgets(line, sizeof(line), c.out) || std::strncmp(line, "ready", 5) != 0) {
+  if (!fgets(line, sizeof(line), c.out) || std::strncmp(line, "ready ", 6) != 0) {
     std::fprintf(stderr, "gpu_update: publisher did not start\n");
     std::exit(1);
+  }
+  c.endpoint = std::string(line + 6);
+  while (!c.endpoint.empty() && (c.endpoint.back() == '\n' || c.endpoint.back() == '\r')) {
+    c.endpoint.pop_back();
   }
   return c;
 }
@@ -171,10 +177,13 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Updates `steps` times; prints the figures under `label`.
-void Measure(const Args& a, double scale, const std::string& label) {
-  const std::string endpoint = "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
-  Child child = Spawn(a, scale, endpoint);
+// Updates `steps` times; prints the figures under `label`. `tcp`: the publisher listens on
+// tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc.
+void Measure(const Args& a, double scale, const std::string& label, bool tcp) {
+  const std::string asked = tcp ? std::string("tcp://127.0.0.1:0")
+                                : "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
+  Child child = Spawn(a, scale, asked);
+  const std::string endpoint = child.endpoint;
   std::vector<ws::gpu::DeviceBuffer> keep;
   auto specs = Specs(a, scale);
   auto dst = Allocate(specs, a.dst, 0xFF, &keep);
@@ -211,11 +220,12 @@ void Measure(const Args& a, double scale, const std::string& label) {
   }
   double med = Median(steady);
   std::printf(
-      "{\"what\": \"weightsync_cuda_ipc\", \"label\": \"%s\", \"mode\": \"%s\", \"verify\": %s, "
+      "{\"what\": \"%s\", \"label\": \"%s\", \"mode\": \"%s\", \"verify\": %s, "
       "\"tensors\": %zu, \"bytes\": %llu, \"first_update_s\": %.6f, \"first_prepare_s\": %.6f, "
       "\"steady_median_s\": %.6f, \"steady_min_s\": %.6f, \"steady_GBps\": %.3f, "
       "\"copy_median_s\": %.6f, \"publish_median_s\": %.6f, \"heap_allocs_per_step\": %.3f}\n",
-      label.c_str(), a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
+      tcp ? "weightsync_nccl" : "weightsync_cuda_ipc", label.c_str(),
+      a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
       static_cast<unsigned long long>(bytes), first, first_prepare, med,
       *std::min_element(steady.begin(), steady.end()), bytes / med / 1e9, Median(copy),
       Median(publish), a.steps > 2 ? double(allocations) / (a.steps - 2) : 0.0);
@@ -269,6 +279,7 @@ int main(int argc, char** argv) {
     else if (k == "--dst") a.dst = std::atoi(v.c_str());
     else if (k == "--role") a.role = v;
     else if (k == "--endpoint") a.endpoint = v;
+    else if (k == "--nccl") a.nccl = v == "1";
     else {
       std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
       return 2;
@@ -278,7 +289,8 @@ int main(int argc, char** argv) {
   if (auto s = ws::gpu::CudaAvailable(); !s.ok()) Die("CUDA", s);
   if (ws::gpu::DeviceCount() < 2) a.dst = a.src;
   PeerCopyLimit(a);
-  Measure(a, a.scale, "model");
-  Measure(a, 0, "tiny");  // same tensor list, 128 bytes each: the host overhead of a step
+  Measure(a, a.scale, "model", /*tcp=*/false);
+  Measure(a, 0, "tiny", /*tcp=*/false);  // same tensors, 128 bytes each: host overhead of a step
+  if (a.nccl) Measure(a, a.scale, "model", /*tcp=*/true);
   return 0;
 }

@@ -33,7 +33,8 @@ def main():
     rows = []
     rows += run_json_lines([exe, "--steps", args.steps, "--mode", "in_place"], env)
     rows += [dict(r, run="staged_verify") for r in
-             run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1"], env)
+             run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1",
+                             "--nccl", "0"], env)
              if r["what"] == "weightsync_cuda_ipc"]
     if not args.skip_torch:
         rows += run_json_lines([sys.executable, os.path.join(HERE, "torch_baselines.py")], env)
@@ -48,6 +49,7 @@ def main():
     peer = by.get("peer_copy_limit")
     ws_in = by.get("weightsync_cuda_ipc/model")
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
+    ws_nccl = by.get("weightsync_nccl/model")
     tiny = by.get("weightsync_cuda_ipc/tiny")
     torch = by.get("nccl_broadcast_7b_like")
     ipc = by.get("open_ipc_handles_other_process")
@@ -67,6 +69,14 @@ def main():
         line("cuda-ipc steady ms, in_place", ws_in["steady_median_s"] * 1e3)
         line("cuda-ipc first update ms (prepare + copy)", ws_in["first_update_s"] * 1e3,
              "steady ms", ws_in["steady_median_s"] * 1e3)
+    if ws_nccl and peer:
+        line("nccl steady GB/s, in_place (2-rank communicator)", ws_nccl["steady_GBps"],
+             "peer copy GB/s", peer["GBps"], higher_better=True)
+        line("nccl first update ms (incl. communicator init)", ws_nccl["first_update_s"] * 1e3,
+             "steady ms", ws_nccl["steady_median_s"] * 1e3)
+        if torch:
+            line("nccl steady ms vs torch one_flat_broadcast", ws_nccl["steady_median_s"] * 1e3,
+                 "torch ms", torch["one_flat_broadcast_s"] * 1e3)
     if ws_st and peer:
         line("cuda-ipc steady GB/s, staged + GPU verify", ws_st["steady_GBps"],
              "peer copy GB/s", peer["GBps"], higher_better=True)
