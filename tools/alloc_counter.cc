@@ -1,7 +1,17 @@
 // Replaces the C allocation functions for this executable (glibc supports this: "Replacing
 // malloc" in its manual). Each wrapper counts, then calls glibc's allocator, so memory from
 // either path may be freed by the other. Nothing here may allocate.
+//
+// Under ASan or TSan the sanitizer owns malloc: replacing it would bypass (TSan) or crash (ASan,
+// before its runtime is initialized). There the sanitizer's own allocation hook counts instead.
 #include "alloc_counter.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define WS_ALLOC_COUNTER_SANITIZER_HOOKS 1
+#include <sanitizer/allocator_interface.h>
+#else
+#define WS_ALLOC_COUNTER_SANITIZER_HOOKS 0
+#endif
 
 #include <atomic>
 #include <cerrno>
@@ -47,6 +57,16 @@ AllocCounts ProcessAllocations() {
 
 AllocCounts ThreadAllocations() { return {t_allocations, t_bytes}; }
 
+#if WS_ALLOC_COUNTER_SANITIZER_HOOKS
+namespace {
+void OnMalloc(const volatile void* p, size_t size) { Count(const_cast<void*>(p), size); }
+void OnFree(const volatile void*) {}
+// Installed before main(): the CLI's measurements happen later.
+[[maybe_unused]] const int g_hooks_installed =
+    __sanitizer_install_malloc_and_free_hooks(&OnMalloc, &OnFree);
+}  // namespace
+#endif
+
 bool AllocCounterActive() {
   AllocCounts before = ThreadAllocations();
   // A volatile pointer keeps the compiler from eliding the new/delete pair.
@@ -57,6 +77,7 @@ bool AllocCounterActive() {
 
 }  // namespace weightsync::tools
 
+#if !WS_ALLOC_COUNTER_SANITIZER_HOOKS
 using weightsync::tools::Count;
 
 extern "C" {
@@ -82,3 +103,4 @@ void* valloc(size_t size) { return Count(__libc_valloc(size), size); }
 void* pvalloc(size_t size) { return Count(__libc_pvalloc(size), size); }
 
 }  // extern "C"
+#endif  // !WS_ALLOC_COUNTER_SANITIZER_HOOKS

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <thread>
 
 #include "cuda/device.h"
 #include "transport/host_data_path.h"
@@ -317,8 +318,6 @@ Status TcpHandle::Release() {
 
 Result<util::UniqueFd> ConnectTcp(const Endpoint& endpoint, const Deadline& deadline) {
   asio::io_context io;
-  tcp::socket socket(io);
-  asio::error_code result = asio::error::would_block;
   tcp::resolver resolver(io);
   asio::error_code ec;
   auto addresses = resolver.resolve(endpoint.host, std::to_string(endpoint.port),
@@ -326,23 +325,37 @@ Result<util::UniqueFd> ConnectTcp(const Endpoint& endpoint, const Deadline& dead
   if (ec) {
     return Status::NotFound("cannot resolve '", endpoint.host, "': ", ec.message());
   }
-  asio::async_connect(socket, addresses,
-                      [&](const asio::error_code& e, const tcp::endpoint&) { result = e; });
-  io.run_for(std::chrono::milliseconds(deadline.RemainingMs()));
-  if (result == asio::error::would_block) {
-    return Status::Timeout("connecting to ", endpoint.ToString(), ": no answer before the deadline");
-  }
-  if (result) {
-    if (result == asio::error::connection_refused) {
-      return Status::NotFound("no publisher listens on ", endpoint.ToString(), " (",
-                              result.message(), ")");
+  // "No route to host" right after a link comes back (neighbour entry still failed) is
+  // transient: retry within the deadline, as for a refused local connect.
+  while (true) {
+    tcp::socket socket(io);
+    asio::error_code result = asio::error::would_block;
+    asio::async_connect(socket, addresses,
+                        [&](const asio::error_code& e, const tcp::endpoint&) { result = e; });
+    io.restart();
+    io.run_for(std::chrono::milliseconds(deadline.RemainingMs()));
+    if (result == asio::error::would_block) {
+      return Status::Timeout("connecting to ", endpoint.ToString(),
+                             ": no answer before the deadline");
     }
-    return Status::IoError("connecting to ", endpoint.ToString(), ": ", result.message());
+    const bool transient =
+        result == asio::error::host_unreachable || result == asio::error::network_unreachable;
+    if (transient && !deadline.expired() && !deadline.cancelled()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    if (result) {
+      if (result == asio::error::connection_refused) {
+        return Status::NotFound("no publisher listens on ", endpoint.ToString(), " (",
+                                result.message(), ")");
+      }
+      return Status::IoError("connecting to ", endpoint.ToString(), ": ", result.message());
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    int fd = socket.release(ec);
+    if (ec) return Status::IoError("connecting to ", endpoint.ToString(), ": ", ec.message());
+    return util::UniqueFd(fd);
   }
-  socket.set_option(tcp::no_delay(true), ec);
-  int fd = socket.release(ec);
-  if (ec) return Status::IoError("connecting to ", endpoint.ToString(), ": ", ec.message());
-  return util::UniqueFd(fd);
 }
 
 std::unique_ptr<TransferHandle> NewTcpHandle(const Endpoint& endpoint,
