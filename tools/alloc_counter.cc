@@ -6,9 +6,14 @@
 // before its runtime is initialized). There the sanitizer's own allocation hook counts instead.
 #include "alloc_counter.h"
 
+#include <cstddef>
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define WS_ALLOC_COUNTER_SANITIZER_HOOKS 1
-#include <sanitizer/allocator_interface.h>
+// From the sanitizer runtimes' common interface (GCC ships no header for it).
+extern "C" int __sanitizer_install_malloc_and_free_hooks(
+    void (*malloc_hook)(const volatile void*, std::size_t),
+    void (*free_hook)(const volatile void*));
 #else
 #define WS_ALLOC_COUNTER_SANITIZER_HOOKS 0
 #endif
