@@ -133,6 +133,17 @@ void Messages() {
     w.arena_bytes -= 1;
     Write(t, "welcome_region_outside_arena", WithSelector(WelcomeSelector(1, 0), Payload(w)));
   }
+  {
+    // The same layout in a GPU arena (GPU digests) and in a tcp session (nothing mapped).
+    wire::Welcome w = MakeWelcome(dests, 16, false, false);
+    w.arena_kind = wire::ArenaKind::kCudaMem;
+    w.device = 0;
+    w.digest_kind = wire::DigestKind::kGpu64;
+    Write(t, "welcome_cuda_arena", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+    w = MakeWelcome(dests, 16, false, false);
+    w.arena_kind = wire::ArenaKind::kNone;
+    Write(t, "welcome_tcp_no_arena", WithSelector(WelcomeSelector(2, 0), Payload(w)));
+  }
   Write(t, "welcome_empty",
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));
 
@@ -166,6 +177,10 @@ void Handshake() {
   Write(t, "select", WithSelector(3, Payload(wire::Select{{0, 1, 5, 4096}})));
   Write(t, "select_empty", WithSelector(3, Payload(wire::Select{})));
   Write(t, "select_not_increasing", WithSelector(3, {2, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0, 0}));
+  Write(t, "nccl_setup", WithSelector(4, Payload(wire::NcclSetup{22809, 1})));
+  wire::NcclId id{22809, {}};
+  for (size_t i = 0; i < id.unique_id.size(); ++i) id.unique_id[i] = static_cast<uint8_t>(255 - i);
+  Write(t, "nccl_id", WithSelector(5, Payload(id)));
 }
 
 void Frames() {
@@ -184,6 +199,8 @@ void Frames() {
   Write(t, "auth", Frame(wire::FrameType::kAuth, Payload(wire::Auth{wire::Role::kSubscriber, nonce, {}})));
   Write(t, "auth_ok", Frame(wire::FrameType::kAuthOk, Payload(wire::AuthOk{})));
   Write(t, "select", Frame(wire::FrameType::kSelect, Payload(wire::Select{{0, 2}})));
+  Write(t, "nccl_setup", Frame(wire::FrameType::kNcclSetup, Payload(wire::NcclSetup{22809, 0})));
+  Write(t, "nccl_id", Frame(wire::FrameType::kNcclId, Payload(wire::NcclId{22809, {}})));
   Write(t, "empty_payload", Frame(wire::FrameType::kCopyDone, {}));
   std::vector<uint8_t> truncated = Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}}));
   truncated.pop_back();

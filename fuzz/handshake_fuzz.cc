@@ -1,8 +1,9 @@
-// libFuzzer target: the TCP handshake decoders (src/wire/handshake.h), which run before the peer
-// is authenticated: Challenge (read by the subscriber), Auth and Select (read by the publisher),
-// AuthOk (read by the subscriber).
+// libFuzzer target: the TCP session-setup decoders (src/wire/handshake.h). Challenge and Auth run
+// before the peer is authenticated: Challenge and AuthOk are read by the subscriber, Auth, Select
+// and NcclSetup by the publisher, NcclId by the subscriber.
 //
-// Input: one selector byte (% 4: Challenge, Auth, AuthOk, Select), then the payload.
+// Input: one selector byte (% 6: Challenge, Auth, AuthOk, Select, NcclSetup, NcclId), then the
+// payload.
 // Properties checked besides "no sanitizer report":
 //   - a decoder fails only with ProtocolError;
 //   - a decoded message re-encodes to exactly the payload, also when decoded into a used object;
@@ -70,7 +71,7 @@ void CheckMacs(const wire::Challenge& challenge, const wire::Nonce& client_nonce
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const uint8_t> payload(data + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
     case 0: {
       wire::Challenge m;
       if (RoundTrip(payload, &m)) CheckMacs(m, wire::Nonce{}, wire::Mac{});
@@ -101,6 +102,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         i);
         }
       }
+      break;
+    }
+    case 4: {
+      wire::NcclSetup m;
+      RoundTrip(payload, &m);
+      break;
+    }
+    case 5: {
+      wire::NcclId m;
+      RoundTrip(payload, &m);
       break;
     }
   }

@@ -90,7 +90,11 @@ const Destinations& GetDestinations(int set) {
     d[1].specs = d[0].specs;
     d[1].specs.push_back(d[0].specs[0]);  // a name registered twice
     for (int i = 0; i < 2; ++i) {
-      for (const TensorSpec& s : d[i].specs) d[i].planned.push_back({s, nullptr});
+      for (const TensorSpec& s : d[i].specs) {
+        plan::Destination dest;
+        dest.spec = s;  // data stays nullptr: BuildPlan never touches it; device: host
+        d[i].planned.push_back(dest);
+      }
     }
     return d;
   }();
@@ -204,12 +208,17 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
   WS_FUZZ_CHECK(expected_first == p.segments.size(), "buckets do not cover the segments");
 }
 
-// The copies of src/transport/shm/shm_handle.cc (CopyBucket) and src/core/subscriber.cc
-// (CommitSegment), into buffers of exactly the sizes the subscriber would have.
+// The copies a subscriber makes from a plan, into buffers of exactly the sizes it would have:
+// reads from the mapped arena (shm: CopyBucket in src/transport/shm/shm_handle.cc; a GPU arena is
+// read at the same offsets), writes to the shadow buffer (staged) or the destinations (in place),
+// and the commit from shadow to destinations. A tcp arena (ArenaKind::kNone) has nothing mapped:
+// its bytes arrive on the connection, so only the writes are checked.
 void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::Plan& p) {
-  if (w.arena_bytes > kMaxSimulatedArena) return;
-  std::unique_ptr<uint8_t[]> arena(new uint8_t[w.arena_bytes]);
-  std::memset(arena.get(), 0xA5, w.arena_bytes);
+  const bool mapped = w.arena_kind != wire::ArenaKind::kNone;
+  if (mapped && w.arena_bytes > kMaxSimulatedArena) return;
+  std::unique_ptr<uint8_t[]> arena(new uint8_t[mapped ? w.arena_bytes : 0]);
+  if (mapped) std::memset(arena.get(), 0xA5, w.arena_bytes);
+  std::vector<uint8_t> received(std::min<uint64_t>(w.segment_bytes, 1u << 20), 0x5A);
   std::vector<std::unique_ptr<uint8_t[]>> dst;
   for (const TensorSpec& s : dests.specs) dst.emplace_back(new uint8_t[s.nbytes]);
   std::unique_ptr<uint8_t[]> shadow(new uint8_t[p.shadow_bytes]);
@@ -219,8 +228,12 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
   for (const plan::Bucket& b : p.buckets) {
     for (uint32_t i = 0; i < b.segment_count; ++i) {
       const plan::Segment& s = p.segments[b.first_segment + i];
-      const uint8_t* src = arena.get() + s.src_offset +
-                           (s.region == wire::Region::kSlot ? slot_base : w.direct_offset);
+      // A tcp segment is received into a buffer of segment size; bytes ≤ segment_bytes.
+      if (!mapped && s.bytes > received.size()) continue;
+      const uint8_t* src =
+          mapped ? arena.get() + s.src_offset +
+                       (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
+                 : received.data();
       std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);           // staged
       std::memcpy(dst[s.destination].get() + s.dst_offset, src, s.bytes);  // in place
     }

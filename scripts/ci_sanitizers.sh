@@ -17,6 +17,9 @@
 # "publisher died" to a fault test). Suppressions, if ever needed, live in .ci/sanitizers/ with a
 # reason per entry. See docs/ci.md.
 set -euo pipefail
+# One compound command: bash reads all of it before running, so editing this file during a long
+# run cannot change what the run does.
+{
 cd "$(dirname "$0")/.."
 
 JOBS=${JOBS:-2}
@@ -145,3 +148,5 @@ case "$which" in
   all) asan_job; tsan_job ;;
 esac
 log "OK ($which)"
+exit
+}

@@ -17,6 +17,9 @@
 #   $FUZZ_BUILD/<target> $FUZZ_BUILD/artifacts/<target>/crash-...
 # See docs/ci.md.
 set -euo pipefail
+# One compound command: bash reads all of it before running, so editing this file during a long
+# run cannot change what the run does.
+{
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
@@ -74,7 +77,7 @@ if [ "$regen" = 1 ]; then
   "$FUZZ_BUILD/gen_corpus" fuzz/corpus
 fi
 
-# Sanitizer reports abort the input at once, with a stack trace; libFuzzer saves the input.
+# A sanitizer report ends the run with a stack trace; libFuzzer saves the input as an artifact.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
@@ -140,3 +143,5 @@ if [ ${#failed[@]} -gt 0 ]; then
   exit 1
 fi
 echo "fuzz.sh: OK"
+exit
+}
