@@ -49,6 +49,7 @@ struct LocalPair {
     ASSERT_OK(publisher->Register(tensors));
   }
   void Publish(int64_t step) {
+    ASSERT_NE(publisher, nullptr) << "Start() failed";
     model.Fill(step);
     auto r = publisher->Publish(step);
     ASSERT_TRUE(r.ok()) << r.status();

@@ -17,6 +17,7 @@ using util::LedgerItem;
 
 namespace {
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kMinReserve = 64ull << 20;  // smallest reservation tried
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
@@ -27,12 +28,21 @@ Result<std::unique_ptr<Arena>> Arena::Create(const std::string& name, uint64_t r
   if (fd < 0) return Status::FromErrno(errno, "memfd_create for arena '" + name + "'");
   a->fd_ = util::UniqueFd(fd);
   LedgerAdd(LedgerItem::kSegments, 1);
-  a->reserved_ = RoundUp(reserve_bytes, kPage);
-  void* p = ::mmap(nullptr, a->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  // Address space only (PROT_NONE, MAP_NORESERVE): nothing is committed. Where a limit
+  // (ulimit -v, a sanitizer's shadow layout) refuses the full reservation, try smaller ones: the
+  // arena then fails later, clearly, only if the model does not fit.
+  void* p = MAP_FAILED;
+  int err = 0;
+  for (uint64_t want = RoundUp(reserve_bytes, kPage); want >= kMinReserve; want /= 4) {
+    p = ::mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+      a->reserved_ = want;
+      break;
+    }
+    err = errno;
+  }
   if (p == MAP_FAILED) {
-    return Status::FromErrno(errno, "reserving " + std::to_string(a->reserved_) +
-                                        " bytes of address space for arena '" + name + "'");
+    return Status::FromErrno(err, "reserving address space for arena '" + name + "'");
   }
   a->base_ = static_cast<uint8_t*>(p);
   LedgerAdd(LedgerItem::kMappings, 1);
@@ -49,7 +59,7 @@ Status Arena::GrowTo(uint64_t bytes) {
   if (bytes > reserved_) {
     return Status::ResourceExhausted("arena '", name_, "' needs ", bytes,
                                      " bytes, more than the ", reserved_,
-                                     " reserved (PublisherOptions / WEIGHTSYNC_ARENA_RESERVE)");
+                                     " bytes of address space this process could reserve");
   }
   if (::ftruncate(fd_.get(), static_cast<off_t>(bytes)) != 0) {
     return Status::FromErrno(errno, "growing arena '" + name_ + "' to " + std::to_string(bytes));
