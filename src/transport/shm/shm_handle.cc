@@ -11,6 +11,7 @@
 
 #include "transport/cuda_ipc/cuda_data_path.h"
 #include "transport/host_data_path.h"
+#include "transport/step_exchange.h"
 #include "transport/shm/shm_segment.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
@@ -143,20 +144,13 @@ Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
 
 Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                      const Deadline& deadline) {
-  wire::UpdateRequest req{step.value_or(-1), after_step};
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kUpdateRequest, req, deadline));
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepBegin, &begin_, deadline));
-  if (begin_.step == after_step) return begin_.step;  // up to date; publisher pinned nothing
-  if (begin_.step < after_step || (step && begin_.step != *step)) {
-    return Status::ProtocolError(peer_, ": asked for step ",
-                                 step ? std::to_string(*step) : std::string("latest"),
-                                 " after ", after_step, ", publisher offered step ", begin_.step);
-  }
-  if (plan_.uses_slots && begin_.slot >= welcome_.slot_count) {
+  WS_ASSIGN_OR_RETURN(int64_t offered,
+                      RequestStep(*channel_, peer_, step, after_step, &begin_, deadline));
+  if (offered != after_step && plan_.uses_slots && begin_.slot >= welcome_.slot_count) {
     return Status::ProtocolError(peer_, ": step ", begin_.step, " in slot ", begin_.slot,
                                  " but the arena has ", welcome_.slot_count, " slots");
   }
-  return begin_.step;
+  return offered;
 }
 
 Status ShmHandle::CopyStep(const Deadline& deadline) {
@@ -183,16 +177,7 @@ Status ShmHandle::CopyStep(const Deadline& deadline) {
 Result<std::span<const uint64_t>> ShmHandle::EndStep(const Deadline& deadline) {
   WS_RETURN_IF_ERROR(
       channel_->Send(wire::FrameType::kCopyDone, wire::CopyDone{begin_.step}, deadline));
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepEnd, &end_, deadline));
-  if (end_.step != begin_.step) {
-    return Status::ProtocolError(peer_, ": step end for step ", end_.step, ", expected ",
-                                 begin_.step);
-  }
-  if (end_.digests.size() != plan_.digest_count) {
-    return Status::ProtocolError(peer_, ": step ", end_.step, " carries ", end_.digests.size(),
-                                 " digests, the plan needs ", plan_.digest_count);
-  }
-  return std::span<const uint64_t>(end_.digests);
+  return ReceiveStepEnd(*channel_, peer_, begin_.step, plan_.digest_count, &end_, deadline);
 }
 
 Status ShmHandle::Verify(std::span<const uint64_t> digests, int64_t step,

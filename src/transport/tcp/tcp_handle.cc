@@ -8,6 +8,7 @@
 
 #include "cuda/device.h"
 #include "transport/host_data_path.h"
+#include "transport/step_exchange.h"
 #include "transport/nccl/nccl_endpoints.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
@@ -239,16 +240,7 @@ Status TcpHandle::PublisherReason(const Status& seen) {
 
 Result<int64_t> TcpHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                      const Deadline& deadline) {
-  wire::UpdateRequest req{step.value_or(-1), after_step};
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kUpdateRequest, req, deadline));
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepBegin, &begin_, deadline));
-  if (begin_.step == after_step) return begin_.step;
-  if (begin_.step < after_step || (step && begin_.step != *step)) {
-    return Status::ProtocolError(peer_, ": asked for step ",
-                                 step ? std::to_string(*step) : std::string("latest"),
-                                 " after ", after_step, ", publisher offered step ", begin_.step);
-  }
-  return begin_.step;
+  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline);
 }
 
 Status TcpHandle::CopyStep(const Deadline& deadline) {
@@ -272,16 +264,7 @@ Status TcpHandle::CopyStep(const Deadline& deadline) {
 }
 
 Result<std::span<const uint64_t>> TcpHandle::EndStep(const Deadline& deadline) {
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kStepEnd, &end_, deadline));
-  if (end_.step != begin_.step) {
-    return Status::ProtocolError(peer_, ": step end for step ", end_.step, ", expected ",
-                                 begin_.step);
-  }
-  if (end_.digests.size() != plan_.digest_count) {
-    return Status::ProtocolError(peer_, ": step ", end_.step, " carries ", end_.digests.size(),
-                                 " digests, the plan needs ", plan_.digest_count);
-  }
-  return std::span<const uint64_t>(end_.digests);
+  return ReceiveStepEnd(*channel_, peer_, begin_.step, plan_.digest_count, &end_, deadline);
 }
 
 Status TcpHandle::Release() {
