@@ -18,18 +18,8 @@
 #include "transport/cuda_ipc/vmm.h"
 #include "util/fail_point.h"
 
-// Counts host heap allocations (forwarding to malloc) to show a steady update makes none.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-void* operator new(size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+// Counts host heap allocations (g_new_calls) to show a steady update makes none.
+#include "testing/count_new.inc"
 
 namespace weightsync {
 namespace {
@@ -128,9 +118,9 @@ TEST_P(CudaIpc, ThousandStepsPreparedOnceWithoutHostAllocation) {
   size_t free_before = 0, total = 0, free_after = 0;
   for (int step = 1; step <= 1000; ++step) {
     Publish(step);
-    int64_t before = g_allocations.load();
+    int64_t before = g_new_calls.load();
     auto stats = sub->Update(step);
-    int64_t after = g_allocations.load();
+    int64_t after = g_new_calls.load();
     ASSERT_TRUE(stats.ok()) << stats.status();
     ASSERT_EQ(stats->handle_created, step == 1);
     if (step > 10) allocations_in_updates += after - before;
