@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "util/ledger.h"
+#include "util/logging.h"
+#include "util/thread.h"
 
 namespace weightsync::util {
 
@@ -15,7 +17,14 @@ WorkerPool::WorkerPool(int threads) {
   threads = std::max(threads, 1);
   workers_.reserve(threads - 1);
   for (int i = 0; i < threads - 1; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    std::thread t;
+    if (Status s = StartThread(&t, "copy worker", [this] { WorkerLoop(); }); !s.ok()) {
+      // Fewer workers is slower, not wrong: the caller of Run always works too.
+      WS_LOG(WARN, "pool") << s << "; continuing with " << workers_.size() + 1 << " of "
+                           << threads << " threads";
+      break;
+    }
+    workers_.push_back(std::move(t));
     LedgerAdd(LedgerItem::kThreads, 1);
   }
 }

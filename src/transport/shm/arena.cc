@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
 #include "util/fail_point.h"
 #include "util/ledger.h"
@@ -19,6 +22,22 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kMinReserve = 64ull << 20;  // smallest reservation tried
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Under an address-space limit (RLIMIT_AS) a reservation that takes all the headroom leaves
+// nothing for thread stacks and malloc, and the publisher then fails elsewhere for no clear
+// reason. Reserve at most half of the headroom. No limit → no cap.
+uint64_t CapToAddressSpaceHeadroom(uint64_t want) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return want;
+  uint64_t in_use = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long pages = 0;
+    if (std::fscanf(f, "%llu", &pages) == 1) in_use = pages * ::sysconf(_SC_PAGESIZE);
+    std::fclose(f);
+  }
+  const uint64_t headroom = limit.rlim_cur > in_use ? limit.rlim_cur - in_use : 0;
+  return std::min(want, RoundUp(headroom / 2, kPage));
+}
 }  // namespace
 
 Result<std::unique_ptr<Arena>> Arena::Create(const std::string& name, uint64_t reserve_bytes) {
@@ -33,13 +52,15 @@ Result<std::unique_ptr<Arena>> Arena::Create(const std::string& name, uint64_t r
   // arena then fails later, clearly, only if the model does not fit.
   void* p = MAP_FAILED;
   int err = 0;
-  for (uint64_t want = RoundUp(reserve_bytes, kPage); want >= kMinReserve; want /= 4) {
+  const uint64_t first = CapToAddressSpaceHeadroom(RoundUp(reserve_bytes, kPage));
+  for (uint64_t want = std::max<uint64_t>(first, kPage);; want = RoundUp(want / 4, kPage)) {
     p = ::mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p != MAP_FAILED) {
       a->reserved_ = want;
       break;
     }
     err = errno;
+    if (want / 4 < kMinReserve) break;
   }
   if (p == MAP_FAILED) {
     return Status::FromErrno(err, "reserving address space for arena '" + name + "'");

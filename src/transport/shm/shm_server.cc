@@ -12,6 +12,7 @@
 #include "transport/shm/shm_handle.h"
 #include "util/ledger.h"
 #include "util/logging.h"
+#include "util/thread.h"
 #include "wire/channel.h"
 
 namespace weightsync::transport::shm {
@@ -64,7 +65,8 @@ Result<std::unique_ptr<ShmServer>> ShmServer::Start(const Endpoint& endpoint,
     return Status::FromErrno(errno, "listen '" + endpoint.socket_path + "'");
   }
   std::unique_ptr<ShmServer> server(new ShmServer(endpoint, options, source, std::move(fd)));
-  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  WS_RETURN_IF_ERROR(util::StartThread(&server->accept_thread_, "shm accept",
+                                       [s = server.get()] { s->AcceptLoop(); }));
   LedgerAdd(LedgerItem::kThreads, 1);
   return server;
 }
@@ -117,11 +119,20 @@ void ShmServer::AcceptLoop() {
     conn->fd = std::move(fd);
     conn->id = next_id_++;
     Connection* c = conn.get();
-    connections_.push_back(std::move(conn));
     active_.fetch_add(1, std::memory_order_relaxed);
     LedgerAdd(LedgerItem::kConnections, 1);
+    if (Status s = util::StartThread(&c->thread, "shm connection", [this, c] { Serve(c); });
+        !s.ok()) {
+      active_.fetch_sub(1, std::memory_order_relaxed);
+      LedgerAdd(LedgerItem::kConnections, -1);
+      WS_LOG(WARN, "shm") << "refused connection from pid " << cred.pid << ": " << s;
+      wire::Channel ch(std::move(conn->fd), "subscriber pid " + std::to_string(cred.pid));
+      (void)ch.Send(wire::FrameType::kError, wire::ErrorMessage{s.code(), s.message()},
+                    Deadline(std::chrono::milliseconds(100)));
+      continue;
+    }
     LedgerAdd(LedgerItem::kThreads, 1);
-    c->thread = std::thread([this, c] { Serve(c); });
+    connections_.push_back(std::move(conn));
   }
 }
 

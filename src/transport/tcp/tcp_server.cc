@@ -14,6 +14,7 @@
 #include "transport/tcp/tcp_session.h"
 #include "util/ledger.h"
 #include "util/logging.h"
+#include "util/thread.h"
 #include "util/unique_fd.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
@@ -131,7 +132,7 @@ Status TcpServerImpl::Listen() {
   bound_.name = bound_.ToString().substr(6);
   Accept();
   ScheduleReap();
-  io_thread_ = std::thread([this] { io_.run(); });
+  WS_RETURN_IF_ERROR(util::StartThread(&io_thread_, "tcp io", [this] { io_.run(); }));
   LedgerAdd(LedgerItem::kThreads, 1);
   WS_LOG(INFO, "tcp") << "listening on " << bound_.ToString()
                       << (options_.token.empty() ? " (loopback, no token)" : " (token required)");
@@ -311,19 +312,24 @@ void TcpServerImpl::StartSession(std::shared_ptr<Handshake> h) {
   session->fd = util::UniqueFd(native);
   Session* s = session.get();
   SessionConfig config{options_.timeout, h->peer, source_, &stopping_};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sessions_.push_back(std::move(session));
-  }
+  std::lock_guard<std::mutex> lock(mu_);
   active_.fetch_add(1, std::memory_order_relaxed);
   LedgerAdd(LedgerItem::kConnections, 1);
-  LedgerAdd(LedgerItem::kThreads, 1);
-  s->thread = std::thread([this, s, config] {
+  Status started = util::StartThread(&s->thread, "tcp session", [this, s, config] {
     RunSession(s->fd.get(), config);
     active_.fetch_sub(1, std::memory_order_relaxed);
     LedgerAdd(LedgerItem::kConnections, -1);
     s->done.store(true, std::memory_order_release);
   });
+  if (!started.ok()) {
+    // The peer sees its connection close; the reason is ours to log.
+    active_.fetch_sub(1, std::memory_order_relaxed);
+    LedgerAdd(LedgerItem::kConnections, -1);
+    WS_LOG(WARN, "tcp") << "session for " << h->peer << " refused: " << started;
+    return;
+  }
+  LedgerAdd(LedgerItem::kThreads, 1);
+  sessions_.push_back(std::move(session));
 }
 
 // Finished sessions are joined promptly so their thread and socket do not outlive the peer.

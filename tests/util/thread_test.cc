@@ -1,0 +1,92 @@
+// A refused thread (address-space or thread limit) is a Status, never an exception escaping the
+// library; the copy pool degrades to fewer threads and still does all the work.
+#include "util/thread.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "util/worker_pool.h"
+
+namespace weightsync::util {
+namespace {
+
+unsigned long long AddressSpaceInUse() {
+  unsigned long long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  return pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE));
+}
+
+// Runs body in a child whose address space is capped just above what it uses now, so the next
+// thread stack (8 MiB) cannot be mapped. Returns the child's exit code.
+template <typename Body>
+int RunUnderTightAddressSpaceLimit(Body body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    const unsigned long long cap = AddressSpaceInUse() + (2ull << 20);
+    rlimit limit{cap, cap};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(90);
+    ::_exit(body());
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+bool UnderSanitizer() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return true;
+#endif
+#endif
+  return false;
+}
+
+TEST(StartThread, RefusedThreadIsResourceExhaustedNamingTheThread) {
+  if (UnderSanitizer()) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  int code = RunUnderTightAddressSpaceLimit([] {
+    std::thread t;
+    Status s = StartThread(&t, "probe", [] {});
+    if (s.ok()) {
+      t.join();
+      return 1;  // the limit did not bite: the test proves nothing
+    }
+    if (s.code() != StatusCode::kResourceExhausted) return 2;
+    if (s.message().find("probe") == std::string::npos) return 3;
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "1: thread started despite the limit, 2: wrong code, 3: message does not "
+                        "name the thread, 90: setrlimit failed";
+}
+
+TEST(StartThread, StartedThreadRuns) {
+  std::thread t;
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(StartThread(&t, "probe", [&] { ran = 1; }).ok());
+  t.join();
+  EXPECT_EQ(ran.load(), 1);
+}
+
+TEST(WorkerPool, RefusedWorkersDegradeToTheCallingThreadAndStillRunEveryIndex) {
+  if (UnderSanitizer()) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  int code = RunUnderTightAddressSpaceLimit([] {
+    WorkerPool pool(4);
+    if (pool.size() != 1) return 1;
+    static std::atomic<int> sum{0};
+    pool.Run(100, [](void*, uint32_t i) { sum += static_cast<int>(i); }, nullptr);
+    return sum.load() == 4950 ? 0 : 2;
+  });
+  EXPECT_EQ(code, 0) << "1: pool started workers despite the limit, 2: not every index ran";
+}
+
+}  // namespace
+}  // namespace weightsync::util
