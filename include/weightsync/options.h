@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace weightsync {
 
@@ -50,6 +51,13 @@ struct PublisherOptions {
 
 struct SubscriberOptions {
   std::string endpoint;  // same form as PublisherOptions::endpoint
+  // Further publishers feeding this subscriber, e.g. one per trainer rank, each holding part (or
+  // all) of the tensors. At the first update every publisher's manifest is read and each tensor
+  // is assigned to exactly one of them (a tensor several hold goes to the least-loaded one); the
+  // shares then move concurrently, each over its own transfer handle, and are verified and
+  // committed together: all of a step or none of it. All publishers must publish the same steps;
+  // "latest" is the latest of the first one. `endpoint` may be left empty when this is not.
+  std::vector<std::string> endpoints;
   std::string token;       // as PublisherOptions::token (TCP only)
   std::string token_file;
   UpdateMode mode = UpdateMode::kStaged;

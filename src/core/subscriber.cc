@@ -3,14 +3,18 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <sstream>
+#include <type_traits>
 
 #include "plan/plan.h"
+#include "plan/schedule.h"
 #include "transport/endpoint.h"
 #include "transport/transport.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
+#include "util/worker_pool.h"
 
 namespace weightsync {
 
@@ -23,13 +27,30 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
+// One publisher feeding this subscriber and its transfer handle.
+struct Source {
+  std::string name;  // the endpoint as the user wrote it
+  transport::Endpoint endpoint;
+  std::unique_ptr<transport::TransferHandle> handle;
+  // With several publishers: the share of the destinations this one delivers (the handle's plan
+  // indexes into it, so it lives as long as the handle).
+  std::vector<plan::Destination> share;
+  std::span<const uint64_t> digests;  // from EndStep, valid until the next BeginStep
+  Status status;                      // of the last per-source phase run on the pool
+};
+
 struct Subscriber::Impl {
   SubscriberOptions options;
-  transport::Endpoint endpoint;
+  std::string sources_text;  // "local://a" or "local://a, local://b" for error context
+  std::vector<Source> sources;
   std::vector<plan::Destination> destinations;
 
-  // The transfer handle: connection, mappings, plan, staging, workers.
-  std::unique_ptr<transport::TransferHandle> handle;
+  // The prepared state: the sources that deliver something (each with its transfer handle:
+  // connection, mappings, plan, staging, workers) and, with several, one thread per source so
+  // their links carry their shares at the same time.
+  bool prepared = false;
+  std::vector<Source*> active;
+  std::unique_ptr<util::WorkerPool> pool;
 
   std::mutex update_mu;  // one update at a time; held for the whole update
   std::atomic<bool> cancel{false};  // set by Cancel(), cleared when an update starts
@@ -38,9 +59,46 @@ struct Subscriber::Impl {
   bool closed = false;
   uint64_t prepare_count = 0;
 
-  Status ReleaseHandle(std::string_view why);
+  Status ReleaseHandles(std::string_view why);
   Status Prepare(const Deadline& deadline);
+  Status PrepareShares(const Deadline& deadline);
+  Result<int64_t> BeginStep(std::optional<int64_t> step, const Deadline& deadline);
+
+  // Runs fn(source) for every active source, concurrently when there are several, and combines
+  // the results. Allocates nothing on success.
+  template <typename Fn>
+  Status ForEachSource(Fn&& fn);
+  Status CombinedStatus() const;
 };
+
+template <typename Fn>
+Status Subscriber::Impl::ForEachSource(Fn&& fn) {
+  if (active.size() == 1) return fn(*active[0]);
+  struct Context {
+    std::vector<Source*>* active;
+    std::remove_reference_t<Fn>* fn;
+  } context{&active, &fn};
+  pool->Run(static_cast<uint32_t>(active.size()),
+            [](void* c, uint32_t i) {
+              auto* ctx = static_cast<Context*>(c);
+              Source& source = *(*ctx->active)[i];
+              source.status = (*ctx->fn)(source);
+            },
+            &context);
+  return CombinedStatus();
+}
+
+// Every failing source named, in source order; the code is the first failure's.
+Status Subscriber::Impl::CombinedStatus() const {
+  Status first;
+  std::string message;
+  for (const Source* source : active) {
+    if (source->status.ok()) continue;
+    if (first.ok()) first = source->status;
+    message += (message.empty() ? "" : "; ") + source->name + ": " + source->status.message();
+  }
+  return first.ok() ? first : Status(first.code(), message);
+}
 
 Subscriber::Subscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -57,7 +115,21 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
+  std::vector<std::string> names;
+  if (!options.endpoint.empty() || options.endpoints.empty()) names.push_back(options.endpoint);
+  names.insert(names.end(), options.endpoints.begin(), options.endpoints.end());
+  for (const std::string& name : names) {
+    for (const Source& seen : impl->sources) {
+      if (seen.name == name) {
+        return Status::InvalidArgument("publisher endpoint '", name, "' is listed twice");
+      }
+    }
+    Source source;
+    source.name = name;
+    WS_ASSIGN_OR_RETURN(source.endpoint, transport::ParseEndpoint(name));
+    impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
+    impl->sources.push_back(std::move(source));
+  }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
 
@@ -66,7 +138,7 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Register() during an update");
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  if (d.handle) {
+  if (d.prepared) {
     return Status::FailedPrecondition(
         "Register() while prepared: call Sleep() first so no mapping points at old memory");
   }
@@ -89,12 +161,20 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   return Status::Ok();
 }
 
-Status Subscriber::Impl::ReleaseHandle(std::string_view why) {
+Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
   Status result;
-  if (handle) {
-    result.Update(handle->Release());
-    handle.reset();
+  // Reverse order of creation: the pool (idle between updates), then each source's handle.
+  pool.reset();
+  active.clear();
+  for (auto it = sources.rbegin(); it != sources.rend(); ++it) {
+    if (!it->handle) continue;
+    if (Status s = it->handle->Release(); !s.ok()) {
+      result.Update(sources.size() > 1 ? s.WithContext(it->name) : s);
+    }
+    it->handle.reset();
+    it->share.clear();
   }
+  prepared = false;
   if (!result.ok()) {
     WS_LOG(WARN, "subscriber") << "releasing the transfer handle (" << why << "): " << result;
   }
@@ -102,10 +182,76 @@ Status Subscriber::Impl::ReleaseHandle(std::string_view why) {
 }
 
 Status Subscriber::Impl::Prepare(const Deadline& deadline) {
-  WS_ASSIGN_OR_RETURN(handle, transport::NewTransferHandle(endpoint, options));
-  WS_RETURN_IF_ERROR(handle->Prepare(destinations, {options.policy, options.mode}, deadline));
+  for (Source& source : sources) {
+    WS_ASSIGN_OR_RETURN(source.handle, transport::NewTransferHandle(source.endpoint, options));
+  }
+  if (sources.size() == 1) {
+    WS_RETURN_IF_ERROR(sources[0].handle->Prepare(destinations, {options.policy, options.mode},
+                                                  deadline));
+    active.push_back(&sources[0]);
+  } else {
+    WS_RETURN_IF_ERROR(PrepareShares(deadline));
+  }
+  prepared = true;
   ++prepare_count;
   return Status::Ok();
+}
+
+// Several publishers: connect to all, decide once which one delivers each tensor, then prepare
+// each handle for its share only.
+Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
+  std::vector<plan::SourceManifest> manifests;
+  for (Source& source : sources) {
+    Result<const wire::Welcome*> welcome = source.handle->Connect(deadline);
+    if (!welcome.ok()) return welcome.status().WithContext(source.name);
+    manifests.push_back({source.name, *welcome});
+  }
+  WS_ASSIGN_OR_RETURN(plan::Schedule schedule,
+                      plan::AssignSources(manifests, destinations, options.policy));
+  std::ostringstream line;
+  line << "schedule over " << sources.size() << " publishers:";
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Source& source = sources[i];
+    line << " " << source.name << " " << schedule.destinations[i].size() << " tensors "
+         << schedule.bytes[i] << " bytes;";
+    if (schedule.destinations[i].empty()) {
+      // Nothing of what we registered comes from it: no handle, no traffic.
+      WS_RETURN_IF_ERROR(source.handle->Release().WithContext(source.name));
+      source.handle.reset();
+      continue;
+    }
+    for (uint32_t d : schedule.destinations[i]) source.share.push_back(destinations[d]);
+    // Subset: the publisher also holds tensors another one delivers.
+    Status s = source.handle->Prepare(source.share, {MatchPolicy::kSubset, options.mode},
+                                      deadline);
+    if (!s.ok()) return s.WithContext(source.name);
+    active.push_back(&source);
+  }
+  WS_LOG(INFO, "subscriber") << line.str();
+  pool = std::make_unique<util::WorkerPool>(static_cast<int>(active.size()));
+  return Status::Ok();
+}
+
+// Every active source must serve the same step. "Latest" is the first source's latest; the others
+// are asked for exactly that step (waiting, within the deadline, for one that is behind).
+Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step,
+                                            const Deadline& deadline) {
+  Source& lead = *active[0];
+  Result<int64_t> got = lead.handle->BeginStep(step, committed, deadline);
+  if (!got.ok() || active.size() == 1) return got;
+  if (*got == committed) return got;  // up to date: nothing pinned anywhere
+  for (size_t i = 1; i < active.size(); ++i) {
+    Result<int64_t> other = active[i]->handle->BeginStep(*got, committed, deadline);
+    if (!other.ok()) {
+      return other.status().WithContext(active[i]->name + " (publishers out of step? " +
+                                        lead.name + " offered step " + std::to_string(*got) + ")");
+    }
+    if (*other != *got) {
+      return Status::ProtocolError(active[i]->name, " offered step ", *other, " when asked for ",
+                                   *got);
+    }
+  }
+  return got;
 }
 
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
@@ -132,25 +278,24 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   // Any failure from here on destroys the handle; the next update prepares a new one.
   auto fail = [&](const Status& s) -> Status {
     if (touched_destinations) d.valid = false;
-    (void)d.ReleaseHandle("update failed");
-    Status out = s.WithContext("update to step " + step_text + " from " + d.options.endpoint);
+    (void)d.ReleaseHandles("update failed");
+    Status out = s.WithContext("update to step " + step_text + " from " + d.sources_text);
     if (touched_destinations) {
       out = Status(out.code(), out.message() + " (in_place: weights are now marked invalid)");
     }
     return out;
   };
 
-  if (!d.handle) {
+  if (!d.prepared) {
     Status s = d.Prepare(deadline);
     if (!s.ok()) return fail(s.WithContext("prepare"));
     stats.handle_created = true;
     stats.prepare_seconds = Seconds(t0, Clock::now());
   }
   stats.prepare_count = d.prepare_count;
-  const plan::Plan& plan = d.handle->plan();
 
   auto t_wait = Clock::now();
-  Result<int64_t> step = d.handle->BeginStep(update.step, d.committed, deadline);
+  Result<int64_t> step = d.BeginStep(update.step, deadline);
   if (!step.ok()) return fail(step.status());
   auto t_copy = Clock::now();
   stats.wait_seconds = Seconds(t_wait, t_copy);
@@ -165,15 +310,21 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   const bool staged = d.options.mode == UpdateMode::kStaged;
   touched_destinations = !staged;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
-  Status s = d.handle->CopyStep(deadline);
+  Status s = d.ForEachSource([&](Source& src) { return src.handle->CopyStep(deadline); });
   if (!s.ok()) return fail(s);
-  Result<std::span<const uint64_t>> digests = d.handle->EndStep(deadline);
-  if (!digests.ok()) return fail(digests.status());
+  s = d.ForEachSource([&](Source& src) {
+    Result<std::span<const uint64_t>> digests = src.handle->EndStep(deadline);
+    if (!digests.ok()) return digests.status();
+    src.digests = *digests;
+    return Status::Ok();
+  });
+  if (!s.ok()) return fail(s);
   auto t_verify = Clock::now();
   stats.copy_seconds = Seconds(t_copy, t_verify);
 
   if (verify) {
-    s = d.handle->Verify(*digests, *step, deadline);
+    s = d.ForEachSource(
+        [&](Source& src) { return src.handle->Verify(src.digests, *step, deadline); });
     if (!s.ok()) return fail(s);
     stats.verified = true;
   }
@@ -182,15 +333,17 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   if (staged) {
     // From here the destinations change: a failure now leaves them partly written.
     touched_destinations = true;
-    s = d.handle->Commit(deadline);
+    s = d.ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
     if (!s.ok()) return fail(s);
   }
   auto t_end = Clock::now();
   stats.commit_seconds = staged ? Seconds(t_commit, t_end) : 0;
   d.committed = *step;
   d.valid = true;
-  stats.bytes = plan.total_bytes;
-  stats.tensors = plan.tensors.size();
+  for (const Source* src : d.active) {
+    stats.bytes += src->handle->plan().total_bytes;
+    stats.tensors += src->handle->plan().tensors.size();
+  }
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
@@ -200,7 +353,7 @@ Status Subscriber::Sleep() {
   Impl& d = *impl_;
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
-  return d.ReleaseHandle("sleep");
+  return d.ReleaseHandles("sleep");
 }
 
 Status Subscriber::Close() {
@@ -210,7 +363,7 @@ Status Subscriber::Close() {
   std::lock_guard<std::mutex> lock(d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;
-  return d.ReleaseHandle("close");
+  return d.ReleaseHandles("close");
 }
 
 Status Subscriber::Cancel() {

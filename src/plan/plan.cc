@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "plan/mismatch_list.h"
 #include "weightsync/dtype.h"
 #include "weightsync/tensor_view.h"
 
@@ -22,10 +23,6 @@ namespace {
 // Shadow-buffer start alignment of every planned tensor: one cache line, so that copy workers
 // filling neighbouring tensors never share a line, and vectorised copies start aligned.
 constexpr uint64_t kShadowAlignment = 64;
-
-// Mismatch lines listed in one error; a wholly different pair of models would otherwise produce a
-// message of thousands of lines that nobody reads.
-constexpr size_t kMaxListedMismatches = 100;
 
 const char* RegionName(wire::Region region) {
   switch (region) {
@@ -53,33 +50,6 @@ Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_
   return Status::Ok();
 }
 
-// Collects mismatch lines, keeping the first kMaxListedMismatches but counting all of them.
-class MismatchList {
- public:
-  template <typename... Args>
-  void Add(Args&&... args) {
-    ++count_;
-    if (count_ > kMaxListedMismatches) return;
-    std::ostringstream line;
-    (line << ... << args);
-    lines_.push_back(line.str());
-  }
-
-  bool empty() const { return count_ == 0; }
-
-  Status ToStatus() const {
-    std::ostringstream os;
-    os << "plan: " << count_ << (count_ == 1 ? " mismatch" : " mismatches")
-       << " between publisher and subscriber manifests:";
-    for (const std::string& line : lines_) os << "\n  " << line;
-    if (count_ > lines_.size()) os << "\n  ... and " << (count_ - lines_.size()) << " more";
-    return Status::InvalidArgument(os.str());
-  }
-
- private:
-  size_t count_ = 0;
-  std::vector<std::string> lines_;
-};
 
 // Cuts every planned tensor into segments of at most `segment_bytes`. `digest_base[i]` is the
 // first digest index of publisher tensor i.
@@ -223,7 +193,7 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
                                    kMaxTensors);
   }
 
-  MismatchList mismatches;
+  MismatchList mismatches("publisher and subscriber manifests");
   // Name → first destination with that name. Duplicates are reported in subscriber order below.
   std::unordered_map<std::string_view, uint32_t> by_name;
   by_name.reserve(destinations.size());

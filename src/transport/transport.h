@@ -20,6 +20,7 @@
 #include "util/deadline.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
+#include "wire/messages.h"
 
 namespace weightsync::transport {
 
@@ -33,7 +34,11 @@ class TransferHandle {
   virtual ~TransferHandle() = default;
   virtual std::string_view transport_name() const = 0;
 
-  // Connects, handshakes, matches manifests into a plan, maps memory, allocates staging (staged
+  // Connects and handshakes; returns the publisher's manifest and layout, valid while the handle
+  // lives. Lets a subscriber with several publishers decide which one delivers which tensor
+  // before any of them is prepared. Prepare() connects first when this was not called.
+  virtual Result<const wire::Welcome*> Connect(const util::Deadline& deadline) = 0;
+  // Connects (if needed), matches manifests into a plan, maps memory, allocates staging (staged
   // mode), starts workers. Logs one line saying what it prepared.
   virtual Status Prepare(const std::vector<plan::Destination>& destinations,
                          const PrepareOptions& options, const util::Deadline& deadline) = 0;

@@ -38,6 +38,7 @@ class ShmHandle final : public TransferHandle {
 
   std::string_view transport_name() const override { return gpu_ ? "cuda-ipc" : "shm"; }
   const plan::Plan& plan() const override { return plan_; }
+  Result<const wire::Welcome*> Connect(const Deadline& deadline) override;
 
   Status Prepare(const std::vector<plan::Destination>& destinations,
                  const PrepareOptions& options, const Deadline& deadline) override;
@@ -64,6 +65,8 @@ class ShmHandle final : public TransferHandle {
   HostDataPath host_;          // host arena
   cuda_ipc::CudaDataPath gpu_path_;  // GPU arena
   bool counted_ = false;       // ledger "handles"
+  bool connected_ = false;
+  util::UniqueFd arena_fd_;    // from the Welcome until Prepare maps or imports it
 
   wire::Welcome welcome_;
   plan::Plan plan_;
@@ -71,8 +74,8 @@ class ShmHandle final : public TransferHandle {
   wire::StepEnd end_;
 };
 
-Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
-                          const PrepareOptions& options, const Deadline& deadline) {
+Result<const wire::Welcome*> ShmHandle::Connect(const Deadline& deadline) {
+  if (connected_) return &welcome_;
   peer_ = "publisher local://" + endpoint_.name;
   counted_ = true;
   LedgerAdd(LedgerItem::kHandles, 1);
@@ -85,13 +88,20 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
   wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
                     static_cast<uint32_t>(::getpid())};
   WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
-  util::UniqueFd arena_fd;
   WS_RETURN_IF_ERROR(
-      channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline, &arena_fd));
-  if (!arena_fd.valid()) {
+      channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline, &arena_fd_));
+  if (!arena_fd_.valid()) {
     return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  connected_ = true;
+  return &welcome_;
+}
+
+Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
+                          const PrepareOptions& options, const Deadline& deadline) {
+  WS_RETURN_IF_ERROR(Connect(deadline).status());
+  util::UniqueFd arena_fd = std::move(arena_fd_);
   WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, options.policy,
                                              /*bucket_bytes=*/4ull << 20));
   switch (welcome_.arena_kind) {
@@ -207,6 +217,11 @@ Status ShmHandle::Release() {
     WS_LOG(WARN, "shm") << "release: " << s;
     result.Update(s);
   }
+  if (Status s = arena_fd_.Close(); !s.ok()) {  // connected but never prepared
+    WS_LOG(WARN, "shm") << "release: arena fd of " << peer_ << ": " << s;
+    result.Update(s);
+  }
+  connected_ = false;
   if (channel_) {
     if (Status s = channel_->Close(); !s.ok()) {
       WS_LOG(WARN, "shm") << "release: connection to " << peer_ << ": " << s;

@@ -36,6 +36,7 @@ class TcpHandle final : public TransferHandle {
 
   std::string_view transport_name() const override { return nccl_ ? "nccl" : "tcp"; }
   const plan::Plan& plan() const override { return plan_; }
+  Result<const wire::Welcome*> Connect(const Deadline& deadline) override;
   Status Prepare(const std::vector<plan::Destination>& destinations,
                  const PrepareOptions& options, const Deadline& deadline) override;
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
@@ -71,6 +72,8 @@ class TcpHandle final : public TransferHandle {
   std::unique_ptr<nccl::NcclReceiver> nccl_;  // GPU arena: NCCL receives, GPU staging/verify
   nccl::Watch watch_;  // what NCCL waits watch: this connection
   bool counted_ = false;
+  bool connected_ = false;
+  std::string token_;
   wire::Welcome welcome_;
   plan::Plan plan_;
   std::vector<iovec> parts_;  // one per planned tensor, refilled per step without allocating
@@ -110,9 +113,29 @@ Status TcpHandle::Authenticate(const std::string& token, const Deadline& deadlin
   return Status::Ok();
 }
 
+Result<const wire::Welcome*> TcpHandle::Connect(const Deadline& deadline) {
+  if (connected_) return &welcome_;
+  peer_ = "publisher " + endpoint_.ToString();
+  counted_ = true;
+  LedgerAdd(LedgerItem::kHandles, 1);
+  WS_FAIL_POINT_RETURN("tcp.prepare");
+  WS_ASSIGN_OR_RETURN(token_, util::LoadToken(options_.token, options_.token_file));
+  WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ConnectTcp(endpoint_, deadline));
+  channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_);
+  LedgerAdd(LedgerItem::kConnections, 1);
+  WS_RETURN_IF_ERROR(Authenticate(token_, deadline));
+
+  wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
+                    static_cast<uint32_t>(::getpid())};
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
+  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline));
+  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  connected_ = true;
+  return &welcome_;
+}
+
 Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
                           const PrepareOptions& options, const Deadline& deadline) {
-  peer_ = "publisher " + endpoint_.ToString();
   // Host destinations take a host arena's bytes from this connection; CUDA destinations (all on
   // one device) take a GPU arena's bytes over NCCL. Which one the publisher has, its Welcome says.
   const bool cuda = !destinations.empty() && destinations[0].device.is_cuda();
@@ -125,20 +148,7 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
                                   "arena) or into one CUDA device (from a GPU arena, over nccl)");
     }
   }
-  counted_ = true;
-  LedgerAdd(LedgerItem::kHandles, 1);
-  WS_FAIL_POINT_RETURN("tcp.prepare");
-  WS_ASSIGN_OR_RETURN(std::string token, util::LoadToken(options_.token, options_.token_file));
-  WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ConnectTcp(endpoint_, deadline));
-  channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_);
-  LedgerAdd(LedgerItem::kConnections, 1);
-  WS_RETURN_IF_ERROR(Authenticate(token, deadline));
-
-  wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
-                    static_cast<uint32_t>(::getpid())};
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline));
-  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  WS_RETURN_IF_ERROR(Connect(deadline).status());
   if (welcome_.arena_kind == wire::ArenaKind::kCudaMem) {
     if (!cuda) {
       return Status::NotSupported(
@@ -168,7 +178,7 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
   WS_LOG(INFO, "tcp") << "prepared handle for " << peer_ << ": " << plan_.tensors.size()
                       << " tensors, " << plan_.total_bytes << " bytes, " << plan_.buckets.size()
                       << " buckets, " << plan_.segments.size() << " segments, "
-                      << (token.empty() ? "no token (loopback)" : "authenticated");
+                      << (token_.empty() ? "no token (loopback)" : "authenticated");
   return Status::Ok();
 }
 
@@ -282,6 +292,7 @@ Status TcpHandle::Release() {
     WS_LOG(WARN, "tcp") << "release: " << s;
     result.Update(s);
   }
+  connected_ = false;
   if (channel_) {
     if (Status s = channel_->Close(); !s.ok()) {
       WS_LOG(WARN, "tcp") << "release: connection to " << peer_ << ": " << s;

@@ -1,0 +1,93 @@
+#include "plan/schedule.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string_view>
+#include <unordered_map>
+
+#include "plan/mismatch_list.h"
+#include "weightsync/dtype.h"
+#include "weightsync/tensor_view.h"
+
+namespace weightsync::plan {
+
+Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
+                               const std::vector<Destination>& destinations, MatchPolicy policy) {
+  if (sources.empty()) return Status::InvalidArgument("schedule: no publishers to assign from");
+  std::unordered_map<std::string_view, uint32_t> by_name;
+  by_name.reserve(destinations.size());
+  for (uint32_t d = 0; d < destinations.size(); ++d) by_name.emplace(destinations[d].spec.name, d);
+
+  MismatchList mismatches("the publishers' and the subscriber's manifests");
+  // holders[d]: the sources that publish destination d with a matching dtype and shape.
+  std::vector<std::vector<uint32_t>> holders(destinations.size());
+  for (uint32_t s = 0; s < sources.size(); ++s) {
+    for (const wire::TensorPlacement& p : sources[s].welcome->tensors) {
+      auto it = by_name.find(p.spec.name);
+      if (it == by_name.end()) {
+        if (policy == MatchPolicy::kStrict) {
+          mismatches.Add("tensor '", p.spec.name, "': published by ", sources[s].name,
+                         " but not registered by subscriber (strict policy)");
+        }
+        continue;
+      }
+      const TensorSpec& dst = destinations[it->second].spec;
+      bool same = true;
+      if (p.spec.dtype != dst.dtype) {
+        mismatches.Add("tensor '", p.spec.name, "': dtype mismatch: publisher ", sources[s].name,
+                       " ", DTypeName(p.spec.dtype), ", subscriber ", DTypeName(dst.dtype));
+        same = false;
+      }
+      if (p.spec.shape != dst.shape) {
+        mismatches.Add("tensor '", p.spec.name, "': shape mismatch: publisher ", sources[s].name,
+                       " ", ShapeString(p.spec.shape), ", subscriber ", ShapeString(dst.shape));
+        same = false;
+      }
+      if (same) holders[it->second].push_back(s);
+    }
+  }
+  std::string all_names;
+  for (const auto& s : sources) all_names += (all_names.empty() ? "" : ", ") + s.name;
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (holders[d].empty()) {
+      bool reported = false;  // a holder with the wrong dtype/shape was already listed above
+      for (const auto& s : sources) {
+        for (const auto& p : s.welcome->tensors) reported |= p.spec.name == destinations[d].spec.name;
+      }
+      if (!reported) {
+        mismatches.Add("tensor '", destinations[d].spec.name,
+                       "': registered by subscriber but published by none of ", all_names);
+      }
+    }
+  }
+  if (!mismatches.empty()) return mismatches.ToStatus();
+
+  Schedule schedule;
+  schedule.destinations.resize(sources.size());
+  schedule.bytes.assign(sources.size(), 0);
+  std::vector<uint32_t> shared;  // destinations with a choice of source
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (holders[d].size() == 1) {
+      schedule.destinations[holders[d][0]].push_back(d);
+      schedule.bytes[holders[d][0]] += destinations[d].spec.nbytes;
+    } else {
+      shared.push_back(d);
+    }
+  }
+  // Largest first, then by registration order: deterministic, and close to balanced.
+  std::stable_sort(shared.begin(), shared.end(), [&](uint32_t a, uint32_t b) {
+    return destinations[a].spec.nbytes > destinations[b].spec.nbytes;
+  });
+  for (uint32_t d : shared) {
+    uint32_t best = holders[d][0];
+    for (uint32_t s : holders[d]) {
+      if (schedule.bytes[s] < schedule.bytes[best]) best = s;
+    }
+    schedule.destinations[best].push_back(d);
+    schedule.bytes[best] += destinations[d].spec.nbytes;
+  }
+  for (auto& list : schedule.destinations) std::sort(list.begin(), list.end());
+  return schedule;
+}
+
+}  // namespace weightsync::plan
