@@ -279,10 +279,24 @@ void BindSubscriber(nb::module_& m) {
       "(allocate(), receive()). Connects lazily at the first update().")
       .def(
           "__init__",
-          [](PySubscriber* self, const std::string& endpoint, const std::string& mode,
+          [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads) {
             SubscriberOptions o;
-            o.endpoint = endpoint;
+            std::string endpoint;
+            if (nb::isinstance<nb::str>(endpoint_arg)) {
+              o.endpoint = nb::cast<std::string>(endpoint_arg);
+              endpoint = o.endpoint;
+            } else {
+              // Several publishers (e.g. one per trainer rank), each holding part of the model.
+              for (nb::handle item : nb::iter(endpoint_arg)) {
+                if (!nb::isinstance<nb::str>(item)) {
+                  throw nb::type_error("endpoint: expected a str or a sequence of str");
+                }
+                o.endpoints.push_back(nb::cast<std::string>(item));
+                endpoint += (endpoint.empty() ? "" : ", ") + o.endpoints.back();
+              }
+              if (o.endpoints.empty()) throw nb::value_error("endpoint: empty sequence");
+            }
             o.mode = ModeArg(mode);
             o.policy = PolicyArg(policy);
             o.timeout = TimeoutArg(timeout, "timeout");
@@ -295,9 +309,12 @@ void BindSubscriber(nb::module_& m) {
           },
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
           "verify"_a = false, "copy_threads"_a = 0,
-          nb::sig("def __init__(self, endpoint: str, mode: typing.Literal['staged', 'in_place'] "
+          nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0) -> None"),
+          "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
+          "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
+          "comes from exactly one of them, and a step is applied whole or not at all.\n"
           "mode: 'staged' (receive into a shadow buffer, then commit: old weights untouched on\n"
           "failure) or 'in_place' (no extra memory; a failure marks weights invalid).\n"
           "policy: 'strict' (same names on both sides) or 'subset' (a subset of the\n"

@@ -157,3 +157,32 @@ def _update_stats_header():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     return root / "include" / "weightsync" / "update_stats.h"
+
+
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_two_publishers_each_holding_half(endpoint, mode):
+    """Two trainer ranks, each publishing half of the model; one subscriber takes both halves."""
+    model = make_model(seed=5)
+    names = sorted(model)
+    halves = [{k: model[k] for k in names[:3]}, {k: model[k] for k in names[3:]}]
+    endpoints = [endpoint + "-rank0", endpoint + "-rank1"]
+    with weightsync.Publisher(endpoints[0]) as p0, weightsync.Publisher(endpoints[1]) as p1:
+        p0.register(halves[0])
+        p1.register(halves[1])
+        with weightsync.Subscriber(endpoints, mode=mode, verify=True) as sub:
+            dst = zeros_like_model(model)
+            sub.register(dst)
+            for step in (1, 2):
+                bump(model)
+                p0.publish(step)
+                p1.publish(step)
+                stats = sub.update()
+                assert (stats.step, stats.tensors, stats.verified) == (step, len(model), True)
+                assert_bit_exact(dst, model)
+
+
+def test_subscriber_endpoint_list_must_hold_strings(endpoint):
+    with pytest.raises(TypeError, match="sequence of str"):
+        weightsync.Subscriber([endpoint, 3])
+    with pytest.raises(ValueError, match="empty"):
+        weightsync.Subscriber([])
