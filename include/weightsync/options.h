@@ -69,6 +69,16 @@ struct SubscriberOptions {
   // Verify every segment against the publisher's xxHash3 digest before committing (per update
   // overridable).
   bool verify = false;
+  // Lets a destination's dtype differ from the publisher's where weightsync converts in flight:
+  // casts among float32, float16 and bfloat16 (round to nearest even), and bfloat16 →
+  // float8_e4m3fn with one scale per 128×128 block (cols = the last dimension, rows = the
+  // product of the others), written to the destination NAME + fp8_scale_suffix: float32
+  // (amax / 448) or float8_e8m0fnu (power-of-two) of shape [ceil(rows/128), ceil(cols/128)].
+  // The published bytes move and are verified as published; the conversion writes the
+  // destination at commit (staged) or right after the copy (in place). Off: any dtype
+  // difference is a mismatch. Format details: docs/gpu.md.
+  bool convert_dtypes = false;
+  std::string fp8_scale_suffix = "_scale_inv";
 };
 
 }  // namespace weightsync

@@ -16,7 +16,7 @@ struct UpdateStats {
   double wait_seconds = 0;       // waiting for the step to be published
   double copy_seconds = 0;       // copying into shadow or destinations
   double verify_seconds = 0;     // digest check (0 when not verified)
-  double commit_seconds = 0;     // shadow → destinations (staged only)
+  double commit_seconds = 0;     // shadow → destinations (staged), and conversions
   bool handle_created = false;   // true if this update prepared a new transfer handle
   uint64_t prepare_count = 0;    // transfer handles prepared by this subscriber so far
   bool verified = false;         // every segment matched its digest

@@ -60,6 +60,9 @@ struct Subscriber::Impl {
   uint64_t prepare_count = 0;
 
   Status ReleaseHandles(std::string_view why);
+  plan::ConvertOptions Convert() const {
+    return {options.convert_dtypes, options.fp8_scale_suffix};
+  }
   Status Prepare(const Deadline& deadline);
   Status PrepareShares(const Deadline& deadline);
   Result<int64_t> BeginStep(std::optional<int64_t> step, const Deadline& deadline);
@@ -186,8 +189,8 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline) {
     WS_ASSIGN_OR_RETURN(source.handle, transport::NewTransferHandle(source.endpoint, options));
   }
   if (sources.size() == 1) {
-    WS_RETURN_IF_ERROR(sources[0].handle->Prepare(destinations, {options.policy, options.mode},
-                                                  deadline));
+    WS_RETURN_IF_ERROR(sources[0].handle->Prepare(
+        destinations, {options.policy, options.mode, Convert()}, deadline));
     active.push_back(&sources[0]);
   } else {
     WS_RETURN_IF_ERROR(PrepareShares(deadline));
@@ -207,7 +210,7 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     manifests.push_back({source.name, *welcome});
   }
   WS_ASSIGN_OR_RETURN(plan::Schedule schedule,
-                      plan::AssignSources(manifests, destinations, options.policy));
+                      plan::AssignSources(manifests, destinations, options.policy, Convert()));
   std::ostringstream line;
   line << "schedule over " << sources.size() << " publishers:";
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -222,8 +225,8 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     }
     for (uint32_t d : schedule.destinations[i]) source.share.push_back(destinations[d]);
     // Subset: the publisher also holds tensors another one delivers.
-    Status s = source.handle->Prepare(source.share, {MatchPolicy::kSubset, options.mode},
-                                      deadline);
+    Status s = source.handle->Prepare(
+        source.share, {MatchPolicy::kSubset, options.mode, Convert()}, deadline);
     if (!s.ok()) return s.WithContext(source.name);
     active.push_back(&source);
   }
@@ -330,14 +333,14 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   }
   auto t_commit = Clock::now();
   stats.verify_seconds = verify ? Seconds(t_verify, t_commit) : 0;
-  if (staged) {
-    // From here the destinations change: a failure now leaves them partly written.
-    touched_destinations = true;
-    s = d.ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
-    if (!s.ok()) return fail(s);
-  }
+  // Staged: staging → destinations. Both modes: converted tensors (convert_dtypes) are written
+  // now, from verified bytes. From here the destinations change: a failure leaves them partly
+  // written.
+  touched_destinations = true;
+  s = d.ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
+  if (!s.ok()) return fail(s);
   auto t_end = Clock::now();
-  stats.commit_seconds = staged ? Seconds(t_commit, t_end) : 0;
+  stats.commit_seconds = Seconds(t_commit, t_end);
   d.committed = *step;
   d.valid = true;
   for (const Source* src : d.active) {

@@ -24,6 +24,53 @@ namespace {
 // filling neighbouring tensors never share a line, and vectorised copies start aligned.
 constexpr uint64_t kShadowAlignment = 64;
 
+uint64_t AlignUp(uint64_t v) { return (v + kShadowAlignment - 1) & ~(kShadowAlignment - 1); }
+
+bool IsCastable(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+// Fills the conversion fields of `t` (same shape on both sides already checked); the error
+// message completes "tensor 'NAME': ".
+Status PlanConversion(const TensorSpec& src, const std::vector<Destination>& destinations,
+                      const std::unordered_map<std::string_view, uint32_t>& by_name,
+                      const ConvertOptions& convert, PlannedTensor* t) {
+  uint64_t elements = 1;
+  for (int64_t dim : src.shape) elements *= static_cast<uint64_t>(dim);  // validated manifest
+  t->elements = elements;
+  Result<uint64_t> from_bytes = ByteSize(src.dtype, elements);
+  Result<uint64_t> to_bytes = ByteSize(t->to, elements);
+  const TensorSpec& dst = destinations[t->destination].spec;
+  if (!from_bytes.ok() || !to_bytes.ok() || *from_bytes != src.nbytes || *to_bytes != dst.nbytes) {
+    return Status::InvalidArgument("byte sizes ", src.nbytes, " (publisher) and ", dst.nbytes,
+                                   " (subscriber) do not fit ", elements, " elements");
+  }
+  if (t->transform != Transform::kQuantizeFp8) return Status::Ok();
+  t->cols = src.shape.empty() ? 1 : src.shape.back();
+  t->rows = t->cols == 0 ? 0 : static_cast<int64_t>(elements) / t->cols;
+  const std::string scale_name = src.name + convert.scale_suffix;
+  auto it = by_name.find(scale_name);
+  const std::vector<int64_t> want{(t->rows + 127) / 128, (t->cols + 127) / 128};
+  if (it == by_name.end()) {
+    return Status::InvalidArgument("bfloat16 → float8_e4m3fn needs a scale destination '",
+                                   scale_name, "' (float32 or float8_e8m0fnu, shape ",
+                                   ShapeString(want), "); none is registered");
+  }
+  const TensorSpec& scale = destinations[it->second].spec;
+  if (scale.dtype != DType::kFloat32 && scale.dtype != DType::kFloat8E8M0FNU) {
+    return Status::InvalidArgument("scale destination '", scale_name, "' is ",
+                                   DTypeName(scale.dtype), "; float32 or float8_e8m0fnu expected");
+  }
+  if (scale.shape != want) {
+    return Status::InvalidArgument("scale destination '", scale_name, "' has shape ",
+                                   ShapeString(scale.shape), "; 128x128 blocks of ",
+                                   ShapeString({t->rows, t->cols}), " need ", ShapeString(want));
+  }
+  t->scale_destination = it->second;
+  t->e8m0_scales = scale.dtype == DType::kFloat8E8M0FNU;
+  return Status::Ok();
+}
+
 const char* RegionName(wire::Region region) {
   switch (region) {
     case wire::Region::kDirect:
@@ -69,6 +116,8 @@ void CutSegments(const wire::Welcome& welcome, const std::vector<uint32_t>& dige
       s.shadow_offset = t.shadow_offset + done;
       s.bytes = std::min(welcome.segment_bytes, t.nbytes - done);
       s.digest_index = digest++;
+      s.converted = t.transform != Transform::kCopy;
+      s.landing_offset = t.landing_offset + done;
       plan->segments.push_back(s);
     }
     t.segment_count = static_cast<uint32_t>(plan->segments.size()) - t.first_segment;
@@ -183,8 +232,27 @@ uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes) {
   return nbytes / segment_bytes + (nbytes % segment_bytes != 0 ? 1 : 0);
 }
 
+Transform TransformFor(DType from, DType to) {
+  if (from == to) return Transform::kCopy;
+  if (IsCastable(from) && IsCastable(to)) return Transform::kCast;
+  if (from == DType::kBFloat16 && to == DType::kFloat8E4M3FN) return Transform::kQuantizeFp8;
+  return Transform::kCopy;
+}
+
+const char* TransformName(Transform t) {
+  switch (t) {
+    case Transform::kCopy:
+      return "copy";
+    case Transform::kCast:
+      return "cast";
+    case Transform::kQuantizeFp8:
+      return "fp8 quantization";
+  }
+  return "unknown";
+}
+
 Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destination>& destinations,
-                       MatchPolicy policy, uint64_t bucket_bytes) {
+                       MatchPolicy policy, uint64_t bucket_bytes, const ConvertOptions& convert) {
   // Checked again although it is a documented precondition: the offsets below feed raw copies,
   // and re-validating once per handle costs microseconds.
   WS_RETURN_IF_ERROR(ValidateLayout(welcome));
@@ -203,6 +271,8 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
 
   Plan plan;
   std::vector<bool> matched(destinations.size(), false);
+  std::vector<bool> published_into(destinations.size(), false);
+  std::vector<uint32_t> scale_of(destinations.size(), kNoDestination);  // publisher index
   // Digest indices run over every publisher tensor, matched or not: the publisher hashes all of
   // them and StepEnd carries them in its manifest order.
   std::vector<uint32_t> digest_base(welcome.tensors.size());
@@ -226,11 +296,25 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     const uint32_t d = it->second;
     const TensorSpec& dst = destinations[d].spec;
     matched[d] = true;
+    published_into[d] = true;
+    PlannedTensor t;
+    t.publisher_index = i;
+    t.destination = d;
+    t.nbytes = src.nbytes;
+    t.from = src.dtype;
+    t.to = dst.dtype;
     bool same = true;
     if (src.dtype != dst.dtype) {
-      mismatches.Add("tensor '", src.name, "': dtype mismatch: publisher ", DTypeName(src.dtype),
-                     ", subscriber ", DTypeName(dst.dtype));
-      same = false;
+      t.transform = TransformFor(src.dtype, dst.dtype);
+      if (!convert.enabled || t.transform == Transform::kCopy) {
+        mismatches.Add("tensor '", src.name, "': dtype mismatch: publisher ", DTypeName(src.dtype),
+                       ", subscriber ", DTypeName(dst.dtype),
+                       t.transform != Transform::kCopy
+                           ? " (convertible in flight: enable SubscriberOptions.convert_dtypes)"
+                           : "");
+        t.transform = Transform::kCopy;
+        same = false;
+      }
     }
     if (src.shape != dst.shape) {
       mismatches.Add("tensor '", src.name, "': shape mismatch: publisher ", ShapeString(src.shape),
@@ -239,15 +323,25 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     }
     // Same dtype and shape imply the same size unless one side computed nbytes wrongly; the
     // copy trusts both sizes, so a disagreement must stop here rather than overrun a buffer.
-    if (same && src.nbytes != dst.nbytes) {
-      mismatches.Add("tensor '", src.name, "': byte size mismatch: publisher ", src.nbytes,
-                     ", subscriber ", dst.nbytes);
+    // A conversion checks both sizes against the element count instead.
+    if (same) {
+      Status sizes = t.transform == Transform::kCopy
+                         ? (src.nbytes == dst.nbytes ? Status::Ok()
+                                                     : Status::InvalidArgument(
+                                                           "byte size mismatch: publisher ",
+                                                           src.nbytes, ", subscriber ", dst.nbytes))
+                         : PlanConversion(src, destinations, by_name, convert, &t);
+      if (!sizes.ok()) {
+        mismatches.Add("tensor '", src.name, "': ", sizes.message());
+      } else if (t.scale_destination != kNoDestination) {
+        if (scale_of[t.scale_destination] != kNoDestination) {
+          mismatches.Add("tensor '", destinations[t.scale_destination].spec.name,
+                         "': receives the fp8 scales of two tensors");
+        }
+        scale_of[t.scale_destination] = i;
+        matched[t.scale_destination] = true;
+      }
     }
-
-    PlannedTensor t;
-    t.publisher_index = i;
-    t.destination = d;
-    t.nbytes = src.nbytes;
     // Round shadow_end up to kShadowAlignment, then reserve nbytes, both overflow-checked: the
     // Welcome may place many large direct tensors over the same bytes.
     uint64_t aligned = 0;
@@ -266,6 +360,10 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
 
   // Subscriber-side problems, in subscriber order.
   for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (published_into[d] && scale_of[d] != kNoDestination) {
+      mismatches.Add("tensor '", destinations[d].spec.name, "': published, but it is also where "
+                     "the fp8 scales of '", welcome.tensors[scale_of[d]].spec.name, "' go");
+    }
     if (matched[d]) continue;
     const std::string& name = destinations[d].spec.name;
     const uint32_t first = by_name.at(name);
@@ -280,6 +378,15 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
 
   plan.digest_count = static_cast<uint32_t>(digest_count);
   plan.shadow_bytes = shadow_end;
+  // In place, converted tensors land in a buffer of their own (packed like the shadow): the
+  // published bytes must be whole and verified before the transform writes the destination.
+  for (uint32_t k = 0; k < plan.tensors.size(); ++k) {
+    PlannedTensor& t = plan.tensors[k];
+    if (t.transform == Transform::kCopy) continue;
+    plan.converted.push_back(k);
+    t.landing_offset = AlignUp(plan.landing_bytes);
+    plan.landing_bytes = t.landing_offset + t.nbytes;  // ≤ shadow_bytes: no overflow
+  }
   plan.segments.reserve(segment_count);
   CutSegments(welcome, digest_base, &plan);
   GroupBuckets(bucket_bytes, &plan);

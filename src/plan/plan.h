@@ -22,6 +22,25 @@ struct Destination {
   Device device;  // host or a CUDA device; the transport decides what it can reach
 };
 
+// How a planned tensor's published bytes become its destination's (SubscriberOptions::
+// convert_dtypes). The bytes move as published; the transform runs on the subscriber, from the
+// staging buffer (staged) or the landing buffer (in place) into the destination, after verifying.
+enum class Transform : uint8_t {
+  kCopy,         // same dtype: the bytes as published
+  kCast,         // one of float32/float16/bfloat16 to another (round to nearest even)
+  kQuantizeFp8,  // bfloat16 → float8_e4m3fn, one scale per 128×128 block into a second tensor
+};
+const char* TransformName(Transform t);
+// The transform that turns `from` into `to`; kCopy when none is needed or none exists.
+Transform TransformFor(DType from, DType to);
+
+struct ConvertOptions {
+  bool enabled = false;                   // off: any dtype difference is a mismatch
+  std::string scale_suffix = "_scale_inv";  // fp8: scales go to destination NAME + suffix
+};
+
+inline constexpr uint32_t kNoDestination = 0xFFFFFFFFu;
+
 // A contiguous byte range of one tensor, ≤ segment_bytes, covered by one publisher digest.
 struct Segment {
   wire::Region region = wire::Region::kSlot;
@@ -31,6 +50,8 @@ struct Segment {
   uint64_t shadow_offset = 0;  // byte offset inside the staged shadow buffer
   uint64_t bytes = 0;
   uint32_t digest_index = 0;   // index into StepEnd::digests
+  bool converted = false;      // its tensor has a transform: in place, it lands in the landing
+  uint64_t landing_offset = 0; // buffer at this offset instead of in the destination
 };
 
 // Consecutive segments copied by one worker in one go.
@@ -47,6 +68,15 @@ struct PlannedTensor {
   uint64_t shadow_offset = 0;
   uint32_t first_segment = 0;
   uint32_t segment_count = 0;
+  // Conversions (kCopy for none).
+  Transform transform = Transform::kCopy;
+  DType from = DType::kUInt8;  // published dtype
+  DType to = DType::kUInt8;    // destination dtype
+  uint64_t elements = 0;
+  int64_t rows = 0, cols = 0;  // kQuantizeFp8: cols = last dimension, rows = the rest
+  uint32_t scale_destination = kNoDestination;  // kQuantizeFp8: index into destinations
+  bool e8m0_scales = false;    // kQuantizeFp8: power-of-two scales (else float32)
+  uint64_t landing_offset = 0; // converted tensors: offset in the in-place landing buffer
 };
 
 struct Plan {
@@ -55,6 +85,8 @@ struct Plan {
   std::vector<Bucket> buckets;
   uint64_t total_bytes = 0;            // bytes moved per step
   uint64_t shadow_bytes = 0;           // staged shadow buffer size (tensors 64-byte aligned)
+  uint64_t landing_bytes = 0;          // in-place landing buffer size (converted tensors only)
+  std::vector<uint32_t> converted;     // indices into `tensors` with a transform
   uint32_t digest_count = 0;           // digests the publisher sends per step (all its tensors)
   bool uses_slots = false;             // some planned tensor lives in a slot
   bool uses_direct = false;            // some planned tensor lives in the direct region
@@ -73,7 +105,11 @@ uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes);
 // dtype, shape. Requires ValidateLayout(welcome) to have passed.
 // Buckets hold consecutive segments totalling about `bucket_bytes` (a single larger segment forms
 // its own bucket).
+// With `convert` enabled, a dtype difference that a Transform covers is planned instead of
+// reported; fp8 also needs the scale destination (float32 or float8_e8m0fnu, shape
+// [ceil(rows/128), ceil(cols/128)]), and any problem with it is listed too.
 Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destination>& destinations,
-                       MatchPolicy policy, uint64_t bucket_bytes);
+                       MatchPolicy policy, uint64_t bucket_bytes,
+                       const ConvertOptions& convert = {});
 
 }  // namespace weightsync::plan

@@ -12,7 +12,8 @@
 namespace weightsync::plan {
 
 Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
-                               const std::vector<Destination>& destinations, MatchPolicy policy) {
+                               const std::vector<Destination>& destinations, MatchPolicy policy,
+                               const ConvertOptions& convert) {
   if (sources.empty()) return Status::InvalidArgument("schedule: no publishers to assign from");
   std::unordered_map<std::string_view, uint32_t> by_name;
   by_name.reserve(destinations.size());
@@ -33,7 +34,9 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
       }
       const TensorSpec& dst = destinations[it->second].spec;
       bool same = true;
-      if (p.spec.dtype != dst.dtype) {
+      const bool converts = convert.enabled && TransformFor(p.spec.dtype, dst.dtype) !=
+                                                   Transform::kCopy;
+      if (p.spec.dtype != dst.dtype && !converts) {
         mismatches.Add("tensor '", p.spec.name, "': dtype mismatch: publisher ", sources[s].name,
                        " ", DTypeName(p.spec.dtype), ", subscriber ", DTypeName(dst.dtype));
         same = false;
@@ -48,8 +51,24 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   }
   std::string all_names;
   for (const auto& s : sources) all_names += (all_names.empty() ? "" : ", ") + s.name;
+  // An fp8 scale destination nobody publishes follows its tensor (resolved after assignment).
+  std::vector<uint32_t> scale_base(destinations.size(), kNoDestination);
   for (uint32_t d = 0; d < destinations.size(); ++d) {
-    if (holders[d].empty()) {
+    const std::string& name = destinations[d].spec.name;
+    const std::string& suffix = convert.scale_suffix;
+    if (!convert.enabled || !holders[d].empty() || suffix.empty() ||
+        name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    auto base = by_name.find(std::string_view(name).substr(0, name.size() - suffix.size()));
+    if (base != by_name.end() && destinations[base->second].spec.dtype == DType::kFloat8E4M3FN &&
+        !holders[base->second].empty()) {
+      scale_base[d] = base->second;
+    }
+  }
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (holders[d].empty() && scale_base[d] == kNoDestination) {
       bool reported = false;  // a holder with the wrong dtype/shape was already listed above
       for (const auto& s : sources) {
         for (const auto& p : s.welcome->tensors) reported |= p.spec.name == destinations[d].spec.name;
@@ -67,6 +86,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   schedule.bytes.assign(sources.size(), 0);
   std::vector<uint32_t> shared;  // destinations with a choice of source
   for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (holders[d].empty()) continue;  // a scale destination, placed below
     if (holders[d].size() == 1) {
       schedule.destinations[holders[d][0]].push_back(d);
       schedule.bytes[holders[d][0]] += destinations[d].spec.nbytes;
@@ -85,6 +105,16 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     }
     schedule.destinations[best].push_back(d);
     schedule.bytes[best] += destinations[d].spec.nbytes;
+  }
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (scale_base[d] == kNoDestination) continue;
+    for (size_t s = 0; s < sources.size(); ++s) {
+      auto& list = schedule.destinations[s];
+      if (std::find(list.begin(), list.end(), scale_base[d]) != list.end()) {
+        list.push_back(d);  // computed on the subscriber, so no bytes on the link
+        break;
+      }
+    }
   }
   for (auto& list : schedule.destinations) std::sort(list.begin(), list.end());
   return schedule;

@@ -36,7 +36,10 @@ struct Schedule {
   std::vector<uint64_t> bytes;  // per source, bytes it delivers per step
 };
 
+// With `convert` enabled, a dtype difference a Transform covers is not a problem, and an fp8
+// scale destination (NAME + scale_suffix, published by nobody) goes with its tensor NAME.
 Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
-                               const std::vector<Destination>& destinations, MatchPolicy policy);
+                               const std::vector<Destination>& destinations, MatchPolicy policy,
+                               const ConvertOptions& convert = {});
 
 }  // namespace weightsync::plan

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cuda/gpu_digest_reference.h"
+#include "cuda/transform_reference.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
 
@@ -24,7 +25,10 @@ Status HostDataPath::Prepare(const plan::Plan* plan,
   }
   if (mode == UpdateMode::kStaged) {
     WS_ASSIGN_OR_RETURN(shadow_, util::StagingBuffer::Allocate(plan->shadow_bytes));
+  } else if (plan->landing_bytes > 0) {
+    WS_ASSIGN_OR_RETURN(landing_, util::StagingBuffer::Allocate(plan->landing_bytes));
   }
+  convert_status_.assign(plan->converted.size(), Status::Ok());
   threads = std::max(1, threads);
   workers_ = std::make_unique<util::WorkerPool>(threads);
   return Status::Ok();
@@ -93,19 +97,50 @@ Status HostDataPath::Verify(std::span<const uint64_t> digests, wire::DigestKind 
 void HostDataPath::CommitSegment(void* context, uint32_t index) {
   auto* self = static_cast<HostDataPath*>(context);
   const plan::Segment& s = self->plan_->segments[index];
+  if (s.converted) return;  // ConvertTensor writes it
   std::memcpy(self->destinations_[s.destination] + s.dst_offset,
               self->shadow_.data() + s.shadow_offset, s.bytes);
 }
 
-void HostDataPath::Commit() {
-  if (shadow_.data() == nullptr) return;
-  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostDataPath::CommitSegment,
+void HostDataPath::ConvertTensor(void* context, uint32_t index) {
+  auto* self = static_cast<HostDataPath*>(context);
+  const plan::PlannedTensor& t = self->plan_->tensors[self->plan_->converted[index]];
+  const uint8_t* src = self->ReceivedTensor(t);
+  uint8_t* dst = self->destinations_[t.destination];
+  Status& out = self->convert_status_[index];
+  if (t.transform == plan::Transform::kCast) {
+    out = gpu::reference::Cast(t.from, t.to, src, dst, t.elements);
+  } else {
+    out = gpu::reference::QuantizeFp8(
+        reinterpret_cast<const uint16_t*>(src), t.rows, t.cols, dst,
+        self->destinations_[t.scale_destination],
+        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32);
+  }
+}
+
+Status HostDataPath::Commit() {
+  if (shadow_.data() != nullptr) {
+    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostDataPath::CommitSegment,
+                  this);
+  }
+  if (plan_->converted.empty()) return Status::Ok();
+  workers_->Run(static_cast<uint32_t>(plan_->converted.size()), &HostDataPath::ConvertTensor,
                 this);
+  for (size_t i = 0; i < convert_status_.size(); ++i) {
+    if (!convert_status_[i].ok()) {
+      const plan::PlannedTensor& t = plan_->tensors[plan_->converted[i]];
+      return convert_status_[i].WithContext("converting '" + names_[t.destination] + "' (" +
+                                            plan::TransformName(t.transform) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 Status HostDataPath::Release() {
   workers_.reset();
-  return shadow_.Close();
+  Status result = landing_.Close();
+  result.Update(shadow_.Close());
+  return result;
 }
 
 }  // namespace weightsync::transport

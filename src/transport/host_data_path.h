@@ -21,19 +21,22 @@ namespace weightsync::transport {
 
 class HostDataPath {
  public:
-  // Allocates the shadow (staged mode) and starts `threads` workers. `plan` must outlive this.
+  // Allocates the shadow (staged mode) or the landing buffer of converted tensors (in place) and
+  // starts `threads` workers. `plan` must outlive this.
   Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
                  UpdateMode mode, int threads);
 
-  // Where the bytes of segment / planned tensor land this step: the shadow in staged mode, the
-  // destination in place.
+  // Where the bytes of segment / planned tensor land this step: the shadow in staged mode; in
+  // place, the destination, or the landing buffer for a tensor converted at commit.
   uint8_t* ReceivedBytes(const plan::Segment& s) const {
-    return shadow_.data() != nullptr ? shadow_.data() + s.shadow_offset
-                                     : destinations_[s.destination] + s.dst_offset;
+    if (shadow_.data() != nullptr) return shadow_.data() + s.shadow_offset;
+    return s.converted ? landing_.data() + s.landing_offset
+                       : destinations_[s.destination] + s.dst_offset;
   }
   uint8_t* ReceivedTensor(const plan::PlannedTensor& t) const {
-    return shadow_.data() != nullptr ? shadow_.data() + t.shadow_offset
-                                     : destinations_[t.destination];
+    if (shadow_.data() != nullptr) return shadow_.data() + t.shadow_offset;
+    return t.transform != plan::Transform::kCopy ? landing_.data() + t.landing_offset
+                                                 : destinations_[t.destination];
   }
 
   // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
@@ -42,8 +45,9 @@ class HostDataPath {
   // Checks every received segment against `digests` (computed with `kind`). Corruption names the
   // first failing tensor and byte range and counts the failing segments.
   Status Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step);
-  // Staged: shadow → destinations. In place: nothing.
-  void Commit();
+  // Staged: shadow → destinations. Both modes: converted tensors are converted into their
+  // destinations (the CPU implementations of the GPU transforms).
+  Status Commit();
   // Test hook: flips one bit of the received bytes when the fail point fires.
   void MaybeInjectBitFlip();
 
@@ -54,12 +58,15 @@ class HostDataPath {
   static void CopyBucket(void* context, uint32_t bucket);
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);
+  static void ConvertTensor(void* context, uint32_t index);
   uint64_t Digest(const plan::Segment& s) const;
 
   const plan::Plan* plan_ = nullptr;
   std::vector<uint8_t*> destinations_;
   std::vector<std::string> names_;
   util::StagingBuffer shadow_;
+  util::StagingBuffer landing_;
+  std::vector<Status> convert_status_;  // one per converted tensor, reused every commit
   std::unique_ptr<util::WorkerPool> workers_;
   // Per-step scratch, set before each parallel run.
   const uint8_t* slot_base_ = nullptr;

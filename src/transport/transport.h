@@ -27,6 +27,7 @@ namespace weightsync::transport {
 struct PrepareOptions {
   MatchPolicy policy = MatchPolicy::kStrict;
   UpdateMode mode = UpdateMode::kStaged;
+  plan::ConvertOptions convert;
 };
 
 class TransferHandle {
@@ -57,7 +58,8 @@ class TransferHandle {
   // Checks the received bytes against the digests. Corruption names the tensor and byte range.
   virtual Status Verify(std::span<const uint64_t> digests, int64_t step,
                         const util::Deadline& deadline) = 0;
-  // Staged: staging → destinations. In place: nothing to do.
+  // Staged: staging → destinations. Both modes: converted tensors from where they landed into
+  // their destinations. In place without conversions: nothing to do.
   virtual Status Commit(const util::Deadline& deadline) = 0;
 
   // Releases what the handle holds in reverse order of creation. Each failure is logged with its

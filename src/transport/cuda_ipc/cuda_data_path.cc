@@ -42,6 +42,9 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
   if (mode == UpdateMode::kStaged) {
     WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(shadow_.size()));
+  } else if (plan->landing_bytes > 0) {
+    WS_ASSIGN_OR_RETURN(landing_, gpu::DeviceBuffer::Allocate(plan->landing_bytes));
+    LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(landing_.size()));
   }
   // One prepared digest per segment over where its bytes land, each with its own chunk scratch
   // and output word: a step only launches them.
@@ -57,7 +60,7 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
   commit_sizes_.clear();
   if (shadow_.data() != nullptr) {
     for (const plan::PlannedTensor& t : plan->tensors) {
-      if (t.nbytes == 0) continue;
+      if (t.nbytes == 0 || t.transform != plan::Transform::kCopy) continue;
       commit_dsts_.push_back(destinations_[t.destination]);
       commit_srcs_.push_back(shadow_.as<uint8_t>() + t.shadow_offset);
       commit_sizes_.push_back(t.nbytes);
@@ -68,9 +71,7 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
   uint64_t chunk_at = 0;
   for (size_t i = 0; i < plan->segments.size(); ++i) {
     const plan::Segment& s = plan->segments[i];
-    uint8_t* where = shadow_.data() != nullptr
-                         ? shadow_.as<uint8_t>() + s.shadow_offset
-                         : destinations_[s.destination] + s.dst_offset;
+    uint8_t* where = Received(s);
     uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
     WS_ASSIGN_OR_RETURN(auto launch,
                         gpu::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
@@ -79,12 +80,46 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
     digest_launches_.push_back(std::move(launch));
     chunk_at += n;
   }
+  return PrepareConversions();
+}
+
+// Launches built once over fixed pointers (where the published bytes land → the destination):
+// a commit only enqueues them.
+Status GpuReceiver::PrepareConversions() {
+  conversions_.clear();
+  conversions_.reserve(plan_->converted.size());
+  for (uint32_t k : plan_->converted) {
+    const plan::PlannedTensor& t = plan_->tensors[k];
+    if (t.elements == 0) continue;
+    Result<gpu::PreparedLaunch> launch =
+        t.transform == plan::Transform::kCast
+            ? gpu::PrepareCast(t.from, t.to, Received(t), destinations_[t.destination], t.elements,
+                               queue_.stream())
+            : gpu::PrepareQuantizeFp8(
+                  Received(t), destinations_[t.destination], destinations_[t.scale_destination],
+                  t.rows, t.cols,
+                  t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32,
+                  queue_.stream());
+    if (!launch.ok()) {
+      return launch.status().WithContext("preparing the " +
+                                         std::string(plan::TransformName(t.transform)) + " of '" +
+                                         names_[t.destination] + "'");
+    }
+    conversions_.push_back(std::move(launch).value());
+  }
   return Status::Ok();
 }
 
 uint8_t* GpuReceiver::Received(const plan::PlannedTensor& t) const {
-  return shadow_.data() != nullptr ? shadow_.as<uint8_t>() + t.shadow_offset
-                                   : destinations_[t.destination];
+  if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + t.shadow_offset;
+  return t.transform != plan::Transform::kCopy ? landing_.as<uint8_t>() + t.landing_offset
+                                               : destinations_[t.destination];
+}
+
+uint8_t* GpuReceiver::Received(const plan::Segment& s) const {
+  if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + s.shadow_offset;
+  return s.converted ? landing_.as<uint8_t>() + s.landing_offset
+                     : destinations_[s.destination] + s.dst_offset;
 }
 
 Status GpuReceiver::MaybeInjectBitFlip() {
@@ -94,8 +129,7 @@ Status GpuReceiver::MaybeInjectBitFlip() {
   }
   const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
   if (s.bytes == 0) return Status::Ok();
-  uint8_t* where = shadow_.data() != nullptr ? shadow_.as<uint8_t>() + s.shadow_offset
-                                             : destinations_[s.destination] + s.dst_offset;
+  uint8_t* where = Received(s);
   uint8_t byte = 0;
   WS_RETURN_IF_ERROR(gpu::CopyToHost(&byte, where + s.bytes / 2, 1));
   byte ^= 0x04;
@@ -125,20 +159,25 @@ Status GpuReceiver::Verify(std::span<const uint64_t> digests, int64_t step,
 }
 
 Status GpuReceiver::Commit(const util::Deadline& deadline) {
-  if (shadow_.data() == nullptr) return Status::Ok();
+  if (commit_dsts_.empty() && conversions_.empty()) return Status::Ok();
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_dsts_.data(), commit_srcs_.data(),
-                                         commit_sizes_.data(), commit_dsts_.size()));
+  if (!commit_dsts_.empty()) {
+    WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_dsts_.data(), commit_srcs_.data(),
+                                           commit_sizes_.data(), commit_dsts_.size()));
+  }
+  for (gpu::PreparedLaunch& launch : conversions_) WS_RETURN_IF_ERROR(launch.Launch());
   return queue_.Wait(deadline);
 }
 
 Status GpuReceiver::Release() {
   Status result;
   // Reverse order of creation; the queue first drains nothing new (no step is in flight).
+  conversions_.clear();
   digest_launches_.clear();
   result.Update(digests_device_.Close());
   result.Update(chunk_hashes_.Close());
-  LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size()));
+  LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size() + landing_.size()));
+  result.Update(landing_.Close());
   result.Update(shadow_.Close());
   result.Update(queue_.Close());
   return result;

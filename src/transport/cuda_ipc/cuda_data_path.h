@@ -38,25 +38,31 @@ class GpuReceiver {
   // batch on `device` (DestinationDevice's answer).
   Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
                  UpdateMode mode, int device);
-  // Where tensor `t`'s bytes must land: its place in the staging buffer, or its destination.
+  // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
+  // destination, or the landing buffer when it is converted at commit.
   uint8_t* Received(const plan::PlannedTensor& t) const;
+  uint8_t* Received(const plan::Segment& s) const;
   // The stream the digests and the commit run on (mover copies may run on it too).
   CopyQueue& queue() { return queue_; }
   // Test hook (fail point subscriber.flip_received): flips one received bit.
   Status MaybeInjectBitFlip();
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
-  Status Commit(const util::Deadline& deadline);  // staged: staging → destinations
+  // Staged: staging → destinations. Both modes: the prepared conversion launches.
+  Status Commit(const util::Deadline& deadline);
   int device() const { return device_; }
   uint64_t staging_bytes() const { return shadow_.size(); }
   Status Release();  // digests, staging, stream
 
  private:
+  Status PrepareConversions();
+
   const plan::Plan* plan_ = nullptr;
   std::vector<uint8_t*> destinations_;
   std::vector<std::string> names_;
   int device_ = -1;
   CopyQueue queue_;
   gpu::DeviceBuffer shadow_;
+  gpu::DeviceBuffer landing_;  // in place: converted tensors' published bytes
   gpu::DeviceBuffer chunk_hashes_;
   gpu::DeviceBuffer digests_device_;
   std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
@@ -65,6 +71,8 @@ class GpuReceiver {
   std::vector<void*> commit_dsts_;
   std::vector<const void*> commit_srcs_;
   std::vector<size_t> commit_sizes_;
+  // Prepared conversion launches (cast or fp8 quantization), one per converted tensor.
+  std::vector<gpu::PreparedLaunch> conversions_;
 };
 
 class CudaDataPath {

@@ -103,7 +103,7 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
   WS_RETURN_IF_ERROR(Connect(deadline).status());
   util::UniqueFd arena_fd = std::move(arena_fd_);
   WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome_, destinations, options.policy,
-                                             /*bucket_bytes=*/4ull << 20));
+                                             /*bucket_bytes=*/4ull << 20, options.convert));
   switch (welcome_.arena_kind) {
     case wire::ArenaKind::kHostMemfd:
       WS_RETURN_IF_ERROR(PrepareHost(std::move(arena_fd), destinations, options.mode));
@@ -198,8 +198,7 @@ Status ShmHandle::Verify(std::span<const uint64_t> digests, int64_t step,
 
 Status ShmHandle::Commit(const Deadline& deadline) {
   if (gpu_) return gpu_path_.Commit(deadline);
-  host_.Commit();
-  return Status::Ok();
+  return host_.Commit();
 }
 
 Status ShmHandle::Release() {

@@ -50,8 +50,7 @@ class TcpHandle final : public TransferHandle {
   }
   Status Commit(const Deadline& deadline) override {
     if (nccl_) return nccl_->Commit(deadline);
-    host_.Commit();
-    return Status::Ok();
+    return host_.Commit();
   }
   Status Release() override;
 
@@ -166,7 +165,8 @@ Status TcpHandle::Prepare(const std::vector<plan::Destination>& destinations,
                                 " (publish from CUDA tensors to use nccl)");
   }
   WS_ASSIGN_OR_RETURN(plan_,
-                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20));
+                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20,
+                                      options.convert));
   wire::Select select;
   for (const auto& t : plan_.tensors) select.tensors.push_back(t.publisher_index);
   WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kSelect, select, deadline));
@@ -198,7 +198,8 @@ Status TcpHandle::PrepareNccl(const std::vector<plan::Destination>& destinations
   WS_RETURN_IF_ERROR(nccl::NcclAvailable().WithContext(why));
   WS_RETURN_IF_ERROR(gpu::CudaAvailable().WithContext(why));
   WS_ASSIGN_OR_RETURN(plan_,
-                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20));
+                      plan::BuildPlan(welcome_, destinations, options.policy, 4ull << 20,
+                                      options.convert));
   if (plan_.uses_direct) {
     return Status::NotSupported("nccl: arena-allocated GPU tensors are not supported yet");
   }

@@ -1,0 +1,166 @@
+// Tests for planned conversions (SubscriberOptions::convert_dtypes): which dtype pairs become a
+// cast or an fp8 quantization, the fp8 scale destination's checks, the in-place landing layout,
+// and that with conversion off (the default) every dtype difference is still a listed mismatch.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace weightsync::plan {
+namespace {
+
+TensorSpec Spec(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+  TensorSpec s;
+  s.name = name;
+  s.dtype = dtype;
+  s.shape = std::move(shape);
+  uint64_t n = 1;
+  for (int64_t d : s.shape) n *= static_cast<uint64_t>(d);
+  s.nbytes = *ByteSize(dtype, n);
+  return s;
+}
+
+wire::Welcome Publishes(const std::vector<TensorSpec>& specs) {
+  wire::Welcome w;
+  w.segment_bytes = 1000;
+  uint64_t at = 0;
+  for (const TensorSpec& s : specs) {
+    w.tensors.push_back({s, wire::Region::kSlot, at});
+    at += s.nbytes;
+  }
+  w.slots_offset = 0;
+  w.slot_bytes = at;
+  w.slot_count = 2;
+  w.arena_bytes = 2 * at;
+  return w;
+}
+
+std::vector<Destination> Registers(const std::vector<TensorSpec>& specs) {
+  std::vector<Destination> out;
+  for (const TensorSpec& s : specs) out.push_back({s, nullptr, Device{}});
+  return out;
+}
+
+const ConvertOptions kOn{true, "_scale_inv"};
+
+TEST(ConvertPlan, OffByDefaultAConvertiblePairIsAMismatchThatSaysHowToEnableIt) {
+  auto w = Publishes({Spec("w", DType::kBFloat16, {4, 8})});
+  auto p = BuildPlan(w, Registers({Spec("w", DType::kFloat32, {4, 8})}), MatchPolicy::kStrict,
+                     1 << 20);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("dtype mismatch: publisher bfloat16, subscriber float32 "
+                                      "(convertible in flight: enable "
+                                      "SubscriberOptions.convert_dtypes)"),
+            std::string::npos)
+      << p.status();
+}
+
+TEST(ConvertPlan, CastsAmongTheThreeFloatTypesArePlannedWithTheirElementCount) {
+  auto w = Publishes({Spec("a", DType::kBFloat16, {3, 5}), Spec("b", DType::kFloat32, {7}),
+                      Spec("c", DType::kFloat16, {2, 2}), Spec("same", DType::kUInt8, {9})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("a", DType::kFloat32, {3, 5}), Spec("b", DType::kBFloat16, {7}),
+                                Spec("c", DType::kFloat32, {2, 2}), Spec("same", DType::kUInt8, {9})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->tensors.size(), 4u);
+  EXPECT_EQ(p->tensors[0].transform, Transform::kCast);
+  EXPECT_EQ(p->tensors[0].elements, 15u);
+  EXPECT_EQ(p->tensors[0].nbytes, 30u) << "the published bytes move";
+  EXPECT_EQ(p->tensors[1].transform, Transform::kCast);
+  EXPECT_EQ(p->tensors[2].transform, Transform::kCast);
+  EXPECT_EQ(p->tensors[3].transform, Transform::kCopy);
+  EXPECT_EQ(p->converted, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(p->total_bytes, 30u + 28u + 8u + 9u);
+}
+
+TEST(ConvertPlan, UnsupportedPairsStayMismatchesEvenWhenEnabled) {
+  auto w = Publishes({Spec("i", DType::kInt32, {4}), Spec("f8", DType::kFloat32, {4, 4})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("i", DType::kFloat32, {4}),
+                                Spec("f8", DType::kFloat8E4M3FN, {4, 4})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("2 mismatches"), std::string::npos) << p.status();
+  EXPECT_NE(p.status().message().find("'i': dtype mismatch: publisher int32, subscriber float32"),
+            std::string::npos) << p.status();
+}
+
+TEST(ConvertPlan, Fp8QuantizationFindsItsScaleDestination) {
+  auto w = Publishes({Spec("layer.weight", DType::kBFloat16, {2, 300, 130})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("layer.weight", DType::kFloat8E4M3FN, {2, 300, 130}),
+                                Spec("layer.weight_scale_inv", DType::kFloat32, {5, 2})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const PlannedTensor& t = p->tensors[0];
+  EXPECT_EQ(t.transform, Transform::kQuantizeFp8);
+  EXPECT_EQ(t.rows, 600);  // leading dimensions flattened
+  EXPECT_EQ(t.cols, 130);
+  EXPECT_EQ(t.scale_destination, 1u);
+  EXPECT_FALSE(t.e8m0_scales);
+}
+
+TEST(ConvertPlan, E8M0ScalesAreRecognised) {
+  auto w = Publishes({Spec("w", DType::kBFloat16, {128, 256})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("w", DType::kFloat8E4M3FN, {128, 256}),
+                                Spec("w.s", DType::kFloat8E8M0FNU, {1, 2})}),
+                     MatchPolicy::kStrict, 1 << 20, ConvertOptions{true, ".s"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->tensors[0].e8m0_scales);
+}
+
+TEST(ConvertPlan, EveryScaleProblemIsListed) {
+  auto w = Publishes({Spec("none", DType::kBFloat16, {4, 4}), Spec("shape", DType::kBFloat16, {300, 4}),
+                      Spec("dtype", DType::kBFloat16, {4, 4}), Spec("clash", DType::kBFloat16, {4, 4}),
+                      Spec("clash_scale_inv", DType::kFloat32, {1, 1})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("none", DType::kFloat8E4M3FN, {4, 4}),
+                                Spec("shape", DType::kFloat8E4M3FN, {300, 4}),
+                                Spec("shape_scale_inv", DType::kFloat32, {2, 1}),
+                                Spec("dtype", DType::kFloat8E4M3FN, {4, 4}),
+                                Spec("dtype_scale_inv", DType::kFloat16, {1, 1}),
+                                Spec("clash", DType::kFloat8E4M3FN, {4, 4}),
+                                Spec("clash_scale_inv", DType::kFloat32, {1, 1})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_FALSE(p.ok());
+  const std::string m = p.status().message();
+  EXPECT_NE(m.find("'none': bfloat16 → float8_e4m3fn needs a scale destination 'none_scale_inv' "
+                   "(float32 or float8_e8m0fnu, shape [1, 1]); none is registered"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("'shape': scale destination 'shape_scale_inv' has shape [2, 1]; 128x128 "
+                   "blocks of [300, 4] need [3, 1]"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("'dtype': scale destination 'dtype_scale_inv' is float16"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("'clash_scale_inv': published, but it is also where the fp8 scales of 'clash' go"),
+            std::string::npos) << m;
+}
+
+TEST(ConvertPlan, InPlaceLandingHoldsOnlyConvertedTensorsAndSegmentsKnowIt) {
+  auto w = Publishes({Spec("copy", DType::kFloat32, {1000}), Spec("cast", DType::kBFloat16, {700}),
+                      Spec("copy2", DType::kUInt8, {10}), Spec("cast2", DType::kFloat16, {3})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("copy", DType::kFloat32, {1000}),
+                                Spec("cast", DType::kFloat32, {700}),
+                                Spec("copy2", DType::kUInt8, {10}),
+                                Spec("cast2", DType::kBFloat16, {3})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->tensors[1].landing_offset, 0u);
+  EXPECT_EQ(p->tensors[3].landing_offset, 1408u);  // 1400 rounded up to 64
+  EXPECT_EQ(p->landing_bytes, 1408u + 6u);
+  EXPECT_LT(p->landing_bytes, p->shadow_bytes);
+  for (const Segment& s : p->segments) {
+    const PlannedTensor& t = p->tensors[s.destination];  // destinations in publisher order here
+    EXPECT_EQ(s.converted, t.transform != Transform::kCopy);
+    if (s.converted) EXPECT_EQ(s.landing_offset, t.landing_offset + s.dst_offset);
+  }
+}
+
+}  // namespace
+}  // namespace weightsync::plan
