@@ -3,11 +3,12 @@
 // runs it next to the torch baselines and prints the table.
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
-//                 [--verify 0|1] [--src 0] [--dst 1]
+//                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
 // per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
-// same way (host wall time around a copy and its event wait).
+// same way (host wall time around a copy and its event wait); with --fp8 1 (default) the same
+// model received as fp8 weights + float32 block scales, converted on the subscriber's GPU.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/kernels.h"
 #include "model_presets.h"
 #include "transport/cuda_ipc/vmm.h"
 #include "weightsync/weightsync.h"
@@ -56,6 +58,7 @@ struct Args {
   int src = 0, dst = 1;
   std::string role = "main";
   bool nccl = true;  // also measure the nccl transport
+  bool fp8 = true;   // also measure bf16 → fp8 conversion in flight (cuda-ipc)
   std::string endpoint;
 };
 
@@ -177,17 +180,36 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// The subscriber's tensors when it converts bf16 weights to fp8 in flight: every 2-D bf16
+// tensor (the linear weights) becomes float8_e4m3fn plus NAME_scale_inv (float32 block scales);
+// the rest (norms, biases) stays bf16.
+std::vector<ws::TensorSpec> Fp8Specs(const std::vector<ws::TensorSpec>& published) {
+  std::vector<ws::TensorSpec> out;
+  for (const auto& s : published) {
+    if (s.dtype != ws::DType::kBFloat16 || s.shape.size() != 2) {
+      out.push_back(s);
+      continue;
+    }
+    out.push_back({s.name, ws::DType::kFloat8E4M3FN, s.shape, s.nbytes / 2});
+    const int64_t r = ws::gpu::Fp8ScaleRows(s.shape[0]), c = ws::gpu::Fp8ScaleCols(s.shape[1]);
+    out.push_back({s.name + "_scale_inv", ws::DType::kFloat32, {r, c}, uint64_t(r * c) * 4});
+  }
+  return out;
+}
+
 // Updates `steps` times; prints the figures under `label`. `tcp`: the publisher listens on
-// tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc.
-void Measure(const Args& a, double scale, const std::string& label, bool tcp) {
+// tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc. `fp8`: the
+// destinations are fp8 (Fp8Specs) and the subscriber converts in flight.
+void Measure(const Args& a, double scale, const std::string& label, bool tcp, bool fp8 = false) {
   const std::string asked = tcp ? std::string("tcp://127.0.0.1:0")
                                 : "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
   Child child = Spawn(a, scale, asked);
   const std::string endpoint = child.endpoint;
   std::vector<ws::gpu::DeviceBuffer> keep;
   auto specs = Specs(a, scale);
-  auto dst = Allocate(specs, a.dst, 0xFF, &keep);
+  auto dst = Allocate(fp8 ? Fp8Specs(specs) : specs, a.dst, 0xFF, &keep);
   ws::SubscriberOptions o;
+  o.convert_dtypes = fp8;
   o.endpoint = endpoint;
   o.mode = a.staged ? ws::UpdateMode::kStaged : ws::UpdateMode::kInPlace;
   o.verify = a.verify;
@@ -280,6 +302,7 @@ int main(int argc, char** argv) {
     else if (k == "--role") a.role = v;
     else if (k == "--endpoint") a.endpoint = v;
     else if (k == "--nccl") a.nccl = v == "1";
+    else if (k == "--fp8") a.fp8 = v == "1";
     else {
       std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
       return 2;
@@ -290,6 +313,7 @@ int main(int argc, char** argv) {
   if (ws::gpu::DeviceCount() < 2) a.dst = a.src;
   PeerCopyLimit(a);
   Measure(a, a.scale, "model", /*tcp=*/false);
+  if (a.fp8) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
   Measure(a, 0, "tiny", /*tcp=*/false);  // same tensors, 128 bytes each: host overhead of a step
   if (a.nccl) Measure(a, a.scale, "model", /*tcp=*/true);
   return 0;

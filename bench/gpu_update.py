@@ -27,15 +27,17 @@ def main():
     ap.add_argument("--steps", default="20")
     ap.add_argument("--json", default="gpu_update.json")
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-staged", action="store_true")
     args = ap.parse_args()
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", WEIGHTSYNC_LOG_LEVEL="warn")
     exe = os.path.join(args.build, "bench", "ws_gpu_update")
     rows = []
     rows += run_json_lines([exe, "--steps", args.steps, "--mode", "in_place"], env)
-    rows += [dict(r, run="staged_verify") for r in
-             run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1",
-                             "--nccl", "0"], env)
-             if r["what"] == "weightsync_cuda_ipc"]
+    if not args.skip_staged:
+        rows += [dict(r, run="staged_verify") for r in
+                 run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1",
+                                 "--nccl", "0", "--fp8", "0"], env)
+                 if r["what"] == "weightsync_cuda_ipc"]
     if not args.skip_torch:
         rows += run_json_lines([sys.executable, os.path.join(HERE, "torch_baselines.py")], env)
     with open(args.json, "w") as f:
@@ -50,6 +52,7 @@ def main():
     ws_in = by.get("weightsync_cuda_ipc/model")
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
     ws_nccl = by.get("weightsync_nccl/model")
+    ws_fp8 = by.get("weightsync_cuda_ipc/model_fp8")
     tiny = by.get("weightsync_cuda_ipc/tiny")
     torch = by.get("nccl_broadcast_7b_like")
     ipc = by.get("open_ipc_handles_other_process")
@@ -69,6 +72,9 @@ def main():
         line("cuda-ipc steady ms, in_place", ws_in["steady_median_s"] * 1e3)
         line("cuda-ipc first update ms (prepare + copy)", ws_in["first_update_s"] * 1e3,
              "steady ms", ws_in["steady_median_s"] * 1e3)
+    if ws_fp8 and ws_in:
+        line("cuda-ipc bf16→fp8 in flight ms, in_place", ws_fp8["steady_median_s"] * 1e3,
+             "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
     if ws_nccl and peer:
         line("nccl steady GB/s, in_place (2-rank communicator)", ws_nccl["steady_GBps"],
              "peer copy GB/s", peer["GBps"], higher_better=True)

@@ -1,7 +1,9 @@
 // A publisher of CUDA tensors, driven line by line like ws_publisher (tests/helpers/
 // publisher_main.cc): the synthetic model is filled on the host and uploaded to device memory
 // before each publish.
-//   ws_gpu_publisher ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS]
+//   ws_gpu_publisher ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS [SHARD/SHARDS]]
+// With SHARD/SHARDS (e.g. 1/2) it registers only the tensors i with i % SHARDS == SHARD, as one
+// trainer rank of several would.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -26,8 +28,16 @@ int main(int argc, char** argv) {
   options.endpoint = argv[1];
   options.timeout = std::chrono::milliseconds(5000);
   if (argc > 5) options.slots = std::atoi(argv[5]);
+  int shard = 0, shards = 1;
+  if (argc > 6 && std::sscanf(argv[6], "%d/%d", &shard, &shards) != 2) shards = 1;
   ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
-  std::vector<ws::NamedTensor> host = model.Tensors();
+  std::vector<ws::NamedTensor> host;
+  {
+    std::vector<ws::NamedTensor> all = model.Tensors();
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (static_cast<int>(i) % shards == shard) host.push_back(all[i]);
+    }
+  }
   std::vector<ws::gpu::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
   for (const auto& t : host) {

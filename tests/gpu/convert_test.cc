@@ -1,0 +1,173 @@
+// Conversions in flight on the GPU (label gpu): a publisher process keeps the synthetic model's
+// CUDA tensors on cuda:0; this process subscribes into CUDA destinations of other dtypes on
+// cuda:1 (cuda:0 with one GPU for cuda-ipc) with SubscriberOptions.convert_dtypes: bf16 → fp8
+// e4m3 with float32 and with e8m0 block scales, and casts among f32/f16/bf16, over cuda-ipc and
+// nccl, staged and in place. Every destination must equal the CPU reference of the published
+// bytes, bit for bit, step after step, with the handle prepared once.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/kernels.h"
+#include "cuda/transform_reference.h"
+#include "gpu/gpu_test_util.h"
+#include "testing/test_util.h"
+#include "transport/cuda_ipc/vmm.h"
+#include "transport/nccl/nccl_link.h"
+
+namespace weightsync {
+namespace {
+
+using testing::ChildProcess;
+using testing::SyntheticModel;
+namespace ref = gpu::reference;
+
+constexpr int kTensors = 24;
+constexpr int64_t kElements = 70000;
+constexpr char kToken[] = "convert test token, 32 bytes....";
+
+struct Param {
+  bool nccl;
+  UpdateMode mode;
+};
+
+// What destination i becomes: its dtype, and for fp8 the scale tensor's dtype.
+struct Target {
+  DType dtype;
+  DType scale = DType::kUInt8;  // kFloat32 or kFloat8E8M0FNU for fp8
+};
+
+Target TargetFor(int i, DType published, size_t ndim) {
+  if (published == DType::kBFloat16 && ndim == 2) {
+    return {DType::kFloat8E4M3FN, i % 16 == 8 ? DType::kFloat32 : DType::kFloat8E8M0FNU};
+  }
+  if (published == DType::kBFloat16) return {DType::kFloat32};
+  if (published == DType::kFloat32) return {i % 16 == 1 ? DType::kBFloat16 : DType::kFloat16};
+  if (published == DType::kFloat16) return {DType::kFloat32};
+  return {published};
+}
+
+class GpuConvert : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    WS_SKIP_WITHOUT_GPU();
+    const bool nccl = GetParam().nccl;
+    if (nccl && gpu::DeviceCount() < 2) GTEST_SKIP() << "nccl needs 2 CUDA devices";
+    if (nccl) {
+      ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+      if (Status s = transport::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+    }
+    device_ = gpu::DeviceCount() > 1 ? 1 : 0;
+    const std::string asked = nccl ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("gpuconvert");
+    std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
+    if (nccl) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
+    publisher_ = ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), asked,
+                                      std::to_string(kTensors), std::to_string(kElements), "0"},
+                                     env);
+    const std::string ready = publisher_.ReadLine(60000);
+    ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    endpoint_ = ready.substr(6);
+    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    like_ = model_.Tensors();
+    for (size_t i = 0; i < like_.size(); ++i) {
+      const TensorView& v = like_[i].view;
+      const Target t = TargetFor(static_cast<int>(i), v.dtype, v.shape.size());
+      Add(like_[i].name, t.dtype, v.shape);
+      if (t.dtype == DType::kFloat8E4M3FN) {
+        const int64_t rows = v.shape[0], cols = v.shape[1];
+        Add(like_[i].name + "_scale_inv", t.scale,
+            {gpu::Fp8ScaleRows(rows), gpu::Fp8ScaleCols(cols)});
+      }
+    }
+  }
+  void Add(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+    TensorView v{nullptr, dtype, std::move(shape), {Device::Kind::kCUDA, device_}};
+    auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*v.NumBytes(), 1));
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK(gpu::MemsetDevice(b->data(), 0xEE, b->size()));  // poison
+    v.data = b->data();
+    dst_.push_back({name, v});
+    buffers_.push_back(std::move(b).value());
+  }
+  void Publish(int64_t step) {
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)), "ok " + std::to_string(step));
+  }
+  // Every destination against the CPU reference of tensor i at `step`; "" when all match.
+  std::string Mismatch(int64_t step) {
+    size_t d = 0;
+    for (size_t i = 0; i < like_.size(); ++i) {
+      const TensorView& v = like_[i].view;
+      std::vector<uint8_t> published(*v.NumBytes());
+      SyntheticModel::Pattern(static_cast<int>(i), step, published.data(), published.size());
+      const uint64_t n = *v.NumElements();
+      std::vector<uint8_t> want(*dst_[d].view.NumBytes()), scales;
+      const Target t = TargetFor(static_cast<int>(i), v.dtype, v.shape.size());
+      Status s;
+      if (t.dtype == DType::kFloat8E4M3FN) {
+        scales.resize(*dst_[d + 1].view.NumBytes());
+        s = ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(published.data()), v.shape[0],
+                             v.shape[1], want.data(), scales.data(),
+                             t.scale == DType::kFloat32 ? gpu::Fp8ScaleFormat::kFloat32
+                                                        : gpu::Fp8ScaleFormat::kE8M0);
+      } else if (t.dtype != v.dtype) {
+        s = ref::Cast(v.dtype, t.dtype, published.data(), want.data(), n);
+      } else {
+        want = published;
+      }
+      if (!s.ok()) return s.ToString();
+      for (const std::vector<uint8_t>* expect : {&want, &scales}) {
+        if (expect == &scales && scales.empty()) break;
+        auto got = gpu::testing::Download<uint8_t>(dst_[d].view.data, expect->size());
+        if (!got.ok()) return got.status().ToString();
+        if (*got != *expect) {
+          return "'" + dst_[d].name + "' (" + std::string(DTypeName(dst_[d].view.dtype)) +
+                 ") differs from the reference at step " + std::to_string(step);
+        }
+        ++d;
+      }
+    }
+    return "";
+  }
+
+  int device_ = 0;
+  SyntheticModel model_{kTensors, kElements};
+  ChildProcess publisher_;
+  std::string endpoint_;
+  std::vector<NamedTensor> like_, dst_;
+  std::vector<gpu::DeviceBuffer> buffers_;
+};
+
+TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
+  SubscriberOptions o;
+  o.endpoint = endpoint_;
+  if (GetParam().nccl) o.token = kToken;
+  o.mode = GetParam().mode;
+  o.verify = true;
+  o.convert_dtypes = true;
+  o.timeout = std::chrono::milliseconds(10000);
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ASSERT_OK((*sub)->Register(dst_));
+  for (int64_t step = 1; step <= 3; ++step) {
+    Publish(step);
+    auto r = (*sub)->Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->verified);
+    EXPECT_EQ(r->prepare_count, 1u);
+    EXPECT_EQ(Mismatch(step), "");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, GpuConvert,
+    ::testing::Values(Param{false, UpdateMode::kStaged}, Param{false, UpdateMode::kInPlace},
+                      Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace}),
+    [](const auto& info) {
+      return std::string(info.param.nccl ? "nccl" : "cuda_ipc") +
+             (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
+    });
+
+}  // namespace
+}  // namespace weightsync
