@@ -29,9 +29,10 @@ Result<int> GpuReceiver::DestinationDevice(const std::vector<plan::Destination>&
 
 Status GpuReceiver::Prepare(const plan::Plan* plan,
                             const std::vector<plan::Destination>& destinations, UpdateMode mode,
-                            int device) {
+                            int device, const uint8_t* converted_source) {
   plan_ = plan;
   device_ = device;
+  converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;
   destinations_.clear();
   names_.clear();
   for (const auto& d : destinations) {
@@ -42,7 +43,7 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
   if (mode == UpdateMode::kStaged) {
     WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(shadow_.size()));
-  } else if (plan->landing_bytes > 0) {
+  } else if (plan->landing_bytes > 0 && converted_source_ == nullptr) {
     WS_ASSIGN_OR_RETURN(landing_, gpu::DeviceBuffer::Allocate(plan->landing_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(landing_.size()));
   }
@@ -80,7 +81,18 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
     digest_launches_.push_back(std::move(launch));
     chunk_at += n;
   }
+  if (converted_source_ != nullptr) return Status::Ok();  // the mover converts
   return PrepareConversions();
+}
+
+Status GpuReceiver::SetConvertedSource(const uint8_t* base) {
+  if (converted_source_ == nullptr || base == converted_source_) return Status::Ok();
+  converted_source_ = base;
+  for (size_t i = 0; i < plan_->segments.size(); ++i) {
+    const plan::Segment& s = plan_->segments[i];
+    if (s.converted) WS_RETURN_IF_ERROR(digest_launches_[i].SetRange(base + s.src_offset, s.bytes));
+  }
+  return Status::Ok();
 }
 
 // Launches built once over fixed pointers (where the published bytes land → the destination):
@@ -118,8 +130,10 @@ uint8_t* GpuReceiver::Received(const plan::PlannedTensor& t) const {
 
 uint8_t* GpuReceiver::Received(const plan::Segment& s) const {
   if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + s.shadow_offset;
-  return s.converted ? landing_.as<uint8_t>() + s.landing_offset
-                     : destinations_[s.destination] + s.dst_offset;
+  if (!s.converted) return destinations_[s.destination] + s.dst_offset;
+  // Converted straight from the publisher's bytes: the digest reads them there (read only).
+  if (converted_source_ != nullptr) return const_cast<uint8_t*>(converted_source_) + s.src_offset;
+  return landing_.as<uint8_t>() + s.landing_offset;
 }
 
 Status GpuReceiver::MaybeInjectBitFlip() {
@@ -128,7 +142,8 @@ Status GpuReceiver::MaybeInjectBitFlip() {
     return Status::Ok();
   }
   const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
-  if (s.bytes == 0) return Status::Ok();
+  // Never flip the publisher's own bytes (a segment converted straight from its arena).
+  if (s.bytes == 0 || (s.converted && converted_source_ != nullptr)) return Status::Ok();
   uint8_t* where = Received(s);
   uint8_t byte = 0;
   WS_RETURN_IF_ERROR(gpu::CopyToHost(&byte, where + s.bytes / 2, 1));
@@ -193,17 +208,44 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
     return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
   }
   WS_ASSIGN_OR_RETURN(arena_, ImportedAllocation::Import(arena_fd, welcome.arena_bytes, device));
-  WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
-  // Copy batches, built once: a step submits one batch.
-  slot_batches_.assign(welcome.slot_count, Batch{});
+  auto slot_base = [&](uint32_t k) {
+    return arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+  };
+  // In place, converted tensors are converted straight out of the publisher's arena.
+  const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty();
+  WS_RETURN_IF_ERROR(
+      receiver_.Prepare(plan, destinations, mode, device, direct ? slot_base(0) : nullptr));
+  // Copy batches and conversion launches, built once: a step submits one batch.
+  slot_batches_.clear();
+  slot_batches_.resize(welcome.slot_count);
   for (uint32_t k = 0; k < welcome.slot_count; ++k) {
-    const uint8_t* slot_base =
-        arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    Batch& batch = slot_batches_[k];
+    batch.base = slot_base(k);
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
-      slot_batches_[k].dsts.push_back(receiver_.Received(t));
-      slot_batches_[k].srcs.push_back(slot_base + welcome.tensors[t.publisher_index].offset);
-      slot_batches_[k].sizes.push_back(t.nbytes);
+      const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset;
+      if (direct && t.transform != plan::Transform::kCopy) {
+        void* dst = destinations[t.destination].data;
+        Result<gpu::PreparedLaunch> launch =
+            t.transform == plan::Transform::kCast
+                ? gpu::PrepareCast(t.from, t.to, src, dst, t.elements,
+                                   receiver_.queue().stream())
+                : gpu::PrepareQuantizeFp8(src, dst, destinations[t.scale_destination].data,
+                                          t.rows, t.cols,
+                                          t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0
+                                                        : gpu::Fp8ScaleFormat::kFloat32,
+                                          receiver_.queue().stream());
+        if (!launch.ok()) {
+          return launch.status().WithContext("cuda-ipc: preparing the " +
+                                             std::string(plan::TransformName(t.transform)) +
+                                             " of '" + destinations[t.destination].spec.name + "'");
+        }
+        batch.conversions.push_back(std::move(launch).value());
+        continue;
+      }
+      batch.dsts.push_back(receiver_.Received(t));
+      batch.srcs.push_back(src);
+      batch.sizes.push_back(t.nbytes);
     }
   }
   return Status::Ok();
@@ -213,11 +255,15 @@ Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
   // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
   // once.
-  const Batch& b = slot_batches_[slot];
+  Batch& b = slot_batches_[slot];
   CopyQueue& queue = receiver_.queue();
-  WS_RETURN_IF_ERROR(
-      queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
+  if (!b.dsts.empty()) {
+    WS_RETURN_IF_ERROR(
+        queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
+  }
+  for (gpu::PreparedLaunch& launch : b.conversions) WS_RETURN_IF_ERROR(launch.Launch());
   WS_RETURN_IF_ERROR(queue.Wait(deadline));
+  WS_RETURN_IF_ERROR(receiver_.SetConvertedSource(b.base));
   return receiver_.MaybeInjectBitFlip();
 }
 

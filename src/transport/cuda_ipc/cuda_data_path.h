@@ -36,8 +36,13 @@ class GpuReceiver {
 
   // Creates the stream, the staging buffer (staged mode), the digest launches and the commit
   // batch on `device` (DestinationDevice's answer).
+  // `converted_source` (in place only): the mover converts tensors straight from the publisher's
+  // bytes, mapped here (slot base; segments at base + src_offset), so nothing lands for them and
+  // Commit converts nothing; their digests hash those bytes (SetConvertedSource per step).
   Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
-                 UpdateMode mode, int device);
+                 UpdateMode mode, int device, const uint8_t* converted_source = nullptr);
+  // Points the converted segments' digests at this step's source bytes (no allocation).
+  Status SetConvertedSource(const uint8_t* base);
   // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
   // destination, or the landing buffer when it is converted at commit.
   uint8_t* Received(const plan::PlannedTensor& t) const;
@@ -57,6 +62,7 @@ class GpuReceiver {
   Status PrepareConversions();
 
   const plan::Plan* plan_ = nullptr;
+  const uint8_t* converted_source_ = nullptr;  // see Prepare; null: converted at Commit
   std::vector<uint8_t*> destinations_;
   std::vector<std::string> names_;
   int device_ = -1;
@@ -92,11 +98,15 @@ class CudaDataPath {
  private:
   ImportedAllocation arena_;
   GpuReceiver receiver_;
-  // Prepared copy batches: per slot, every planned tensor's (dst, src, size).
+  // Prepared per slot: the copy batch, every unconverted planned tensor's (dst, src, size), and,
+  // in place, the conversion launches reading the slot straight from the publisher's GPU over
+  // the peer link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once).
   struct Batch {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
+    std::vector<gpu::PreparedLaunch> conversions;
+    const uint8_t* base = nullptr;
   };
   std::vector<Batch> slot_batches_;
 };
