@@ -280,7 +280,8 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "__init__",
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
-             const std::string& policy, double timeout, bool verify, int copy_threads) {
+             const std::string& policy, double timeout, bool verify, int copy_threads,
+             bool convert_dtypes) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
@@ -302,16 +303,18 @@ void BindSubscriber(nb::module_& m) {
             o.timeout = TimeoutArg(timeout, "timeout");
             o.verify = verify;
             o.copy_threads = copy_threads;
+            o.convert_dtypes = convert_dtypes;
             std::unique_ptr<Subscriber> s = ThrowIfError(Subscriber::Create(o));
             new (self) PySubscriber();
             self->subscriber = std::move(s);
             self->endpoint = endpoint;
           },
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
-          "verify"_a = false, "copy_threads"_a = 0,
+          "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
-                  "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0) -> None"),
+                  "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
+                  "convert_dtypes: bool = False) -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and a step is applied whole or not at all.\n"
@@ -319,7 +322,10 @@ void BindSubscriber(nb::module_& m) {
           "failure) or 'in_place' (no extra memory; a failure marks weights invalid).\n"
           "policy: 'strict' (same names on both sides) or 'subset' (a subset of the\n"
           "publisher's). timeout: seconds for each update, end to end. verify: check xxHash3\n"
-          "digests before committing (per update overridable).")
+          "digests before committing (per update overridable). convert_dtypes: let a\n"
+          "destination's dtype differ where weightsync converts in flight (casts among\n"
+          "float32/float16/bfloat16; bfloat16 -> float8_e4m3fn with block scales in NAME +\n"
+          "'_scale_inv'); see docs/gpu.md.")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {

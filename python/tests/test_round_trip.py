@@ -186,3 +186,24 @@ def test_subscriber_endpoint_list_must_hold_strings(endpoint):
         weightsync.Subscriber([endpoint, 3])
     with pytest.raises(ValueError, match="empty"):
         weightsync.Subscriber([])
+
+
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_convert_dtypes_casts_bfloat16_to_float32(endpoint, mode):
+    """A bf16 trainer, a float32 engine: each float32 is the bf16 bits shifted up (exact)."""
+    rng = np.random.default_rng(9)
+    bits = rng.normal(size=1000).astype(np.float32).view(np.uint32) >> 16
+    src = {"w": bits.astype(np.uint16)}
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register(src, dtypes={"w": "bfloat16"})
+        pub.publish(1)
+        dst = {"w": np.zeros(1000, dtype=np.float32)}
+        with weightsync.Subscriber(endpoint, mode=mode, verify=True) as strict:
+            strict.register(dst)
+            with pytest.raises(ValueError, match="convert_dtypes"):
+                strict.update()
+        with weightsync.Subscriber(endpoint, mode=mode, verify=True, convert_dtypes=True) as sub:
+            sub.register(dst)
+            assert sub.update().step == 1
+    want = (src["w"].astype(np.uint32) << 16).view(np.float32)
+    assert dst["w"].tobytes() == want.tobytes()

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -156,8 +157,26 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
         auto got = gpu::testing::Download<uint8_t>(dst_[d].view.data, expect->size());
         if (!got.ok()) return got.status().ToString();
         if (!SameUpToNaNPayload(dst_[d].view.dtype, *got, *expect)) {
+          // Where and how: the first differing byte, its input, and how many differ.
+          const size_t w = std::max<size_t>(Info(dst_[d].view.dtype).bits / 8, 1);
+          size_t first = got->size(), count = 0;
+          for (size_t k = 0; k + w <= got->size(); k += w) {
+            if (std::memcmp(&(*got)[k], &(*expect)[k], w) != 0 &&
+                !(IsNaN(dst_[d].view.dtype, &(*got)[k]) && IsNaN(dst_[d].view.dtype, &(*expect)[k]))) {
+              first = std::min(first, k);
+              ++count;
+            }
+          }
+          char detail[160];
+          const size_t in_w = Info(v.dtype).bits / 8, elem = first / w;
+          uint32_t in = 0;
+          if ((elem + 1) * in_w <= published.size()) std::memcpy(&in, &published[elem * in_w], in_w);
+          std::snprintf(detail, sizeof(detail),
+                        " at element %zu: got 0x%02x want 0x%02x (input bits 0x%x); %zu of %zu "
+                        "elements differ",
+                        elem, (*got)[first], (*expect)[first], in, count, got->size() / w);
           return "'" + dst_[d].name + "' (" + std::string(DTypeName(dst_[d].view.dtype)) +
-                 ") differs from the reference at step " + std::to_string(step);
+                 ") differs from the reference at step " + std::to_string(step) + detail;
         }
         ++d;
       }
@@ -191,6 +210,52 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->prepare_count, 1u);
     EXPECT_EQ(Mismatch(step), "");
+  }
+}
+
+// The quantization kernel alone on the same bytes (random bit patterns: infinities, NaNs,
+// subnormals), so a transport problem and a kernel/reference disagreement tell themselves apart.
+TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
+  WS_SKIP_WITHOUT_GPU();
+  const int64_t rows = 2, cols = 70005;
+  std::vector<uint8_t> x(rows * cols * 2);
+  SyntheticModel::Pattern(8, 1, x.data(), x.size());
+  for (gpu::Fp8ScaleFormat format : {gpu::Fp8ScaleFormat::kFloat32, gpu::Fp8ScaleFormat::kE8M0}) {
+    const size_t scale_bytes = (format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4) * 547;
+    auto d_x = gpu::testing::Upload(x);
+    auto d_q = gpu::DeviceBuffer::Allocate(rows * cols);
+    auto d_s = gpu::DeviceBuffer::Allocate(scale_bytes);
+    ASSERT_OK(d_x);
+    ASSERT_OK(d_q);
+    ASSERT_OK(d_s);
+    auto launch = gpu::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols,
+                                          format, nullptr);
+    ASSERT_OK(launch);
+    ASSERT_OK(launch->Launch());
+    ASSERT_OK(gpu::DeviceSynchronize());
+    std::vector<uint8_t> want_q(rows * cols), want_s(scale_bytes);
+    ASSERT_OK(ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(x.data()), rows, cols,
+                               want_q.data(), want_s.data(), format));
+    auto got_q = gpu::testing::Download<uint8_t>(d_q->data(), want_q.size());
+    auto got_s = gpu::testing::Download<uint8_t>(d_s->data(), want_s.size());
+    ASSERT_OK(got_q);
+    ASSERT_OK(got_s);
+    EXPECT_TRUE(SameUpToNaNPayload(format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU
+                                                                        : DType::kFloat32,
+                                   *got_s, want_s))
+        << "scales";
+    size_t bad = 0, first = want_q.size();
+    for (size_t i = 0; i < want_q.size(); ++i) {
+      if ((*got_q)[i] != want_q[i] &&
+          !(IsNaN(DType::kFloat8E4M3FN, &(*got_q)[i]) && IsNaN(DType::kFloat8E4M3FN, &want_q[i]))) {
+        if (bad++ == 0) first = i;
+      }
+    }
+    uint16_t in = 0;
+    if (first < want_q.size()) std::memcpy(&in, &x[first * 2], 2);
+    EXPECT_EQ(bad, 0u) << "first at " << first << ": got " << int(first < want_q.size() ? (*got_q)[first] : 0)
+                       << " want " << int(first < want_q.size() ? want_q[first] : 0) << " input bf16 0x"
+                       << std::hex << in;
   }
 }
 
