@@ -1,4 +1,4 @@
-// weightsync: the command-line tool. Subcommands: demo, bench.
+// weightsync: the command-line tool. Subcommands: demo, bench, info.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -18,6 +18,8 @@ constexpr char kUsage[] =
     "          a real one (qwen2.5-0.5b by default) every step and verify every byte\n"
     "  bench   throughput, per-step overhead, heap allocations and RSS slope, each against a\n"
     "          baseline measured in the same run; prints a table and writes JSON\n"
+    "  info    protocol version, the transports this build and machine can use, and every\n"
+    "          WEIGHTSYNC_* environment knob with its default and current value\n"
     "\n"
     "'weightsync <command> --help' lists the command's flags.\n";
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   if (command == "demo") return weightsync::tools::RunDemo(argc - 2, argv + 2);
   if (command == "bench") return weightsync::tools::RunBench(argc - 2, argv + 2);
+  if (command == "info") return weightsync::tools::RunInfo(argc - 2, argv + 2);
   std::fprintf(stderr, "weightsync: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -6,12 +6,15 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
+
+#include "util/knobs.h"
 
 namespace weightsync::transport {
 namespace {
 
 std::string SocketDir() {
-  if (const char* dir = std::getenv("WEIGHTSYNC_SOCKET_DIR"); dir != nullptr && *dir) return dir;
+  if (std::optional<std::string> dir = util::KnobValue(util::Knob::kSocketDir)) return *dir;
   return "/tmp/weightsync-" + std::to_string(::getuid());
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "util/knobs.h"
+
 namespace weightsync::util {
 namespace {
 
@@ -107,7 +109,7 @@ int64_t FailPoints::Hits(std::string_view name) {
 Status FailPoints::LoadFromEnv() {
   Status result;
   std::call_once(Reg().env_once, [&] {
-    if (const char* v = std::getenv("WEIGHTSYNC_FAILPOINTS")) result = ParseSpec(v);
+    if (std::optional<std::string> v = KnobValue(Knob::kFailPoints)) result = ParseSpec(*v);
   });
   return result;
 }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "util/knobs.h"
+
 namespace weightsync::util {
 namespace {
 
@@ -22,14 +24,22 @@ bool& HasSink() {
 }
 
 LogLevel ThresholdFromEnv() {
-  const char* v = std::getenv("WEIGHTSYNC_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::INFO;
-  if (!strcasecmp(v, "debug")) return LogLevel::DEBUG;
-  if (!strcasecmp(v, "info")) return LogLevel::INFO;
-  if (!strcasecmp(v, "warn") || !strcasecmp(v, "warning")) return LogLevel::WARN;
-  if (!strcasecmp(v, "error")) return LogLevel::ERROR;
-  std::fprintf(stderr, "weightsync: WEIGHTSYNC_LOG_LEVEL='%s' is not debug|info|warn|error; "
-                       "using info\n", v);
+  Result<KnobLogLevel> level = LogLevelKnob();
+  if (!level.ok()) {
+    // Logging cannot fail its caller: say so once and use the default.
+    std::fprintf(stderr, "weightsync: %s; using info\n", level.status().message().c_str());
+    return LogLevel::INFO;
+  }
+  switch (*level) {
+    case KnobLogLevel::kDebug:
+      return LogLevel::DEBUG;
+    case KnobLogLevel::kInfo:
+      return LogLevel::INFO;
+    case KnobLogLevel::kWarn:
+      return LogLevel::WARN;
+    case KnobLogLevel::kError:
+      return LogLevel::ERROR;
+  }
   return LogLevel::INFO;
 }
 

@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 
+#include "util/knobs.h"
 #include "util/unique_fd.h"
 
 namespace weightsync::util {
@@ -53,11 +55,11 @@ Result<std::string> LoadToken(const std::string& token, const std::string& token
   } else if (!token_file.empty()) {
     WS_ASSIGN_OR_RETURN(value, ReadTokenFile(token_file));
     source = "token file '" + token_file + "'";
-  } else if (const char* f = std::getenv("WEIGHTSYNC_TOKEN_FILE"); f != nullptr && *f) {
-    WS_ASSIGN_OR_RETURN(value, ReadTokenFile(f));
+  } else if (std::optional<std::string> f = KnobValue(Knob::kTokenFile)) {
+    WS_ASSIGN_OR_RETURN(value, ReadTokenFile(*f));
     source = "WEIGHTSYNC_TOKEN_FILE";
-  } else if (const char* t = std::getenv("WEIGHTSYNC_TOKEN"); t != nullptr && *t) {
-    value = t;
+  } else if (std::optional<std::string> t = KnobValue(Knob::kToken)) {
+    value = *t;
     source = "WEIGHTSYNC_TOKEN";
   } else {
     return std::string();

@@ -58,6 +58,24 @@ class CliTest : public ::testing::Test {
   }
 };
 
+TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
+  CliRun info = RunCli("info", "WEIGHTSYNC_TOKEN=do-not-print-this-secret WEIGHTSYNC_SOCKET_DIR=/tmp/x");
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  for (const char* knob : {"WEIGHTSYNC_LOG_LEVEL", "WEIGHTSYNC_SOCKET_DIR", "WEIGHTSYNC_TOKEN_FILE",
+                           "WEIGHTSYNC_TOKEN", "WEIGHTSYNC_NCCL_LIBRARY", "WEIGHTSYNC_FAILPOINTS"}) {
+    EXPECT_TRUE(Has(info, knob)) << knob << " missing from:\n" << info.output;
+  }
+  EXPECT_FALSE(Has(info, "do-not-print-this-secret")) << info.output;
+  EXPECT_TRUE(Has(info, "set (hidden)")) << info.output;
+  EXPECT_TRUE(Has(info, "now '/tmp/x'")) << info.output;
+  EXPECT_TRUE(Has(info, "shm       local://NAME   available")) << info.output;
+  // A knob set to a value it cannot take is named, with the value, and fails the command.
+  CliRun bad = RunCli("info", "WEIGHTSYNC_LOG_LEVEL=loud");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_TRUE(Has(bad, "WEIGHTSYNC_LOG_LEVEL='loud' is not one of debug, info, warn, error"))
+      << bad.output;
+}
+
 TEST_F(CliTest, HelpListsCommandsAndFlags) {
   CliRun top = RunCli("--help");
   EXPECT_EQ(top.exit_code, 0) << top.output;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "util/knobs.h"
+
 namespace weightsync::transport::nccl {
 namespace {
 
@@ -31,8 +33,8 @@ std::string NcclVersionString(int code) {
 }
 
 std::string NcclLibraryName() {
-  const char* env = std::getenv("WEIGHTSYNC_NCCL_LIBRARY");
-  return env != nullptr && *env != '\0' ? std::string(env) : std::string("libnccl.so.2");
+  return util::KnobValue(util::Knob::kNcclLibrary)
+      .value_or(std::string(util::Describe(util::Knob::kNcclLibrary).default_value));
 }
 
 Result<std::unique_ptr<NcclLibrary>> OpenNcclLibrary(const std::string& library) {

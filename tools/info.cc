@@ -1,0 +1,66 @@
+// `weightsync info`: what this build and this machine can do, and every environment knob with its
+// type, default and current value (STYLE §6: knobs declared once, listed here). Secrets are
+// shown as set or unset, never printed.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "commands.h"
+#include "cuda/device.h"
+#include "cuda/launch_registry.h"
+#include "transport/nccl/nccl_api.h"
+#include "transport/nccl/nccl_link.h"
+#include "util/knobs.h"
+#include "weightsync/dtype.h"
+#include "wire/frame.h"
+
+namespace weightsync::tools {
+
+int RunInfo(int argc, char** argv) {
+  if (argc > 0 && (!std::strcmp(argv[0], "--help") || !std::strcmp(argv[0], "-h"))) {
+    std::printf("usage: weightsync info\n\nPrints the protocol version, the transports this "
+                "build and machine can use, and every WEIGHTSYNC_* environment knob.\n");
+    return 0;
+  }
+  if (argc > 0) {
+    std::fprintf(stderr, "weightsync info: takes no flags, got '%s'\n", argv[0]);
+    return 2;
+  }
+  std::printf("weightsync: wire protocol %u, %d element types\n",
+              static_cast<unsigned>(wire::kProtocolVersion), kDTypeCount);
+  std::printf("transports:\n  shm       local://NAME   available\n");
+  std::printf("  tcp       tcp://HOST:PORT available\n");
+  Status cuda = gpu::CudaAvailable();
+  if (cuda.ok()) {
+    std::printf("  cuda-ipc  local://NAME   available: %d CUDA device(s); %d scalar types and %d "
+                "kernels ready for prepared launches\n",
+                gpu::DeviceCount(), gpu::ReadyScalarTypeCount(), gpu::ReadyKernelCount());
+  } else {
+    std::printf("  cuda-ipc  local://NAME   unavailable: %s\n", cuda.message().c_str());
+  }
+  Status nccl = transport::nccl::NcclAvailable();
+  if (nccl.ok() && cuda.ok()) {
+    std::printf("  nccl      tcp://HOST:PORT available: NCCL %s\n",
+                transport::nccl::NcclVersionString(transport::nccl::NcclVersionCode()).c_str());
+  } else {
+    std::printf("  nccl      tcp://HOST:PORT unavailable: %s\n",
+                (nccl.ok() ? cuda : nccl).message().c_str());
+  }
+  std::printf("environment knobs (docs/env_vars.md):\n");
+  for (const util::KnobInfo& k : util::AllKnobs()) {
+    std::optional<std::string> v = util::KnobValue(k.knob);
+    std::string shown = !v ? "unset" : k.secret ? "set (hidden)" : "'" + *v + "'";
+    std::printf("  %-24s %s\n      type %s, default %s; now %s\n", std::string(k.name).c_str(),
+                std::string(k.meaning).c_str(), std::string(k.type).c_str(),
+                k.default_value.empty() ? "unset" : std::string(k.default_value).c_str(),
+                shown.c_str());
+  }
+  Result<util::KnobLogLevel> level = util::LogLevelKnob();
+  if (!level.ok()) {
+    std::printf("problem: %s\n", level.status().message().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace weightsync::tools
