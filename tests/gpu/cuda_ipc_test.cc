@@ -42,16 +42,9 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
     StartPublisher();
     ASSERT_OK(transport::cuda_ipc::SetDevice(sub_device_));
     like_ = model_.Tensors();
-    for (const auto& t : like_) {
-      auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
-      ASSERT_TRUE(b.ok()) << b.status();
-      ASSERT_OK(gpu::MemsetDevice(b->data(), 0xFF, b->size()));  // poison
-      TensorView v = t.view;
-      v.data = b->data();
-      v.device = {Device::Kind::kCUDA, sub_device_};
-      dst_.push_back({t.name, v});
-      buffers_.push_back(std::move(b).value());
-    }
+    auto dst = gpu::testing::PoisonedDestinations(like_, sub_device_, &buffers_);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    dst_ = std::move(dst).value();
     baseline_ = ReadLedger();
   }
 
@@ -78,15 +71,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why) {
-    std::vector<std::vector<uint8_t>> host;
-    for (size_t i = 0; i < dst_.size(); ++i) {
-      host.emplace_back(*dst_[i].view.NumBytes());
-      if (!gpu::CopyToHost(host.back().data(), dst_[i].view.data, host.back().size()).ok()) {
-        *why = "download failed";
-        return false;
-      }
-    }
-    return SyntheticModel::Holds(SyntheticModel::Views(like_, host), step, why);
+    return gpu::testing::DestinationsHold(dst_, like_, step, why);
   }
 
   int sub_device_ = 0;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "cuda/device.h"
@@ -33,6 +35,41 @@ Result<std::vector<T>> Download(const void* device, uint64_t count) {
   std::vector<T> host(count);
   WS_RETURN_IF_ERROR(CopyToHost(host.data(), device, count * sizeof(T)));
   return host;
+}
+
+// CUDA destinations on `device` shaped like `like`, poison-filled (0xFF); the buffers that back
+// them go to `keep`. The caller must have made `device` current.
+inline Result<std::vector<NamedTensor>> PoisonedDestinations(const std::vector<NamedTensor>& like,
+                                                             int device,
+                                                             std::vector<DeviceBuffer>* keep) {
+  std::vector<NamedTensor> out;
+  for (const auto& t : like) {
+    WS_ASSIGN_OR_RETURN(uint64_t bytes, t.view.NumBytes());
+    WS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+    WS_RETURN_IF_ERROR(MemsetDevice(b.data(), 0xFF, b.size()));
+    TensorView v = t.view;
+    v.data = b.data();
+    v.device = {Device::Kind::kCUDA, device};
+    out.push_back({t.name, v});
+    keep->push_back(std::move(b));
+  }
+  return out;
+}
+
+// Downloads every CUDA destination in `dst` and checks it holds the synthetic model (shaped like
+// `like`) at `step`.
+inline bool DestinationsHold(const std::vector<NamedTensor>& dst,
+                             const std::vector<NamedTensor>& like, int64_t step, std::string* why) {
+  std::vector<std::vector<uint8_t>> host;
+  for (const auto& d : dst) {
+    host.emplace_back(*d.view.NumBytes());
+    if (!CopyToHost(host.back().data(), d.view.data, host.back().size()).ok()) {
+      *why = "download of '" + d.name + "' failed";
+      return false;
+    }
+  }
+  return weightsync::testing::SyntheticModel::Holds(
+      weightsync::testing::SyntheticModel::Views(like, host), step, why);
 }
 
 }  // namespace weightsync::gpu::testing

@@ -39,24 +39,12 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
     device_ = devices - 1;
     ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
     like_ = model_.Tensors();
-    for (const auto& t : like_) {
-      auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
-      ASSERT_TRUE(b.ok()) << b.status();
-      ASSERT_OK(gpu::MemsetDevice(b->data(), 0xFF, b->size()));  // poison
-      TensorView v = t.view;
-      v.data = b->data();
-      v.device = {Device::Kind::kCUDA, device_};
-      dst_.push_back({t.name, v});
-      buffers_.push_back(std::move(b).value());
-    }
+    auto dst = gpu::testing::PoisonedDestinations(like_, device_, &buffers_);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    dst_ = std::move(dst).value();
   }
   bool Holds(int64_t step, std::string* why) {
-    std::vector<std::vector<uint8_t>> host;
-    for (const auto& d : dst_) {
-      host.emplace_back(*d.view.NumBytes());
-      if (!gpu::CopyToHost(host.back().data(), d.view.data, host.back().size()).ok()) return false;
-    }
-    return SyntheticModel::Holds(SyntheticModel::Views(like_, host), step, why);
+    return gpu::testing::DestinationsHold(dst_, like_, step, why);
   }
 
   int device_ = 0;

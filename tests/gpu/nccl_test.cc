@@ -93,29 +93,13 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
   // Poison-filled CUDA destinations on cuda:1 shaped like the model.
   void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<gpu::DeviceBuffer>* keep) {
     ASSERT_OK(transport::cuda_ipc::SetDevice(1));
-    for (const auto& t : like_) {
-      auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
-      ASSERT_TRUE(b.ok()) << b.status();
-      ASSERT_OK(gpu::MemsetDevice(b->data(), 0xFF, b->size()));  // poison
-      TensorView v = t.view;
-      v.data = b->data();
-      v.device = {Device::Kind::kCUDA, 1};
-      dst->push_back({t.name, v});
-      keep->push_back(std::move(b).value());
-    }
+    auto made = gpu::testing::PoisonedDestinations(like_, 1, keep);
+    ASSERT_TRUE(made.ok()) << made.status();
+    *dst = std::move(made).value();
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why, const std::vector<NamedTensor>* dst = nullptr) {
-    const std::vector<NamedTensor>& d = dst != nullptr ? *dst : dst_;
-    std::vector<std::vector<uint8_t>> host;
-    for (size_t i = 0; i < d.size(); ++i) {
-      host.emplace_back(*d[i].view.NumBytes());
-      if (!gpu::CopyToHost(host.back().data(), d[i].view.data, host.back().size()).ok()) {
-        *why = "download failed";
-        return false;
-      }
-    }
-    return SyntheticModel::Holds(SyntheticModel::Views(like_, host), step, why);
+    return gpu::testing::DestinationsHold(dst != nullptr ? *dst : dst_, like_, step, why);
   }
 
   SyntheticModel model_{kTensors, kElements};
