@@ -53,10 +53,13 @@ struct SubscriberOptions {
   std::string endpoint;  // same form as PublisherOptions::endpoint
   // Further publishers feeding this subscriber, e.g. one per trainer rank, each holding part (or
   // all) of the tensors. At the first update every publisher's manifest is read and each tensor
-  // is assigned to exactly one of them (a tensor several hold goes to the least-loaded one); the
-  // shares then move concurrently, each over its own transfer handle, and are verified and
-  // committed together: all of a step or none of it. All publishers must publish the same steps;
-  // "latest" is the latest of the first one. `endpoint` may be left empty when this is not.
+  // is assigned to exactly one of them (a tensor several hold goes to the least-loaded one; one
+  // that needs no conversion wins over one that would); the shares then move concurrently, each
+  // over its own transfer handle, and every share is received (and verified, when asked) before
+  // any is committed: a failure up to then leaves the old weights untouched (staged). A failure
+  // during the commit itself marks the weights invalid, as with one publisher. All publishers
+  // must publish the same steps; "latest" is the latest of the first one. `endpoint` may be left
+  // empty when this is not.
   std::vector<std::string> endpoints;
   std::string token;       // as PublisherOptions::token (TCP only)
   std::string token_file;
@@ -75,8 +78,9 @@ struct SubscriberOptions {
   // product of the others), written to the destination NAME + fp8_scale_suffix: float32
   // (amax / 448) or float8_e8m0fnu (power-of-two) of shape [ceil(rows/128), ceil(cols/128)].
   // The published bytes move and are verified as published; the conversion writes the
-  // destination at commit (staged) or right after the copy (in place). Off: any dtype
-  // difference is a mismatch. Format details: docs/gpu.md.
+  // destination at commit, after verification (in place over cuda-ipc: during the copy, reading
+  // the publisher's GPU memory directly). Off: any dtype difference is a mismatch. Format
+  // details: docs/gpu.md.
   bool convert_dtypes = false;
   std::string fp8_scale_suffix = "_scale_inv";
 };

@@ -317,7 +317,7 @@ void BindSubscriber(nb::module_& m) {
                   "convert_dtypes: bool = False) -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
-          "comes from exactly one of them, and a step is applied whole or not at all.\n"
+          "comes from exactly one of them, and no share is committed before all arrived.\n"
           "mode: 'staged' (receive into a shadow buffer, then commit: old weights untouched on\n"
           "failure) or 'in_place' (no extra memory; a failure marks weights invalid).\n"
           "policy: 'strict' (same names on both sides) or 'subset' (a subset of the\n"

@@ -76,7 +76,10 @@ struct Subscriber::Impl {
 
 template <typename Fn>
 Status Subscriber::Impl::ForEachSource(Fn&& fn) {
-  if (active.size() == 1) return fn(*active[0]);
+  if (active.size() == 1) {
+    Status s = fn(*active[0]);
+    return s.ok() || sources.size() == 1 ? s : s.WithContext(active[0]->name);
+  }
   struct Context {
     std::vector<Source*>* active;
     std::remove_reference_t<Fn>* fn;
@@ -218,21 +221,26 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     line << " " << source.name << " " << schedule.destinations[i].size() << " tensors "
          << schedule.bytes[i] << " bytes;";
     if (schedule.destinations[i].empty()) {
-      // Nothing of what we registered comes from it: no handle, no traffic.
-      WS_RETURN_IF_ERROR(source.handle->Release().WithContext(source.name));
+      // Nothing of what we registered comes from it: no handle, no traffic. A failing release
+      // is logged (by the handle) and does not fail the update.
+      if (Status s = source.handle->Release(); !s.ok()) {
+        WS_LOG(WARN, "subscriber") << source.name << " delivers nothing; releasing it: " << s;
+      }
       source.handle.reset();
       continue;
     }
     for (uint32_t d : schedule.destinations[i]) source.share.push_back(destinations[d]);
-    // Subset: the publisher also holds tensors another one delivers.
-    Status s = source.handle->Prepare(
-        source.share, {MatchPolicy::kSubset, options.mode, Convert()}, deadline);
-    if (!s.ok()) return s.WithContext(source.name);
     active.push_back(&source);
   }
   WS_LOG(INFO, "subscriber") << line.str();
   pool = std::make_unique<util::WorkerPool>(static_cast<int>(active.size()));
-  return Status::Ok();
+  // All at once: each publisher waits for its subscriber's selection under its own deadline, and
+  // communicator setup (nccl) takes a while per source.
+  return ForEachSource([&](Source& source) {
+    // Subset: the publisher may also hold tensors another one delivers.
+    return source.handle->Prepare(source.share, {MatchPolicy::kSubset, options.mode, Convert()},
+                                  deadline);
+  });
 }
 
 // Every active source must serve the same step. "Latest" is the first source's latest; the others
@@ -284,7 +292,10 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
     (void)d.ReleaseHandles("update failed");
     Status out = s.WithContext("update to step " + step_text + " from " + d.sources_text);
     if (touched_destinations) {
-      out = Status(out.code(), out.message() + " (in_place: weights are now marked invalid)");
+      out = Status(out.code(), out.message() + (d.options.mode == UpdateMode::kInPlace
+                                                    ? " (in_place: weights are now marked invalid)"
+                                                    : " (failed while committing: weights are now "
+                                                      "marked invalid)"));
     }
     return out;
   };
@@ -313,7 +324,8 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   const bool staged = d.options.mode == UpdateMode::kStaged;
   touched_destinations = !staged;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
-  Status s = d.ForEachSource([&](Source& src) { return src.handle->CopyStep(deadline); });
+  Status s =
+      d.ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
   if (!s.ok()) return fail(s);
   s = d.ForEachSource([&](Source& src) {
     Result<std::span<const uint64_t>> digests = src.handle->EndStep(deadline);

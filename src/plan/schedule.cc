@@ -20,8 +20,13 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   for (uint32_t d = 0; d < destinations.size(); ++d) by_name.emplace(destinations[d].spec.name, d);
 
   MismatchList mismatches("the publishers' and the subscriber's manifests");
-  // holders[d]: the sources that publish destination d with a matching dtype and shape.
+  // holders[d]: the sources that publish destination d with a matching (or, with conversion on,
+  // convertible) dtype and the same shape; exact[d]: whether some holder needs no conversion.
+  // published[d][k]: the bytes holders[d][k] sends for it (what crosses its link).
   std::vector<std::vector<uint32_t>> holders(destinations.size());
+  std::vector<std::vector<uint64_t>> published(destinations.size());
+  std::vector<bool> exact(destinations.size(), false);
+  std::vector<std::vector<bool>> holder_exact(destinations.size());
   for (uint32_t s = 0; s < sources.size(); ++s) {
     for (const wire::TensorPlacement& p : sources[s].welcome->tensors) {
       auto it = by_name.find(p.spec.name);
@@ -46,7 +51,12 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
                        " ", ShapeString(p.spec.shape), ", subscriber ", ShapeString(dst.shape));
         same = false;
       }
-      if (same) holders[it->second].push_back(s);
+      if (same) {
+        holders[it->second].push_back(s);
+        published[it->second].push_back(p.spec.nbytes);
+        holder_exact[it->second].push_back(p.spec.dtype == dst.dtype);
+        if (p.spec.dtype == dst.dtype) exact[it->second] = true;
+      }
     }
   }
   std::string all_names;
@@ -81,6 +91,21 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   }
   if (!mismatches.empty()) return mismatches.ToStatus();
 
+  // A replica that needs no conversion wins over one that would convert: the two would need
+  // different companions (an fp8 publisher sends its own scales; a bf16 one has them computed).
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (!exact[d] || holders[d].size() < 2) continue;
+    std::vector<uint32_t> kept;
+    std::vector<uint64_t> kept_bytes;
+    for (size_t k = 0; k < holders[d].size(); ++k) {
+      if (!holder_exact[d][k]) continue;
+      kept.push_back(holders[d][k]);
+      kept_bytes.push_back(published[d][k]);
+    }
+    holders[d] = std::move(kept);
+    published[d] = std::move(kept_bytes);
+  }
+
   Schedule schedule;
   schedule.destinations.resize(sources.size());
   schedule.bytes.assign(sources.size(), 0);
@@ -89,7 +114,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     if (holders[d].empty()) continue;  // a scale destination, placed below
     if (holders[d].size() == 1) {
       schedule.destinations[holders[d][0]].push_back(d);
-      schedule.bytes[holders[d][0]] += destinations[d].spec.nbytes;
+      schedule.bytes[holders[d][0]] += published[d][0];
     } else {
       shared.push_back(d);
     }
@@ -99,12 +124,12 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     return destinations[a].spec.nbytes > destinations[b].spec.nbytes;
   });
   for (uint32_t d : shared) {
-    uint32_t best = holders[d][0];
-    for (uint32_t s : holders[d]) {
-      if (schedule.bytes[s] < schedule.bytes[best]) best = s;
+    size_t best = 0;
+    for (size_t k = 1; k < holders[d].size(); ++k) {
+      if (schedule.bytes[holders[d][k]] < schedule.bytes[holders[d][best]]) best = k;
     }
-    schedule.destinations[best].push_back(d);
-    schedule.bytes[best] += destinations[d].spec.nbytes;
+    schedule.destinations[holders[d][best]].push_back(d);
+    schedule.bytes[holders[d][best]] += published[d][best];
   }
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     if (scale_base[d] == kNoDestination) continue;

@@ -33,7 +33,7 @@ struct SourceManifest {
 struct Schedule {
   // Per source, the indices into `destinations` it delivers, ascending. May be empty.
   std::vector<std::vector<uint32_t>> destinations;
-  std::vector<uint64_t> bytes;  // per source, bytes it delivers per step
+  std::vector<uint64_t> bytes;  // per source, published bytes it sends per step
 };
 
 // With `convert` enabled, a dtype difference a Transform covers is not a problem, and an fp8

@@ -88,7 +88,9 @@ Status HostDataPath::Verify(std::span<const uint64_t> digests, wire::DigestKind 
   size_t count = 0;
   for (const auto& s : plan_->segments) count += Digest(s) != digests[s.digest_index];
   const plan::Segment& s = plan_->segments[bad];
-  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' bytes [",
+  // Offsets are into the tensor as published (for a converted tensor, before converting).
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
+                            s.converted ? "published bytes [" : "bytes [",
                             s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
                             s.digest_index, ") do not match the publisher's digest; ", count,
                             " corrupt segment(s) in all; nothing committed");

@@ -50,8 +50,9 @@ class TransferHandle {
   virtual Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                                     const util::Deadline& deadline) = 0;
   // Moves every planned byte of the step into the staging buffer (staged) or straight into the
-  // destinations (in place).
-  virtual Status CopyStep(const util::Deadline& deadline) = 0;
+  // destinations (in place). `verify`: Verify will follow; a handle that reads some of the
+  // publisher's bytes in place (cuda-ipc conversions) hashes them now, while the step is pinned.
+  virtual Status CopyStep(bool verify, const util::Deadline& deadline) = 0;
   // Tells the publisher the copy is finished; returns its digests of the step (valid until the
   // next BeginStep). Only after this returns may the core commit.
   virtual Result<std::span<const uint64_t>> EndStep(const util::Deadline& deadline) = 0;

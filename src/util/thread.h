@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string_view>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -19,6 +20,8 @@ Status StartThread(std::thread* thread, std::string_view what, Fn&& fn) {
   } catch (const std::system_error& e) {
     return Status::ResourceExhausted("cannot start the ", what, " thread: ", e.what(),
                                      " (thread or address-space limit?)");
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("cannot start the ", what, " thread: out of memory");
   }
   return Status::Ok();
 }

@@ -96,6 +96,35 @@ TEST(AssignSources, EveryProblemIsListedWithThePublisherThatHasIt) {
                    "local://b"), std::string::npos) << m;
 }
 
+TEST(AssignSources, AReplicaNeedingNoConversionWinsAndScalesFollowTheirTensor) {
+  const ConvertOptions on{true, "_scale_inv"};
+  TensorSpec w_bf16 = Bytes("w", 256, DType::kUInt8);
+  w_bf16.dtype = DType::kBFloat16;
+  w_bf16.shape = {2, 128};
+  w_bf16.nbytes = 512;
+  TensorSpec w_fp8 = w_bf16;
+  w_fp8.dtype = DType::kFloat8E4M3FN;
+  w_fp8.nbytes = 256;
+  TensorSpec scale = Bytes("w_scale_inv", 1, DType::kFloat32);
+  scale.shape = {1, 1};
+  // A publishes bf16 (would convert); B publishes the fp8 weight and its scales as they are.
+  wire::Welcome a = Publishes({w_bf16, Bytes("a_only", 64)});
+  wire::Welcome b = Publishes({w_fp8, scale});
+  auto dst = Registers({w_fp8, scale, Bytes("a_only", 64)});
+  auto s = AssignSources({{"A", &a}, {"B", &b}}, dst, MatchPolicy::kStrict, on);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->destinations[0], (std::vector<uint32_t>{2}));
+  EXPECT_EQ(s->destinations[1], (std::vector<uint32_t>{0, 1}));
+  // Only bf16 publishers: the weight goes to one of them and its (unpublished) scales with it.
+  wire::Welcome c = Publishes({w_bf16});
+  wire::Welcome d = Publishes({w_bf16, Bytes("big", 4096)});
+  auto dst2 = Registers({w_fp8, scale, Bytes("big", 4096)});
+  auto s2 = AssignSources({{"C", &c}, {"D", &d}}, dst2, MatchPolicy::kSubset, on);
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  EXPECT_EQ(s2->destinations[0], (std::vector<uint32_t>{0, 1}));  // D is loaded with "big"
+  EXPECT_EQ(s2->bytes[0], 512u) << "balance counts the published bf16 bytes";
+}
+
 TEST(AssignSources, SubsetPolicyAllowsPublisherExtras) {
   wire::Welcome a = Publishes({Bytes("x", 8), Bytes("unused", 8)});
   auto s = AssignSources({{"A", &a}}, Registers({Bytes("x", 8)}), MatchPolicy::kSubset);

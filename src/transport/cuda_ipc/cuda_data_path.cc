@@ -85,12 +85,15 @@ Status GpuReceiver::Prepare(const plan::Plan* plan,
   return PrepareConversions();
 }
 
-Status GpuReceiver::SetConvertedSource(const uint8_t* base) {
-  if (converted_source_ == nullptr || base == converted_source_) return Status::Ok();
+Status GpuReceiver::HashConvertedSource(const uint8_t* base) {
+  if (converted_source_ == nullptr) return Status::Ok();
+  const bool moved = base != converted_source_;
   converted_source_ = base;
   for (size_t i = 0; i < plan_->segments.size(); ++i) {
     const plan::Segment& s = plan_->segments[i];
-    if (s.converted) WS_RETURN_IF_ERROR(digest_launches_[i].SetRange(base + s.src_offset, s.bytes));
+    if (!s.converted) continue;
+    if (moved) WS_RETURN_IF_ERROR(digest_launches_[i].SetRange(base + s.src_offset, s.bytes));
+    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
   }
   return Status::Ok();
 }
@@ -154,7 +157,11 @@ Status GpuReceiver::MaybeInjectBitFlip() {
 Status GpuReceiver::Verify(std::span<const uint64_t> digests, int64_t step,
                            const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  for (auto& launch : digest_launches_) WS_RETURN_IF_ERROR(launch.Launch());
+  for (size_t i = 0; i < digest_launches_.size(); ++i) {
+    // Segments converted straight from the publisher were hashed during the copy.
+    if (converted_source_ != nullptr && plan_->segments[i].converted) continue;
+    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
+  }
   WS_RETURN_IF_ERROR(queue_.Enqueue(digests_host_.data(), digests_device_.data(),
                                     digests_host_.size() * 8));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
@@ -167,7 +174,9 @@ Status GpuReceiver::Verify(std::span<const uint64_t> digests, int64_t step,
   }
   if (bad == 0) return Status::Ok();
   const plan::Segment& s = plan_->segments[first];
-  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' bytes [",
+  // Offsets are into the tensor as published (for a converted tensor, before converting).
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
+                            s.converted ? "published bytes [" : "bytes [",
                             s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
                             s.digest_index, ") do not match the publisher's GPU digest; ", bad,
                             " corrupt segment(s) in all; nothing committed");
@@ -251,7 +260,7 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   return Status::Ok();
 }
 
-Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
+Status CudaDataPath::Copy(uint32_t slot, bool verify, const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
   // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
   // once.
@@ -262,8 +271,9 @@ Status CudaDataPath::Copy(uint32_t slot, const util::Deadline& deadline) {
         queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
   }
   for (gpu::PreparedLaunch& launch : b.conversions) WS_RETURN_IF_ERROR(launch.Launch());
+  // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
+  if (verify && !b.conversions.empty()) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
   WS_RETURN_IF_ERROR(queue.Wait(deadline));
-  WS_RETURN_IF_ERROR(receiver_.SetConvertedSource(b.base));
   return receiver_.MaybeInjectBitFlip();
 }
 

@@ -41,8 +41,10 @@ class GpuReceiver {
   // Commit converts nothing; their digests hash those bytes (SetConvertedSource per step).
   Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
                  UpdateMode mode, int device, const uint8_t* converted_source = nullptr);
-  // Points the converted segments' digests at this step's source bytes (no allocation).
-  Status SetConvertedSource(const uint8_t* base);
+  // Points the converted segments' digests at this step's source bytes (no allocation) and
+  // launches them now, on the stream, while the publisher still pins the step; Verify then only
+  // launches the other segments' digests and compares.
+  Status HashConvertedSource(const uint8_t* base);
   // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
   // destination, or the landing buffer when it is converted at commit.
   uint8_t* Received(const plan::PlannedTensor& t) const;
@@ -87,7 +89,8 @@ class CudaDataPath {
   // device; InvalidArgument names the first that is not.
   Status Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
                  const std::vector<plan::Destination>& destinations, UpdateMode mode);
-  Status Copy(uint32_t slot, const util::Deadline& deadline);
+  // `verify`: Verify will follow (see GpuReceiver::HashConvertedSource).
+  Status Copy(uint32_t slot, bool verify, const util::Deadline& deadline);
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline) {
     return receiver_.Verify(digests, step, deadline);
   }

@@ -44,7 +44,7 @@ class ShmHandle final : public TransferHandle {
                  const PrepareOptions& options, const Deadline& deadline) override;
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                             const Deadline& deadline) override;
-  Status CopyStep(const Deadline& deadline) override;
+  Status CopyStep(bool verify, const Deadline& deadline) override;
   Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const Deadline& deadline) override;
@@ -163,9 +163,9 @@ Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_
   return offered;
 }
 
-Status ShmHandle::CopyStep(const Deadline& deadline) {
+Status ShmHandle::CopyStep(bool verify, const Deadline& deadline) {
   if (gpu_) {
-    WS_RETURN_IF_ERROR(gpu_path_.Copy(begin_.slot, deadline));
+    WS_RETURN_IF_ERROR(gpu_path_.Copy(begin_.slot, verify, deadline));
   } else {
     const uint8_t* arena = mapping_.data();
     host_.CopyFromArena(

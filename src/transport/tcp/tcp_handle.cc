@@ -41,7 +41,7 @@ class TcpHandle final : public TransferHandle {
                  const PrepareOptions& options, const Deadline& deadline) override;
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
                             const Deadline& deadline) override;
-  Status CopyStep(const Deadline& deadline) override;
+  Status CopyStep(bool verify, const Deadline& deadline) override;
   Result<std::span<const uint64_t>> EndStep(const Deadline& deadline) override;
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const Deadline& deadline) override {
@@ -254,7 +254,7 @@ Result<int64_t> TcpHandle::BeginStep(std::optional<int64_t> step, int64_t after_
   return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline);
 }
 
-Status TcpHandle::CopyStep(const Deadline& deadline) {
+Status TcpHandle::CopyStep(bool /*verify*/, const Deadline& deadline) {
   if (nccl_) {
     WS_FAIL_POINT_RETURN("tcp.before_data");
     Status s = nccl_->Receive(deadline, watch_);

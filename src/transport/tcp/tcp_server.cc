@@ -16,6 +16,7 @@
 #include "util/logging.h"
 #include "util/thread.h"
 #include "util/unique_fd.h"
+#include "wire/channel.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
 
@@ -322,10 +323,13 @@ void TcpServerImpl::StartSession(std::shared_ptr<Handshake> h) {
     s->done.store(true, std::memory_order_release);
   });
   if (!started.ok()) {
-    // The peer sees its connection close; the reason is ours to log.
+    // Authenticated, so the peer is told why (briefly: this runs on the io thread) and closed.
     active_.fetch_sub(1, std::memory_order_relaxed);
     LedgerAdd(LedgerItem::kConnections, -1);
     WS_LOG(WARN, "tcp") << "session for " << h->peer << " refused: " << started;
+    wire::Channel ch(std::move(s->fd), "subscriber " + h->peer);
+    (void)ch.Send(wire::FrameType::kError, wire::ErrorMessage{started.code(), started.message()},
+                  util::Deadline(std::chrono::milliseconds(100)));
     return;
   }
   LedgerAdd(LedgerItem::kThreads, 1);
