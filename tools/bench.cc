@@ -100,6 +100,10 @@ int RunBench(int argc, char** argv) {
                FormatBytes(o.bytes).c_str());
   s = MeasureThroughput(o, &report);
   if (s.ok()) {
+    std::fprintf(stderr, "weightsync bench: measuring two publishers feeding one subscriber...\n");
+    s = MeasureTwoPublishers(o, &report);
+  }
+  if (s.ok()) {
     std::fprintf(stderr, "weightsync bench: measuring tcp on loopback (%s)...\n",
                  FormatBytes(o.bytes).c_str());
     s = MeasureTcpThroughput(o, &report);

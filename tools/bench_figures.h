@@ -28,6 +28,10 @@ struct BenchOptions {
 // against a single-threaded memcpy of the same bytes.
 Status MeasureThroughput(const BenchOptions& options, BenchReport* report);
 
+// One subscriber fed by two publishers, each holding half the tensors, against one publisher
+// holding all of them (in_place, same bytes, same run).
+Status MeasureTwoPublishers(const BenchOptions& options, BenchReport* report);
+
 // The tcp transport on loopback (in_place and staged) against a plain socket copy of the same
 // bytes between two threads over 127.0.0.1.
 Status MeasureTcpThroughput(const BenchOptions& options, BenchReport* report);
