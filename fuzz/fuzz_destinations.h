@@ -25,4 +25,33 @@ inline std::vector<TensorSpec> DestinationSpecs() {
   return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
 }
 
+// The destination set planned with SubscriberOptions::convert_dtypes on: casts both ways, and
+// bf16 → fp8 for a 2-D and a 1-D tensor with float32 and e8m0 scale destinations (partial
+// 128-blocks). ConvertingPublisherSpecs is a publisher side that plans onto it.
+inline std::vector<TensorSpec> ConvertingDestinationSpecs() {
+  std::vector<TensorSpec> specs = {
+      {"embed.weight", DType::kBFloat16, {4, 8}, 0},
+      {"layer.0.bias", DType::kFloat32, {8}, 0},
+      {"w8", DType::kFloat8E4M3FN, {3, 130}, 0},
+      {"w8_scale_inv", DType::kFloat32, {1, 2}, 0},
+      {"w8e", DType::kFloat8E4M3FN, {130}, 0},
+      {"w8e_scale_inv", DType::kFloat8E8M0FNU, {1, 2}, 0},
+      {"scalar", DType::kInt64, {}, 0},
+  };
+  auto manifest = Manifest::Build(specs);
+  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+}
+
+inline std::vector<TensorSpec> ConvertingPublisherSpecs() {
+  std::vector<TensorSpec> specs = {
+      {"embed.weight", DType::kFloat32, {4, 8}, 0},
+      {"layer.0.bias", DType::kBFloat16, {8}, 0},
+      {"w8", DType::kBFloat16, {3, 130}, 0},
+      {"w8e", DType::kBFloat16, {130}, 0},
+      {"scalar", DType::kInt64, {}, 0},
+  };
+  auto manifest = Manifest::Build(specs);
+  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+}
+
 }  // namespace weightsync::fuzz

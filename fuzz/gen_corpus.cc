@@ -143,6 +143,12 @@ void Messages() {
     w = MakeWelcome(dests, 16, false, false);
     w.arena_kind = wire::ArenaKind::kNone;
     Write(t, "welcome_tcp_no_arena", WithSelector(WelcomeSelector(2, 0), Payload(w)));
+    // Converting subscriber (set 2): casts and bf16 → fp8 with scales, slots and direct.
+    const std::vector<TensorSpec> converting = weightsync::fuzz::ConvertingPublisherSpecs();
+    Write(t, "welcome_converting_seg16",
+          WithSelector(WelcomeSelector(1, 2), Payload(MakeWelcome(converting, 16, false, false))));
+    Write(t, "welcome_converting_slots",
+          WithSelector(WelcomeSelector(2, 2), Payload(MakeWelcome(converting, 4096, true, false))));
   }
   Write(t, "welcome_empty",
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));

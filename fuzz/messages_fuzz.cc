@@ -7,8 +7,9 @@
 //   selector % 7        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
 //                       StepEnd, Error)
 //   (selector / 7) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
-//   (selector / 28) % 2 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
-//                       duplicated name, which BuildPlan must refuse)
+//   (selector / 28) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
+//                       duplicated name, which BuildPlan must refuse, 2: the converting set,
+//                       planned with convert_dtypes on)
 //
 // Properties checked besides "no sanitizer report":
 //   - a decoder fails only with ProtocolError;
@@ -18,11 +19,14 @@
 //   - ToStatus of a decoded ErrorMessage is never OK;
 //   - a layout ValidateLayout accepts keeps every tensor inside its region and every region
 //     inside the arena (checked here independently, in 128-bit arithmetic);
-//   - a plan BuildPlan returns only pairs same-named, same-dtype, same-shape tensors, covers each
+//   - a plan BuildPlan returns only pairs same-named, same-dtype (or, converting, a supported
+//     transform with its fp8 scale destination), same-shape tensors, covers each
 //     planned tensor exactly with segments inside their source region, destination and shadow
 //     buffer, numbers digests inside digest_count, and groups segments into contiguous buckets;
 //   - executing the plan's copies (staged: arena → shadow → destinations; in place: arena →
-//     destinations) against exactly-sized heap buffers stays in bounds (ASan checks every byte).
+//     destinations or the landing buffer) and its conversions (the CPU transforms, into the
+//     destination and scale buffers) against exactly-sized heap buffers stays in bounds (ASan
+//     checks every byte).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +35,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda/transform_reference.h"
 #include "fuzz_check.h"
 #include "fuzz_destinations.h"
 #include "plan/plan.h"
@@ -85,11 +90,12 @@ struct Destinations {
 
 const Destinations& GetDestinations(int set) {
   static const Destinations* sets = [] {
-    auto* d = new Destinations[2];
+    auto* d = new Destinations[3];
     d[0].specs = weightsync::fuzz::DestinationSpecs();
     d[1].specs = d[0].specs;
     d[1].specs.push_back(d[0].specs[0]);  // a name registered twice
-    for (int i = 0; i < 2; ++i) {
+    d[2].specs = weightsync::fuzz::ConvertingDestinationSpecs();
+    for (int i = 0; i < 3; ++i) {
       for (const TensorSpec& s : d[i].specs) {
         plan::Destination dest;
         dest.spec = s;  // data stays nullptr: BuildPlan never touches it; device: host
@@ -128,7 +134,7 @@ void CheckLayout(const wire::Welcome& w) {
 }
 
 void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy policy,
-               uint64_t bucket_bytes, const plan::Plan& p) {
+               uint64_t bucket_bytes, bool convert, const plan::Plan& p) {
   std::vector<bool> dest_used(dests.specs.size(), false);
   u128 total = 0;
   u128 digest_count = 0;
@@ -151,10 +157,25 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
     dest_used[t.destination] = true;
     const wire::TensorPlacement& src = w.tensors[t.publisher_index];
     const TensorSpec& dst = dests.specs[t.destination];
-    WS_FUZZ_CHECK(src.spec.name == dst.name && src.spec.dtype == dst.dtype &&
-                      src.spec.shape == dst.shape && src.spec.nbytes == dst.nbytes &&
-                      t.nbytes == dst.nbytes,
+    const bool converted = t.transform != plan::Transform::kCopy;
+    WS_FUZZ_CHECK(src.spec.name == dst.name && src.spec.shape == dst.shape &&
+                      t.nbytes == src.spec.nbytes &&
+                      (converted ? t.transform == plan::TransformFor(src.spec.dtype, dst.dtype)
+                                 : src.spec.dtype == dst.dtype && src.spec.nbytes == dst.nbytes),
                   "tensor %u planned onto a different destination", t.publisher_index);
+    if (converted) {
+      WS_FUZZ_CHECK(convert, "a transform planned with conversion off");
+      WS_FUZZ_CHECK(u128{t.landing_offset} + t.nbytes <= p.landing_bytes,
+                    "landing range of tensor %u outside the landing buffer", t.publisher_index);
+      if (t.transform == plan::Transform::kQuantizeFp8) {
+        WS_FUZZ_CHECK(t.scale_destination < dests.specs.size() && !dest_used[t.scale_destination],
+                      "scale destination of tensor %u out of range or used twice",
+                      t.publisher_index);
+        dest_used[t.scale_destination] = true;
+        WS_FUZZ_CHECK(static_cast<u128>(t.rows) * static_cast<u128>(t.cols) == u128{t.elements},
+                      "fp8 matrix shape");
+      }
+    }
     uses_slots |= src.region == wire::Region::kSlot;
     uses_direct |= src.region == wire::Region::kDirect;
     total += t.nbytes;
@@ -171,7 +192,9 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
       WS_FUZZ_CHECK(s.bytes > 0 && s.bytes <= w.segment_bytes && s.dst_offset == covered &&
                         s.region == src.region && s.destination == t.destination &&
                         s.src_offset == src.offset + covered &&
-                        s.shadow_offset == t.shadow_offset + covered,
+                        s.shadow_offset == t.shadow_offset + covered &&
+                        s.converted == converted &&
+                        (!converted || s.landing_offset == t.landing_offset + covered),
                     "segment %u of tensor %u malformed", i, t.publisher_index);
       WS_FUZZ_CHECK(u128{s.src_offset} + s.bytes <= RegionBytes(w, s.region),
                     "segment reads outside its region");
@@ -193,6 +216,9 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
   if (policy == MatchPolicy::kStrict) {
     WS_FUZZ_CHECK(p.tensors.size() == w.tensors.size(), "strict plan skipped a tensor");
   }
+  size_t converted_count = 0;
+  for (const plan::PlannedTensor& t : p.tensors) converted_count += t.transform != plan::Transform::kCopy;
+  WS_FUZZ_CHECK(p.converted.size() == converted_count, "converted list");
 
   uint32_t expected_first = 0;
   for (const plan::Bucket& b : p.buckets) {
@@ -222,6 +248,7 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
   std::vector<std::unique_ptr<uint8_t[]>> dst;
   for (const TensorSpec& s : dests.specs) dst.emplace_back(new uint8_t[s.nbytes]);
   std::unique_ptr<uint8_t[]> shadow(new uint8_t[p.shadow_bytes]);
+  std::unique_ptr<uint8_t[]> landing(new uint8_t[p.landing_bytes]);
   // The subscriber reads the slot StepBegin names, which it checks against slot_count.
   const uint32_t slot = w.slot_count > 0 ? w.slot_count - 1 : 0;
   const uint64_t slot_base = w.slots_offset + uint64_t{slot} * w.slot_bytes;
@@ -234,12 +261,30 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
           mapped ? arena.get() + s.src_offset +
                        (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
                  : received.data();
-      std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);           // staged
-      std::memcpy(dst[s.destination].get() + s.dst_offset, src, s.bytes);  // in place
+      std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);  // staged
+      uint8_t* in_place = s.converted ? landing.get() + s.landing_offset
+                                      : dst[s.destination].get() + s.dst_offset;
+      std::memcpy(in_place, src, s.bytes);  // in place
     }
   }
   for (const plan::Segment& s : p.segments) {
+    if (s.converted) continue;
     std::memcpy(dst[s.destination].get() + s.dst_offset, shadow.get() + s.shadow_offset, s.bytes);
+  }
+  // Conversions, from the shadow (staged) and from the landing buffer (in place).
+  for (uint32_t k : p.converted) {
+    const plan::PlannedTensor& t = p.tensors[k];
+    for (const uint8_t* from : {shadow.get() + t.shadow_offset, landing.get() + t.landing_offset}) {
+      Status s = t.transform == plan::Transform::kCast
+                     ? weightsync::gpu::reference::Cast(t.from, t.to, from,
+                                                        dst[t.destination].get(), t.elements)
+                     : weightsync::gpu::reference::QuantizeFp8(
+                           reinterpret_cast<const uint16_t*>(from), t.rows, t.cols,
+                           dst[t.destination].get(), dst[t.scale_destination].get(),
+                           t.e8m0_scales ? weightsync::gpu::Fp8ScaleFormat::kE8M0
+                                         : weightsync::gpu::Fp8ScaleFormat::kFloat32);
+      WS_FUZZ_CHECK(s.ok(), "planned conversion refused: %s", s.ToString().c_str());
+    }
   }
 }
 
@@ -253,18 +298,20 @@ void FuzzWelcome(std::span<const uint8_t> payload, uint8_t params) {
   }
   CheckLayout(w);
   const uint64_t bucket_bytes = kBucketBytes[params % 4];
-  const int set = (params / 4) % 2;
+  const int set = (params / 4) % 3;
   const Destinations& dests = GetDestinations(set);
+  const bool convert = set == 2;
   for (MatchPolicy policy : {MatchPolicy::kStrict, MatchPolicy::kSubset}) {
-    auto built = plan::BuildPlan(w, dests.planned, policy, bucket_bytes);
+    auto built = plan::BuildPlan(w, dests.planned, policy, bucket_bytes,
+                                 plan::ConvertOptions{convert, "_scale_inv"});
     if (!built.ok()) {
       const StatusCode code = built.status().code();
       WS_FUZZ_CHECK(code == StatusCode::kInvalidArgument || code == StatusCode::kProtocolError,
                     "%s", built.status().ToString().c_str());
       continue;
     }
-    WS_FUZZ_CHECK(set == 0, "a destination set with a duplicate name was planned");
-    CheckPlan(w, dests, policy, bucket_bytes, *built);
+    WS_FUZZ_CHECK(set != 1, "a destination set with a duplicate name was planned");
+    CheckPlan(w, dests, policy, bucket_bytes, convert, *built);
     ExecutePlan(w, dests, *built);
   }
 }
