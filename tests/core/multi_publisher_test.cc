@@ -234,6 +234,62 @@ TEST_P(MultiPublisher, SleepReleasesBothHandlesAndTheLedgerReturnsToBaseline) {
   }
 }
 
+TEST_P(MultiPublisher, CancelWhileWaitingForALaggingPublisherReturnsPromptly) {
+  StartHalves();
+  auto sub = Connect();
+  PublishBoth(1);
+  ASSERT_OK(sub->Update());
+  Publish(0, 2);  // publisher 1 never publishes step 2
+  auto canceller = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return std::chrono::steady_clock::now();
+  });
+  auto waiter = std::async(std::launch::async, [&] { return sub->Update(); });
+  const auto cancelled_at = canceller.get();
+  ASSERT_OK(sub->Cancel());
+  auto r = waiter.get();
+  const double late =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status();
+  EXPECT_LT(late, 1.0) << "cancel took " << late << " s (the deadline is 3 s)";
+  EXPECT_EQ(sub->committed_step(), 1);
+  std::string why;
+  EXPECT_TRUE(Holds(1, &why)) << why;
+}
+
+// One publisher on shared memory, one on TCP: a subscriber may mix transports.
+TEST(MultiPublisherMixed, ShmAndTcpSourcesFeedOneSubscriber) {
+  SyntheticModel model(8, 2000);
+  std::vector<NamedTensor> all = model.Tensors();
+  std::unique_ptr<Publisher> pubs[2];
+  const std::string asked[2] = {testing::UniqueEndpoint("mixed"), "tcp://127.0.0.1:0"};
+  for (int i = 0; i < 2; ++i) {
+    PublisherOptions o;
+    o.endpoint = asked[i];
+    auto p = Publisher::Create(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pubs[i] = std::move(p).value();
+    ASSERT_OK(pubs[i]->Register({all.begin() + 4 * i, all.begin() + 4 * i + 4}));
+  }
+  auto storage = SyntheticModel::PoisonedStorage(all);
+  auto dst = SyntheticModel::Views(all, storage);
+  SubscriberOptions o;
+  o.endpoints = {pubs[0]->endpoint(), pubs[1]->endpoint()};
+  o.verify = true;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ASSERT_OK((*sub)->Register(dst));
+  for (int64_t step = 1; step <= 3; ++step) {
+    model.Fill(step);
+    for (auto& p : pubs) ASSERT_OK(p->Publish(step));
+    auto r = (*sub)->Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::string why;
+    ASSERT_TRUE(SyntheticModel::Holds(dst, step, &why)) << why;
+  }
+}
+
 TEST(MultiPublisherOptions, AnEndpointListedTwiceIsRefused) {
   SubscriberOptions o;
   o.endpoint = "local://same";
