@@ -12,7 +12,8 @@ namespace weightsync {
 // How a subscriber applies a version.
 enum class UpdateMode : uint8_t {
   kStaged,   // receive into a shadow buffer, verify, then commit; old weights untouched on failure
-  kInPlace,  // write destinations directly (no extra memory); a failure marks weights invalid
+  kInPlace,  // write destinations directly (no extra memory, except a landing buffer for tensors
+             // converted in flight other than over cuda-ipc); a failure marks weights invalid
 };
 
 // How the plan treats names present on one side only.
@@ -52,14 +53,15 @@ struct PublisherOptions {
 struct SubscriberOptions {
   std::string endpoint;  // same form as PublisherOptions::endpoint
   // Further publishers feeding this subscriber, e.g. one per trainer rank, each holding part (or
-  // all) of the tensors. At the first update every publisher's manifest is read and each tensor
-  // is assigned to exactly one of them (a tensor several hold goes to the least-loaded one; one
-  // that needs no conversion wins over one that would); the shares then move concurrently, each
-  // over its own transfer handle, and every share is received (and verified, when asked) before
-  // any is committed: a failure up to then leaves the old weights untouched (staged). A failure
-  // during the commit itself marks the weights invalid, as with one publisher. All publishers
-  // must publish the same steps; "latest" is the latest of the first one. `endpoint` may be left
-  // empty when this is not.
+  // all) of the tensors. At every prepare (the first update, and after Sleep() or a failed one)
+  // every publisher's manifest is read and each tensor is assigned to exactly one of them (a
+  // tensor several hold goes to the least-loaded one; one that needs no conversion wins over one
+  // that would); the shares then move concurrently, each over its own transfer handle, and every
+  // share is received (and verified, when asked) before any is committed: a failure up to then
+  // leaves the old weights untouched (staged). A failure during the commit itself marks the
+  // weights invalid, as with one publisher. All publishers must publish the same steps; "latest"
+  // is the latest of the first listed one that delivers something. `endpoint` may be left empty
+  // when this is not.
   std::vector<std::string> endpoints;
   std::string token;       // as PublisherOptions::token (TCP only)
   std::string token_file;
