@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "weightsync/manifest.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
 #include "weightsync/tensor_view.h"
@@ -32,6 +33,11 @@ class Subscriber {
 
   // Registers destination tensors (before the first update, or after Sleep()).
   Status Register(const std::vector<NamedTensor>& tensors);
+  // What the publishers publish (name, dtype, shape), read over a short-lived connection to each
+  // without preparing anything, so an engine that allocates its own buffers can mirror them
+  // before registering. With several publishers: the union, each name once; InvalidArgument
+  // when two publishers disagree on a name's dtype or shape. Busy during an update.
+  Result<Manifest> PublishedManifest();
   Result<UpdateStats> Update(const UpdateOptions& options = {});
   Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{step, std::nullopt}); }
   // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.

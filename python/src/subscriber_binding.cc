@@ -393,6 +393,28 @@ void BindSubscriber(nb::module_& m) {
           "engine's own loader (e.g. model.load_weights(sub.receive())). The arrays are created\n"
           "once: every step yields the same objects, updated in place.")
       .def(
+          "published_manifest",
+          [](PySubscriber& self) {
+            self.Settle();
+            Result<Manifest> m = [&] {
+              nb::gil_scoped_release release;
+              return self.subscriber->PublishedManifest();
+            }();
+            const Manifest manifest = ThrowIfError(std::move(m));  // outlives the loop
+            nb::list out;
+            for (const TensorSpec& s : manifest.tensors()) {
+              nb::list shape;
+              for (int64_t d : s.shape) shape.append(d);
+              std::string_view dt = DTypeName(s.dtype);
+              out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+            }
+            return out;
+          },
+          nb::sig("def published_manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
+          "(name, dtype name, shape) of every tensor the publisher(s) publish, read over a\n"
+          "short-lived connection without preparing: what an allocate() loop needs to mirror\n"
+          "them. Several publishers: the union, each name once.")
+      .def(
           "sleep",
           [](PySubscriber& self) {
             self.Settle();

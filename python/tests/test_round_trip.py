@@ -113,6 +113,26 @@ def test_receive_yields_the_same_objects_every_step(endpoint):
             assert sub.committed_step == 5
 
 
+def test_engine_mirrors_the_published_manifest_without_being_told(endpoint):
+    """An engine with its own loader asks the publisher what to allocate, then receives."""
+    model = make_model(seed=6, count=4)
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register(model)
+        pub.publish(1)
+        with weightsync.Subscriber(endpoint) as sub:
+            manifest = sub.published_manifest()
+            assert manifest == pub.manifest
+            for name, dtype, shape in manifest:
+                sub.allocate(name, dtype, shape)
+            assert_bit_exact(dict(sub.receive(1)), model)
+
+
+def test_published_manifest_without_a_publisher_is_an_error(endpoint):
+    with weightsync.Subscriber(endpoint, timeout=0.3) as sub:
+        with pytest.raises(weightsync.Error, match="manifest"):
+            sub.published_manifest()
+
+
 def test_receive_without_allocate_is_an_error(endpoint):
     with weightsync.Subscriber(endpoint) as sub:
         with pytest.raises(weightsync.FailedPrecondition, match="allocate"):

@@ -1,5 +1,6 @@
 #include "weightsync/subscriber.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -165,6 +166,43 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   }
   d.destinations = std::move(dests);
   return Status::Ok();
+}
+
+Result<Manifest> Subscriber::PublishedManifest() {
+  Impl& d = *impl_;
+  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::Busy("PublishedManifest() during an update");
+  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
+  d.cancel.store(false, std::memory_order_release);
+  Deadline deadline(d.options.timeout, &d.cancel);
+  std::vector<TensorSpec> specs;
+  std::vector<std::string> from;  // which publisher each spec came from, for errors
+  for (const Source& source : d.sources) {
+    // Its own handle, released before returning: a prepared one may exist and stays untouched.
+    WS_ASSIGN_OR_RETURN(auto handle, transport::NewTransferHandle(source.endpoint, d.options));
+    Result<const wire::Welcome*> welcome = handle->Connect(deadline);
+    Status connected = welcome.status();
+    if (connected.ok()) {
+      for (const wire::TensorPlacement& p : (*welcome)->tensors) {
+        auto seen = std::find_if(specs.begin(), specs.end(),
+                                 [&](const TensorSpec& s) { return s.name == p.spec.name; });
+        if (seen == specs.end()) {
+          specs.push_back(p.spec);
+          from.push_back(source.name);
+        } else if (seen->dtype != p.spec.dtype || seen->shape != p.spec.shape) {
+          connected = Status::InvalidArgument(
+              "tensor '", p.spec.name, "': ", from[seen - specs.begin()], " publishes ",
+              DTypeName(seen->dtype), " ", ShapeString(seen->shape), ", ", source.name,
+              " publishes ", DTypeName(p.spec.dtype), " ", ShapeString(p.spec.shape));
+          break;
+        }
+      }
+    }
+    Status released = handle->Release();
+    WS_RETURN_IF_ERROR(connected.WithContext("reading the manifest of " + source.name));
+    WS_RETURN_IF_ERROR(released.WithContext("closing the manifest connection to " + source.name));
+  }
+  return Manifest::Build(std::move(specs));
 }
 
 Status Subscriber::Impl::ReleaseHandles(std::string_view why) {

@@ -290,6 +290,71 @@ TEST(MultiPublisherMixed, ShmAndTcpSourcesFeedOneSubscriber) {
   }
 }
 
+TEST_P(MultiPublisher, PublishedManifestIsTheUnionAndLeavesNothingOpen) {
+  StartHalves();
+  PublishBoth(1);
+  const LedgerSnapshot baseline = ReadLedger();
+  SubscriberOptions o;
+  o.endpoint = endpoints_[0];
+  o.endpoints = {endpoints_[1]};
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  auto m = (*sub)->PublishedManifest();  // before Register: an engine allocating its buffers
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), tensors_.size());
+  for (const NamedTensor& t : tensors_) {
+    const int64_t i = m->Find(t.name);
+    ASSERT_GE(i, 0) << t.name;
+    EXPECT_EQ(m->tensors()[i].dtype, t.view.dtype) << t.name;
+    EXPECT_EQ(m->tensors()[i].shape, t.view.shape) << t.name;
+  }
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(baseline, &last)) << last.ToString();
+  // Mirror it, then update into what was allocated from it.
+  ASSERT_OK((*sub)->Register(dst_));
+  auto r = (*sub)->Update();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tensors, m->size());
+}
+
+TEST(PublishedManifest, PublishersThatDisagreeAreNamedAndNoPublisherIsAnError) {
+  std::vector<float> a(4), b(8);
+  std::unique_ptr<Publisher> pubs[2];
+  std::string eps[2];
+  for (int i = 0; i < 2; ++i) {
+    PublisherOptions o;
+    o.endpoint = testing::UniqueEndpoint("disagree");
+    auto p = Publisher::Create(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pubs[i] = std::move(p).value();
+    eps[i] = pubs[i]->endpoint();
+    std::vector<float>& w = i == 0 ? a : b;
+    ASSERT_OK(pubs[i]->Register({{"w", {w.data(), DType::kFloat32, {static_cast<int64_t>(w.size())}}}}));
+    ASSERT_OK(pubs[i]->Publish(1));
+  }
+  SubscriberOptions o;
+  o.endpoints = {eps[0], eps[1]};
+  o.timeout = std::chrono::milliseconds(2000);
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  auto m = (*sub)->PublishedManifest();
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("tensor 'w': " + eps[0] + " publishes float32 [4], " +
+                                      eps[1] + " publishes float32 [8]"),
+            std::string::npos)
+      << m.status();
+
+  SubscriberOptions none;
+  none.endpoint = testing::UniqueEndpoint("nobody");
+  none.timeout = std::chrono::milliseconds(300);
+  auto lonely = Subscriber::Create(none);
+  ASSERT_TRUE(lonely.ok());
+  auto nothing = (*lonely)->PublishedManifest();
+  ASSERT_FALSE(nothing.ok());
+  EXPECT_NE(nothing.status().message().find(none.endpoint), std::string::npos) << nothing.status();
+}
+
 TEST(MultiPublisherOptions, AnEndpointListedTwiceIsRefused) {
   SubscriberOptions o;
   o.endpoint = "local://same";
