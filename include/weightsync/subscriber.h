@@ -36,7 +36,9 @@ class Subscriber {
   // What the publishers publish (name, dtype, shape), read over a short-lived connection to each
   // without preparing anything, so an engine that allocates its own buffers can mirror them
   // before registering. With several publishers: the union, each name once; InvalidArgument
-  // when two publishers disagree on a name's dtype or shape. Busy during an update.
+  // when two publishers disagree on a name's dtype or shape. Busy during an update. A publisher
+  // answers once its layout is fixed (its first Publish); until then this waits, within
+  // SubscriberOptions.timeout.
   Result<Manifest> PublishedManifest();
   Result<UpdateStats> Update(const UpdateOptions& options = {});
   Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{step, std::nullopt}); }
