@@ -69,6 +69,9 @@ std::vector<int64_t> ShapeArg(nb::handle shape);
 // bfloat16, uint8 for float8); tfloat32 as float32; float4_e2m1fn as the packed uint8 bytes.
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner);
 
+// A manifest as Python sees it: [(name, dtype name, shape tuple), ...] in manifest order.
+nb::list ManifestList(const Manifest& manifest);
+
 // The raw NumPy storage of `dtype` elements: (numpy dtype name, shape of the raw array).
 std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
                                                        const std::vector<int64_t>& shape);

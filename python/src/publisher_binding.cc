@@ -150,16 +150,7 @@ void BindPublisher(nb::module_& m) {
            })
       .def_prop_ro(
           "manifest",
-          [](PyPublisher& self) {
-            nb::list out;
-            for (const TensorSpec& s : self.publisher->manifest().tensors()) {
-              nb::list shape;
-              for (int64_t d : s.shape) shape.append(d);
-              std::string_view dt = DTypeName(s.dtype);
-              out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
-            }
-            return out;
-          },
+          [](PyPublisher& self) { return ManifestList(self.publisher->manifest()); },
           nb::sig("def manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
           "(name, dtype name, shape) of every tensor, in registration order: what a\n"
           "Subscriber.allocate() loop needs to mirror this publisher.")

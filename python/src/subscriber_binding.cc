@@ -400,15 +400,7 @@ void BindSubscriber(nb::module_& m) {
               nb::gil_scoped_release release;
               return self.subscriber->PublishedManifest();
             }();
-            const Manifest manifest = ThrowIfError(std::move(m));  // outlives the loop
-            nb::list out;
-            for (const TensorSpec& s : manifest.tensors()) {
-              nb::list shape;
-              for (int64_t d : s.shape) shape.append(d);
-              std::string_view dt = DTypeName(s.dtype);
-              out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
-            }
-            return out;
+            return ManifestList(ThrowIfError(std::move(m)));
           },
           nb::sig("def published_manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
           "(name, dtype name, shape) of every tensor the publisher(s) publish, read over a\n"

@@ -144,6 +144,17 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
 
 }  // namespace
 
+nb::list ManifestList(const Manifest& manifest) {
+  nb::list out;
+  for (const TensorSpec& s : manifest.tensors()) {
+    nb::list shape;
+    for (int64_t d : s.shape) shape.append(d);
+    std::string_view dt = DTypeName(s.dtype);
+    out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+  }
+  return out;
+}
+
 std::chrono::milliseconds TimeoutArg(double seconds, const char* what) {
   if (!(seconds > 0) || std::isinf(seconds) || seconds > 1e9) {
     ThrowStatus(Status::InvalidArgument(what, " = ", seconds,

@@ -20,13 +20,14 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   for (uint32_t d = 0; d < destinations.size(); ++d) by_name.emplace(destinations[d].spec.name, d);
 
   MismatchList mismatches("the publishers' and the subscriber's manifests");
-  // holders[d]: the sources that publish destination d with a matching (or, with conversion on,
-  // convertible) dtype and the same shape; exact[d]: whether some holder needs no conversion.
-  // published[d][k]: the bytes holders[d][k] sends for it (what crosses its link).
-  std::vector<std::vector<uint32_t>> holders(destinations.size());
-  std::vector<std::vector<uint64_t>> published(destinations.size());
-  std::vector<bool> exact(destinations.size(), false);
-  std::vector<std::vector<bool>> holder_exact(destinations.size());
+  // A source that publishes a destination with a matching (or, with conversion on, convertible)
+  // dtype and the same shape.
+  struct Holder {
+    uint32_t source;
+    uint64_t bytes;  // what it sends for the tensor (what crosses its link)
+    bool exact;      // same dtype: no conversion
+  };
+  std::vector<std::vector<Holder>> holders(destinations.size());
   for (uint32_t s = 0; s < sources.size(); ++s) {
     for (const wire::TensorPlacement& p : sources[s].welcome->tensors) {
       auto it = by_name.find(p.spec.name);
@@ -51,12 +52,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
                        " ", ShapeString(p.spec.shape), ", subscriber ", ShapeString(dst.shape));
         same = false;
       }
-      if (same) {
-        holders[it->second].push_back(s);
-        published[it->second].push_back(p.spec.nbytes);
-        holder_exact[it->second].push_back(p.spec.dtype == dst.dtype);
-        if (p.spec.dtype == dst.dtype) exact[it->second] = true;
-      }
+      if (same) holders[it->second].push_back({s, p.spec.nbytes, p.spec.dtype == dst.dtype});
     }
   }
   std::string all_names;
@@ -93,53 +89,40 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
 
   // A replica that needs no conversion wins over one that would convert: the two would need
   // different companions (an fp8 publisher sends its own scales; a bf16 one has them computed).
-  for (uint32_t d = 0; d < destinations.size(); ++d) {
-    if (!exact[d] || holders[d].size() < 2) continue;
-    std::vector<uint32_t> kept;
-    std::vector<uint64_t> kept_bytes;
-    for (size_t k = 0; k < holders[d].size(); ++k) {
-      if (!holder_exact[d][k]) continue;
-      kept.push_back(holders[d][k]);
-      kept_bytes.push_back(published[d][k]);
+  for (std::vector<Holder>& h : holders) {
+    if (std::any_of(h.begin(), h.end(), [](const Holder& x) { return x.exact; })) {
+      std::erase_if(h, [](const Holder& x) { return !x.exact; });
     }
-    holders[d] = std::move(kept);
-    published[d] = std::move(kept_bytes);
   }
 
   Schedule schedule;
   schedule.destinations.resize(sources.size());
   schedule.bytes.assign(sources.size(), 0);
+  std::vector<uint32_t> source_of(destinations.size(), kNoDestination);
+  auto assign = [&](uint32_t d, const Holder& h) {
+    schedule.destinations[h.source].push_back(d);
+    schedule.bytes[h.source] += h.bytes;
+    source_of[d] = h.source;
+  };
   std::vector<uint32_t> shared;  // destinations with a choice of source
   for (uint32_t d = 0; d < destinations.size(); ++d) {
-    if (holders[d].empty()) continue;  // a scale destination, placed below
-    if (holders[d].size() == 1) {
-      schedule.destinations[holders[d][0]].push_back(d);
-      schedule.bytes[holders[d][0]] += published[d][0];
-    } else {
-      shared.push_back(d);
-    }
+    if (holders[d].size() == 1) assign(d, holders[d][0]);
+    if (holders[d].size() > 1) shared.push_back(d);  // none: a scale destination, placed below
   }
   // Largest first, then by registration order: deterministic, and close to balanced.
   std::stable_sort(shared.begin(), shared.end(), [&](uint32_t a, uint32_t b) {
     return destinations[a].spec.nbytes > destinations[b].spec.nbytes;
   });
   for (uint32_t d : shared) {
-    size_t best = 0;
-    for (size_t k = 1; k < holders[d].size(); ++k) {
-      if (schedule.bytes[holders[d][k]] < schedule.bytes[holders[d][best]]) best = k;
-    }
-    schedule.destinations[holders[d][best]].push_back(d);
-    schedule.bytes[holders[d][best]] += published[d][best];
+    // min_element keeps the first of equals: ties go to the publisher listed first.
+    assign(d, *std::min_element(holders[d].begin(), holders[d].end(),
+                                [&](const Holder& a, const Holder& b) {
+                                  return schedule.bytes[a.source] < schedule.bytes[b.source];
+                                }));
   }
   for (uint32_t d = 0; d < destinations.size(); ++d) {
-    if (scale_base[d] == kNoDestination) continue;
-    for (size_t s = 0; s < sources.size(); ++s) {
-      auto& list = schedule.destinations[s];
-      if (std::find(list.begin(), list.end(), scale_base[d]) != list.end()) {
-        list.push_back(d);  // computed on the subscriber, so no bytes on the link
-        break;
-      }
-    }
+    // Computed on the subscriber from its tensor's bytes, so nothing crosses a link for it.
+    if (scale_base[d] != kNoDestination) schedule.destinations[source_of[scale_base[d]]].push_back(d);
   }
   for (auto& list : schedule.destinations) std::sort(list.begin(), list.end());
   return schedule;

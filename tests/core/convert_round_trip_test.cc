@@ -13,6 +13,7 @@
 
 #include "cuda/transform_reference.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -20,10 +21,7 @@ namespace {
 
 namespace ref = gpu::reference;
 
-struct Param {
-  bool tcp;
-  UpdateMode mode;
-};
+using Param = testing::TransportMode;
 
 // Publisher-side tensors: bf16 matrices (fp8 with partial edge blocks, casts), f32, f16, bytes.
 struct Source {
@@ -171,14 +169,8 @@ TEST_P(ConvertRoundTrip, ACorruptStepConvertsNothingWhenStaged) {
   EXPECT_EQ(dst_.Digests(), Expected(src_).Digests());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, ConvertRoundTrip,
-    ::testing::Values(Param{false, UpdateMode::kStaged}, Param{false, UpdateMode::kInPlace},
-                      Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace}),
-    [](const auto& info) {
-      return std::string(info.param.tcp ? "tcp" : "shm") +
-             (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
-    });
+INSTANTIATE_TEST_SUITE_P(Transports, ConvertRoundTrip, testing::AllTransportModes(),
+                         testing::TransportModeName);
 
 }  // namespace
 }  // namespace weightsync

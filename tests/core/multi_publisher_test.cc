@@ -13,16 +13,14 @@
 
 #include "testing/count_new.inc"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
 
 using testing::SyntheticModel;
 
-struct Param {
-  bool tcp;
-  UpdateMode mode;
-};
+using Param = testing::TransportMode;
 
 class MultiPublisher : public ::testing::TestWithParam<Param> {
  protected:
@@ -365,14 +363,8 @@ TEST(MultiPublisherOptions, AnEndpointListedTwiceIsRefused) {
   EXPECT_NE(s.status().message().find("'local://same' is listed twice"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, MultiPublisher,
-    ::testing::Values(Param{false, UpdateMode::kStaged}, Param{false, UpdateMode::kInPlace},
-                      Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace}),
-    [](const auto& info) {
-      return std::string(info.param.tcp ? "tcp" : "shm") +
-             (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
-    });
+INSTANTIATE_TEST_SUITE_P(Transports, MultiPublisher, testing::AllTransportModes(),
+                         testing::TransportModeName);
 
 }  // namespace
 }  // namespace weightsync

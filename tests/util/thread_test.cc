@@ -8,21 +8,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 
+#include "util/address_space.h"
 #include "util/worker_pool.h"
 
 namespace weightsync::util {
 namespace {
-
-unsigned long long AddressSpaceInUse() {
-  unsigned long long pages = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
-    std::fclose(f);
-  }
-  return pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE));
-}
 
 // Runs body in a child whose address space is capped just above what it uses now, so the next
 // thread stack (8 MiB) cannot be mapped. Returns the child's exit code.

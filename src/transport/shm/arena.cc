@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 
+#include "util/address_space.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
 #include "util/logging.h"
@@ -29,12 +29,7 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t CapToAddressSpaceHeadroom(uint64_t want) {
   rlimit limit{};
   if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return want;
-  uint64_t in_use = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    unsigned long long pages = 0;
-    if (std::fscanf(f, "%llu", &pages) == 1) in_use = pages * ::sysconf(_SC_PAGESIZE);
-    std::fclose(f);
-  }
+  const uint64_t in_use = util::AddressSpaceInUse();
   const uint64_t headroom = limit.rlim_cur > in_use ? limit.rlim_cur - in_use : 0;
   return std::min(want, RoundUp(headroom / 2, kPage));
 }

@@ -5,31 +5,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include "testing/test_util.h"
+#include "util/address_space.h"
 
 namespace weightsync {
 namespace {
-
-// Address space this process already uses. Sanitizer runtimes reserve terabytes of shadow up
-// front, so the limit is "what we have now plus 1 GiB" rather than an absolute 1 GiB.
-unsigned long long CurrentAddressSpaceBytes() {
-  unsigned long long pages = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
-    std::fclose(f);
-  }
-  return pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE));
-}
 
 TEST(Arena, PublisherWorksUnderAnAddressSpaceLimit) {
   const std::string endpoint = testing::UniqueEndpoint("arena-limit");
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    // 1 GiB more address space than in use: far less than the default 1 TiB reservation.
-    const unsigned long long cap = CurrentAddressSpaceBytes() + (1ull << 30);
+    // 1 GiB more address space than in use (sanitizers map terabytes of shadow before main):
+    // far less than the default 1 TiB reservation.
+    const unsigned long long cap = util::AddressSpaceInUse() + (1ull << 30);
     rlimit limit{cap, cap};
     if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
     PublisherOptions o;

@@ -1,0 +1,31 @@
+// The four ways a host subscriber runs — shm or tcp, staged or in place — as one gtest parameter,
+// for suites that must hold in every one of them.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "weightsync/options.h"
+
+namespace weightsync::testing {
+
+struct TransportMode {
+  bool tcp;
+  UpdateMode mode;
+};
+
+inline auto AllTransportModes() {
+  return ::testing::Values(TransportMode{false, UpdateMode::kStaged},
+                           TransportMode{false, UpdateMode::kInPlace},
+                           TransportMode{true, UpdateMode::kStaged},
+                           TransportMode{true, UpdateMode::kInPlace});
+}
+
+// "shm_staged", "tcp_in_place", ...
+inline std::string TransportModeName(const ::testing::TestParamInfo<TransportMode>& info) {
+  return std::string(info.param.tcp ? "tcp" : "shm") +
+         (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
+}
+
+}  // namespace weightsync::testing
