@@ -17,15 +17,10 @@ namespace {
 using testing::ChildProcess;
 
 constexpr char kToken[] = "netns-shared-token-0123456789";
-// Sanitizer builds run 5–15× slower: a 40 MB step (and the first prepare) needs a longer deadline
-// there, and the slack allowed past it grows with it.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr int kTimeoutMs = 20000;
-constexpr int kSlackMs = 3000;
-#else
-constexpr int kTimeoutMs = 2000;
-constexpr int kSlackMs = 300;
-#endif
+// A 40 MB step (and the first prepare) needs a longer deadline under a sanitizer, and the slack
+// allowed past it grows with it.
+constexpr int kTimeoutMs = testing::kUnderSanitizer ? 20000 : 2000;
+constexpr int kSlackMs = testing::kUnderSanitizer ? 3000 : 300;
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 

@@ -31,6 +31,20 @@
 
 namespace weightsync::testing {
 
+// Sanitizer builds run 5–15× slower (and abort on a refused mmap by design): deadlines that a
+// test must meet scale with it, and tests of address-space limits skip.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kUnderSanitizer = true;
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+
 // A unique endpoint name per test (pid + counter), in a per-test-run socket dir.
 std::string UniqueEndpoint(const std::string& stem);
 

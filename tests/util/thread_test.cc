@@ -9,6 +9,7 @@
 
 #include <atomic>
 
+#include "testing/test_util.h"
 #include "util/address_space.h"
 #include "util/worker_pool.h"
 
@@ -31,19 +32,8 @@ int RunUnderTightAddressSpaceLimit(Body body) {
   return WEXITSTATUS(status);
 }
 
-bool UnderSanitizer() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  return true;
-#endif
-#endif
-  return false;
-}
-
 TEST(StartThread, RefusedThreadIsResourceExhaustedNamingTheThread) {
-  if (UnderSanitizer()) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  if (weightsync::testing::kUnderSanitizer) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
   int code = RunUnderTightAddressSpaceLimit([] {
     std::thread t;
     Status s = StartThread(&t, "probe", [] {});
@@ -68,7 +58,7 @@ TEST(StartThread, StartedThreadRuns) {
 }
 
 TEST(WorkerPool, RefusedWorkersDegradeToTheCallingThreadAndStillRunEveryIndex) {
-  if (UnderSanitizer()) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  if (weightsync::testing::kUnderSanitizer) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
   int code = RunUnderTightAddressSpaceLimit([] {
     WorkerPool pool(4);
     if (pool.size() != 1) return 1;
