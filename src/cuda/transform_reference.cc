@@ -173,7 +173,10 @@ Status QuantizeFp8(const uint16_t* x_bf16, int64_t rows, int64_t cols, uint8_t* 
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
-          amax = std::fmax(amax, std::fabs(BFloat16ToFloat(x_bf16[r * cols + c])));
+          // Not std::fmax: glibc returns NaN when one operand is a signaling NaN (bf16 0x7F81..
+          // 0x7FBF widen to one), the device's fmaxf ignores every NaN. A NaN is never > amax.
+          const float v = std::fabs(BFloat16ToFloat(x_bf16[r * cols + c]));
+          if (v > amax) amax = v;
         }
       }
       float scale;

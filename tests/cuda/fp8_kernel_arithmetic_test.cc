@@ -37,7 +37,8 @@ void EmulateKernel(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* q, fl
       float amax = 0.0f;
       for (int64_t r = tr * 128; r < r1; ++r) {
         for (int64_t c = tc * 128; c < c1; ++c) {
-          amax = std::fmax(amax, FromBits((uint32_t(x[r * cols + c]) & 0x7FFFu) << 16));
+          const float v = FromBits((uint32_t(x[r * cols + c]) & 0x7FFFu) << 16);
+          if (v > amax) amax = v;  // fmaxf on the device: every NaN ignored
         }
       }
       const float s = amax > 0.0f ? amax / 448.0f : 1.0f;

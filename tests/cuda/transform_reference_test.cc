@@ -330,6 +330,26 @@ TEST(Fp8QuantizeReferenceTest, E8M0NearTheTopOfTheFloatRange) {
   EXPECT_EQ(std::ldexp(double(E4M3FNToFloat(q[0])), 120), std::ldexp(1.0, 128));
 }
 
+// A block's amax ignores NaNs, signaling ones included: bf16 0x7FAF widens to a float32 signaling
+// NaN, on which std::fmax returns NaN (and so forgot the larger values met before it, the GPU
+// convert test's mismatch on random bit patterns). The device's fmaxf ignores both kinds.
+TEST(Fp8QuantizeReferenceTest, AmaxIgnoresQuietAndSignalingNaNs) {
+  const uint16_t big = FloatToBFloat16(896.0f), small = FloatToBFloat16(2.0f);
+  for (uint16_t nan : {uint16_t{0x7FAF}, uint16_t{0xFF81}, uint16_t{0x7FC0}, uint16_t{0xFFFF}}) {
+    const uint16_t x[4] = {big, nan, small, nan};
+    uint8_t q[4];
+    float scale = 0;
+    ASSERT_OK(QuantizeFp8(x, 1, 4, q, &scale, Fp8ScaleFormat::kFloat32));
+    EXPECT_EQ(scale, 2.0f) << std::hex << nan;
+    EXPECT_EQ(q[0], 0x7E) << std::hex << nan;               // 896 / 2 = 448
+    EXPECT_EQ(q[2], FloatToE4M3FN(1.0f)) << std::hex << nan;
+    EXPECT_EQ(q[1] & 0x7F, 0x7F) << std::hex << nan;        // NaN stays NaN
+    uint8_t e8m0 = 0;
+    ASSERT_OK(QuantizeFp8(x, 1, 4, q, &e8m0, Fp8ScaleFormat::kE8M0));
+    EXPECT_EQ(e8m0, 128) << std::hex << nan;
+  }
+}
+
 // The bound dequantization keeps: with y = x / s rounded to e4m3 (3 mantissa bits) and no
 // saturation beyond rounding, |q(y) - y| <= 2^-4 |y| for |y| >= 2^-6 (half an ulp, relative) and
 // <= 2^-10 below (half the subnormal spacing 2^-9). Times s:
