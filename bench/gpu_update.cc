@@ -4,6 +4,7 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
+//                 [--only peer,model,fp8,fp8dst,tiny,nccl]   (a subset of the rows)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
 // per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
@@ -59,7 +60,12 @@ struct Args {
   std::string role = "main";
   bool nccl = true;  // also measure the nccl transport
   bool fp8 = true;   // also measure bf16 → fp8 conversion in flight (cuda-ipc)
+  std::string only;  // empty: every row the flags above allow; else a comma-separated subset
   std::string endpoint;
+
+  bool Row(const std::string& row) const {
+    return only.empty() || ("," + only + ",").find("," + row + ",") != std::string::npos;
+  }
 };
 
 void Die(const std::string& what, const ws::Status& s) {
@@ -199,8 +205,10 @@ std::vector<ws::TensorSpec> Fp8Specs(const std::vector<ws::TensorSpec>& publishe
 
 // Updates `steps` times; prints the figures under `label`. `tcp`: the publisher listens on
 // tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc. `fp8`: the
-// destinations are fp8 (Fp8Specs) and the subscriber converts in flight.
-void Measure(const Args& a, double scale, const std::string& label, bool tcp, bool fp8 = false) {
+// destinations are fp8 (Fp8Specs) and the subscriber converts in flight, on the publisher's GPU
+// unless `fp8_on_destination_gpu`.
+void Measure(const Args& a, double scale, const std::string& label, bool tcp, bool fp8 = false,
+             bool fp8_on_destination_gpu = false) {
   const std::string asked = tcp ? std::string("tcp://127.0.0.1:0")
                                 : "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
   Child child = Spawn(a, scale, asked);
@@ -210,6 +218,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   auto dst = Allocate(fp8 ? Fp8Specs(specs) : specs, a.dst, 0xFF, &keep);
   ws::SubscriberOptions o;
   o.convert_dtypes = fp8;
+  o.convert_on_publisher_gpu = !fp8_on_destination_gpu;
   o.endpoint = endpoint;
   o.mode = a.staged ? ws::UpdateMode::kStaged : ws::UpdateMode::kInPlace;
   o.verify = a.verify;
@@ -303,6 +312,7 @@ int main(int argc, char** argv) {
     else if (k == "--endpoint") a.endpoint = v;
     else if (k == "--nccl") a.nccl = v == "1";
     else if (k == "--fp8") a.fp8 = v == "1";
+    else if (k == "--only") a.only = v;
     else {
       std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
       return 2;
@@ -311,10 +321,15 @@ int main(int argc, char** argv) {
   if (a.role == "publisher") return RunPublisher(a);
   if (auto s = ws::gpu::CudaAvailable(); !s.ok()) Die("CUDA", s);
   if (ws::gpu::DeviceCount() < 2) a.dst = a.src;
-  PeerCopyLimit(a);
-  Measure(a, a.scale, "model", /*tcp=*/false);
-  if (a.fp8) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
-  Measure(a, 0, "tiny", /*tcp=*/false);  // same tensors, 128 bytes each: host overhead of a step
-  if (a.nccl) Measure(a, a.scale, "model", /*tcp=*/true);
+  if (a.Row("peer")) PeerCopyLimit(a);
+  if (a.Row("model")) Measure(a, a.scale, "model", /*tcp=*/false);
+  if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
+  if (a.fp8 && a.Row("fp8dst")) {
+    Measure(a, a.scale, "model_fp8_on_destination_gpu", /*tcp=*/false, /*fp8=*/true,
+            /*fp8_on_destination_gpu=*/true);
+  }
+  // Same tensors, 128 bytes each: host overhead of a step.
+  if (a.Row("tiny")) Measure(a, 0, "tiny", /*tcp=*/false);
+  if (a.nccl && a.Row("nccl")) Measure(a, a.scale, "model", /*tcp=*/true);
   return 0;
 }

@@ -53,6 +53,7 @@ def main():
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
     ws_nccl = by.get("weightsync_nccl/model")
     ws_fp8 = by.get("weightsync_cuda_ipc/model_fp8")
+    ws_fp8_dst = by.get("weightsync_cuda_ipc/model_fp8_on_destination_gpu")
     tiny = by.get("weightsync_cuda_ipc/tiny")
     torch = by.get("nccl_broadcast_7b_like")
     ipc = by.get("open_ipc_handles_other_process")
@@ -73,8 +74,11 @@ def main():
         line("cuda-ipc first update ms (prepare + copy)", ws_in["first_update_s"] * 1e3,
              "steady ms", ws_in["steady_median_s"] * 1e3)
     if ws_fp8 and ws_in:
-        line("cuda-ipc bf16→fp8 in flight ms, in_place", ws_fp8["steady_median_s"] * 1e3,
+        line("cuda-ipc bf16→fp8 in flight ms (publisher's GPU)", ws_fp8["steady_median_s"] * 1e3,
              "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
+    if ws_fp8_dst and ws_in:
+        line("cuda-ipc bf16→fp8 in flight ms (destination GPU)",
+             ws_fp8_dst["steady_median_s"] * 1e3, "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
     if ws_nccl and peer:
         line("nccl steady GB/s, in_place (2-rank communicator)", ws_nccl["steady_GBps"],
              "peer copy GB/s", peer["GBps"], higher_better=True)

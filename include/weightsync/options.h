@@ -85,6 +85,13 @@ struct SubscriberOptions {
   // details: docs/gpu.md.
   bool convert_dtypes = false;
   std::string fp8_scale_suffix = "_scale_inv";
+  // In place over cuda-ipc, when the publisher's GPU is another device this process can use (it
+  // is visible here, peer access works both ways and every destination is writable from it), the
+  // conversions run on the publisher's GPU: they read the published bytes from its own memory and
+  // only the converted bytes cross the link (bf16 → fp8: half of them). They occupy that GPU's
+  // SMs for the update. Otherwise, or when false, they run on the destinations' GPU, reading the
+  // published bytes across the link. The prepare log line says which was chosen and why.
+  bool convert_on_publisher_gpu = true;
 };
 
 }  // namespace weightsync

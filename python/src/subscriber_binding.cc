@@ -281,7 +281,7 @@ void BindSubscriber(nb::module_& m) {
           "__init__",
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
-             bool convert_dtypes) {
+             bool convert_dtypes, bool convert_on_publisher_gpu) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
@@ -304,6 +304,7 @@ void BindSubscriber(nb::module_& m) {
             o.verify = verify;
             o.copy_threads = copy_threads;
             o.convert_dtypes = convert_dtypes;
+            o.convert_on_publisher_gpu = convert_on_publisher_gpu;
             std::unique_ptr<Subscriber> s = ThrowIfError(Subscriber::Create(o));
             new (self) PySubscriber();
             self->subscriber = std::move(s);
@@ -311,10 +312,11 @@ void BindSubscriber(nb::module_& m) {
           },
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
           "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
+          "convert_on_publisher_gpu"_a = true,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
-                  "convert_dtypes: bool = False) -> None"),
+                  "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = True) -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -325,7 +327,9 @@ void BindSubscriber(nb::module_& m) {
           "digests before committing (per update overridable). convert_dtypes: let a\n"
           "destination's dtype differ where weightsync converts in flight (casts among\n"
           "float32/float16/bfloat16; bfloat16 -> float8_e4m3fn with block scales in NAME +\n"
-          "'_scale_inv'); see docs/gpu.md.")
+          "'_scale_inv'); see docs/gpu.md. convert_on_publisher_gpu: in place over cuda-ipc,\n"
+          "run those conversions on the publisher's GPU when this process can use it (only\n"
+          "the converted bytes cross the link); False keeps them on the destinations' GPU.")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {

@@ -62,7 +62,7 @@ struct Subscriber::Impl {
 
   Status ReleaseHandles(std::string_view why);
   plan::ConvertOptions Convert() const {
-    return {options.convert_dtypes, options.fp8_scale_suffix};
+    return {options.convert_dtypes, options.fp8_scale_suffix, options.convert_on_publisher_gpu};
   }
   Status Prepare(const Deadline& deadline);
   Status PrepareShares(const Deadline& deadline);

@@ -22,6 +22,7 @@ enum class KernelId : uint8_t {
   kCastF32ToF16,
   kQuantizeFp8ScaleF32,   // bf16 [rows, cols] -> e4m3fn, float32 scale per 128x128 block
   kQuantizeFp8ScaleE8M0,  // bf16 [rows, cols] -> e4m3fn, e8m0 scale per 128x128 block
+  kQuantizeFp8Group,      // many such tensors (a device table of them) in one launch
   kDigestChunks,          // one hash per 64 KiB chunk of a byte range
   kDigestCombine,         // chunk hashes -> the range's 64-bit digest
   kCopy,                  // bytes, 16-byte vectors where src and dst allow
@@ -44,6 +45,14 @@ struct QuantizeFp8Args {
 inline constexpr ArgType kQuantizeFp8Signature[] = {
     ArgType::Pointer(), ArgType::Pointer(), ArgType::Pointer(), ArgType::Scalar(DType::kInt64),
     ArgType::Scalar(DType::kInt64)};
+
+// quantize fp8, grouped: (const Fp8GroupJob* jobs, uint32 count, uint64 tiles) — `tiles` is the
+// sum of every job's 128x128 blocks; the job table lives in device memory (kernels.cu).
+struct QuantizeFp8GroupArgs {
+  static constexpr size_t kJobs = 0, kCount = 1, kTiles = 2;
+};
+inline constexpr ArgType kQuantizeFp8GroupSignature[] = {
+    ArgType::Pointer(), ArgType::Scalar(DType::kUInt32), ArgType::Scalar(DType::kUInt64)};
 
 // digest chunks: (const uint8* data, uint64 bytes, uint64* chunk_hashes)
 struct DigestChunksArgs {
@@ -112,6 +121,7 @@ inline constexpr KernelInfo kKernels[kKernelCount] = {
     {KernelId::kQuantizeFp8ScaleF32, "quantize_fp8_e4m3_block128_scale_f32", kQuantizeFp8Signature},
     {KernelId::kQuantizeFp8ScaleE8M0, "quantize_fp8_e4m3_block128_scale_e8m0",
      kQuantizeFp8Signature},
+    {KernelId::kQuantizeFp8Group, "quantize_fp8_e4m3_block128_group", kQuantizeFp8GroupSignature},
     {KernelId::kDigestChunks, "digest_chunks", kDigestChunksSignature},
     {KernelId::kDigestCombine, "digest_combine", kDigestCombineSignature},
     {KernelId::kCopy, "copy", kCopySignature},

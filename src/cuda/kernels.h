@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "cuda/device.h"
 #include "cuda/gpu_digest_reference.h"
@@ -54,6 +56,47 @@ inline constexpr int64_t Fp8ScaleCols(int64_t cols) {
 Result<PreparedLaunch> PrepareQuantizeFp8(const void* x_bf16, void* q_e4m3, void* scales,
                                           int64_t rows, int64_t cols, Fp8ScaleFormat format,
                                           StreamHandle stream);
+
+// Many tensors quantized by one launch (one grid over all their blocks): what a transfer handle
+// prepares for the fp8 tensors of a step, so no tensor waits for the tail of the previous one.
+// Same arithmetic and results as PrepareQuantizeFp8 per tensor.
+struct Fp8GroupTensor {
+  const void* x_bf16 = nullptr;
+  void* q_e4m3 = nullptr;
+  void* scales = nullptr;
+  int64_t rows = 0, cols = 0;
+  Fp8ScaleFormat format = Fp8ScaleFormat::kFloat32;
+};
+// The job table entry the kernel reads (device memory, built at prepare time).
+struct Fp8GroupJob {
+  const void* x;
+  void* q;
+  void* scales;
+  int64_t rows, cols, tile_cols;
+  uint64_t first_tile;  // blocks of the jobs before this one
+  uint32_t e8m0;        // 1: e8m0 scales, 0: float32
+  uint32_t reserved;
+};
+class PreparedFp8Group {
+ public:
+  PreparedFp8Group() = default;
+  Status Launch();  // nothing to do for an empty group
+  bool empty() const { return jobs_.empty(); }
+  size_t tensors() const { return jobs_.size(); }
+  uint64_t tiles() const { return tiles_; }
+  PreparedLaunch& launch() { return launch_; }
+
+ private:
+  friend Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>,
+                                                          StreamHandle);
+  std::vector<Fp8GroupJob> jobs_;  // host copy (kept: what the table holds)
+  DeviceBuffer table_;
+  PreparedLaunch launch_;
+  uint64_t tiles_ = 0;
+};
+// Tensors with no elements are left out. Allocates the job table (device memory) once.
+Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor> tensors,
+                                                 StreamHandle stream);
 
 // ---- digest ------------------------------------------------------------------------------------
 // The 64-bit digest of a byte range (GpuDigest in gpu_digest_reference.h is the definition and

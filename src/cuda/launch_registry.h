@@ -2,7 +2,7 @@
 // kernels it can prepare (kernel_table.h) and how many prepared launches are live. Whoever
 // prepares a transfer handle calls LogPreparedLaunchesReady() once the handle is built; the line
 // is the startup report the design asks for:
-//   weightsync I cuda: prepared launches ready: 18 scalar types, 37 launches (12 kernels)
+//   weightsync I cuda: prepared launches ready: 18 scalar types, 37 launches (13 kernels)
 // Host code, no CUDA headers; works the same in a CPU-only build.
 #pragma once
 

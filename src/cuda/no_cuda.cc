@@ -49,6 +49,10 @@ Result<PreparedLaunch> PrepareQuantizeFp8(const void*, void*, void*, int64_t, in
                                           Fp8ScaleFormat, StreamHandle) {
   return NoCuda();
 }
+Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>, StreamHandle) {
+  return NoCuda();
+}
+Status PreparedFp8Group::Launch() { return NoCuda(); }
 Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t, uint64_t*,
                                      StreamHandle) {
   return NoCuda();

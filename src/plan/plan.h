@@ -37,6 +37,9 @@ Transform TransformFor(DType from, DType to);
 struct ConvertOptions {
   bool enabled = false;                   // off: any dtype difference is a mismatch
   std::string scale_suffix = "_scale_inv";  // fp8: scales go to destination NAME + suffix
+  // In place over cuda-ipc: run the conversions on the publisher's GPU when this process can
+  // (SubscriberOptions::convert_on_publisher_gpu).
+  bool on_publisher_gpu = true;
 };
 
 inline constexpr uint32_t kNoDestination = 0xFFFFFFFFu;

@@ -19,6 +19,7 @@ enum class Knob {
   kToken,         // WEIGHTSYNC_TOKEN
   kNcclLibrary,   // WEIGHTSYNC_NCCL_LIBRARY
   kFailPoints,    // WEIGHTSYNC_FAILPOINTS
+  kCount,         // not a knob: how many there are
 };
 
 struct KnobInfo {

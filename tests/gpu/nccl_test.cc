@@ -62,11 +62,13 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
     live_baseline_ = transport::nccl::LiveCommunicators();
   }
 
-  // Starts the publisher on `endpoint`; endpoint_ becomes the address it bound.
-  void StartPublisher(const std::string& endpoint) {
+  // Starts the publisher on `endpoint` (replacing one already running); endpoint_ becomes the
+  // address it bound.
+  void StartPublisher(const std::string& endpoint, int tensors = kTensors,
+                      int64_t elements = kElements) {
     publisher_ = ChildProcess::Spawn(
-        {testing::HelperPath("gpu_publisher"), endpoint, std::to_string(kTensors),
-         std::to_string(kElements), "0"},
+        {testing::HelperPath("gpu_publisher"), endpoint, std::to_string(tensors),
+         std::to_string(elements), "0"},
         {"NCCL_NVLS_ENABLE=0", std::string("WEIGHTSYNC_TOKEN=") + kToken});
     std::string ready = publisher_.ReadLine(60000);
     ASSERT_EQ(ready.rfind("ready tcp://127.0.0.1:", 0), 0u) << ready;
@@ -196,7 +198,7 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   Publish(2);
   const int64_t aborted_before = transport::nccl::AbortedCommunicators();
   // The subscriber holds before posting its receives; meanwhile the publisher has answered
-  // step_begin and is blocked in its grouped ncclSend. It is killed there.
+  // step_begin and is blocked in its grouped ncclBroadcast. It is killed there.
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 1000, 1);
   std::atomic<bool> killed{false};
   std::thread killer([&] {
@@ -249,13 +251,22 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
 }
 
 TEST_P(Nccl, StalledSubscriberTimesOutOnThePublisherWhichKeepsServing) {
+  // A step far larger than NCCL buffers (a broadcast root is done once its bytes sit in the
+  // receiver's buffers, tens of MB: the 21 MB model would not stall the publisher at all), so the
+  // publisher really waits on the stalled subscriber: 8 tensors of 40 M elements, about 1.1 GB.
+  SyntheticModel big(8, 40'000'000);
+  like_ = big.Tensors();
+  dst_.clear();
+  buffers_.clear();
+  AllocateDestinations(&dst_, &buffers_);
+  StartPublisher("tcp://127.0.0.1:0", 8, 40'000'000);
   Publish(1);
-  auto sub = Connect(/*verify=*/true, /*timeout=*/std::chrono::seconds(15));
+  auto sub = Connect(/*verify=*/true, /*timeout=*/std::chrono::seconds(20));
   ASSERT_OK(sub->Update());
   Publish(2);
   // The subscriber holds longer than the publisher's 5 s deadline before posting its receives:
-  // the publisher's grouped ncclSend times out, it aborts its communicator, unpins the slot and
-  // drops the session. When the subscriber finally receives, the connection is gone.
+  // the publisher's grouped ncclBroadcast times out, it aborts its communicator, unpins the slot
+  // and drops the session. When the subscriber finally receives, the connection is gone.
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 6500, 1);
   auto stats = sub->Update();
   ASSERT_EQ(FailPoints::Hits("subscriber.before_copy"), 1);

@@ -158,7 +158,9 @@ TEST(ConvertPlan, InPlaceLandingHoldsOnlyConvertedTensorsAndSegmentsKnowIt) {
   for (const Segment& s : p->segments) {
     const PlannedTensor& t = p->tensors[s.destination];  // destinations in publisher order here
     EXPECT_EQ(s.converted, t.transform != Transform::kCopy);
-    if (s.converted) EXPECT_EQ(s.landing_offset, t.landing_offset + s.dst_offset);
+    if (s.converted) {
+      EXPECT_EQ(s.landing_offset, t.landing_offset + s.dst_offset);
+    }
   }
 }
 

@@ -1,6 +1,10 @@
 #include "transport/cuda_ipc/cuda_data_path.h"
 
+#include <chrono>
+#include <functional>
+
 #include "cuda/gpu_digest_reference.h"
+#include "util/logging.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
 
@@ -98,31 +102,59 @@ Status GpuReceiver::HashConvertedSource(const uint8_t* base) {
   return Status::Ok();
 }
 
+Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
+                        std::string_view name, gpu::StreamHandle stream) {
+  if (t.transform == plan::Transform::kQuantizeFp8) {
+    fp8_tensors_.push_back(gpu::Fp8GroupTensor{
+        src, dst, scale_dst, t.rows, t.cols,
+        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32});
+    return Status::Ok();
+  }
+  Result<gpu::PreparedLaunch> launch = gpu::PrepareCast(t.from, t.to, src, dst, t.elements, stream);
+  if (!launch.ok()) {
+    return launch.status().WithContext("preparing the " +
+                                       std::string(plan::TransformName(t.transform)) + " of '" +
+                                       std::string(name) + "'");
+  }
+  casts_.push_back(std::move(launch).value());
+  return Status::Ok();
+}
+
+Status Conversions::Finish(gpu::StreamHandle stream) {
+  if (fp8_tensors_.empty()) return Status::Ok();
+  Result<gpu::PreparedFp8Group> group = gpu::PrepareQuantizeFp8Group(fp8_tensors_, stream);
+  if (!group.ok()) {
+    return group.status().WithContext("preparing the fp8 quantization of " +
+                                      std::to_string(fp8_tensors_.size()) + " tensor(s)");
+  }
+  fp8_ = std::move(group).value();
+  return Status::Ok();
+}
+
+Status Conversions::Launch() {
+  for (gpu::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
+  return fp8_.Launch();
+}
+
+void Conversions::Clear() {
+  casts_.clear();
+  fp8_tensors_.clear();
+  fp8_ = gpu::PreparedFp8Group();
+}
+
 // Launches built once over fixed pointers (where the published bytes land → the destination):
 // a commit only enqueues them.
 Status GpuReceiver::PrepareConversions() {
-  conversions_.clear();
-  conversions_.reserve(plan_->converted.size());
+  conversions_.Clear();
   for (uint32_t k : plan_->converted) {
     const plan::PlannedTensor& t = plan_->tensors[k];
     if (t.elements == 0) continue;
-    Result<gpu::PreparedLaunch> launch =
-        t.transform == plan::Transform::kCast
-            ? gpu::PrepareCast(t.from, t.to, Received(t), destinations_[t.destination], t.elements,
-                               queue_.stream())
-            : gpu::PrepareQuantizeFp8(
-                  Received(t), destinations_[t.destination], destinations_[t.scale_destination],
-                  t.rows, t.cols,
-                  t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32,
-                  queue_.stream());
-    if (!launch.ok()) {
-      return launch.status().WithContext("preparing the " +
-                                         std::string(plan::TransformName(t.transform)) + " of '" +
-                                         names_[t.destination] + "'");
-    }
-    conversions_.push_back(std::move(launch).value());
+    WS_RETURN_IF_ERROR(conversions_.Add(
+        t, Received(t), destinations_[t.destination],
+        t.transform == plan::Transform::kQuantizeFp8 ? destinations_[t.scale_destination] : nullptr,
+        names_[t.destination], queue_.stream()));
   }
-  return Status::Ok();
+  return conversions_.Finish(queue_.stream());
 }
 
 uint8_t* GpuReceiver::Received(const plan::PlannedTensor& t) const {
@@ -189,14 +221,14 @@ Status GpuReceiver::Commit(const util::Deadline& deadline) {
     WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_dsts_.data(), commit_srcs_.data(),
                                            commit_sizes_.data(), commit_dsts_.size()));
   }
-  for (gpu::PreparedLaunch& launch : conversions_) WS_RETURN_IF_ERROR(launch.Launch());
+  WS_RETURN_IF_ERROR(conversions_.Launch());
   return queue_.Wait(deadline);
 }
 
 Status GpuReceiver::Release() {
   Status result;
   // Reverse order of creation; the queue first drains nothing new (no step is in flight).
-  conversions_.clear();
+  conversions_.Clear();
   digest_launches_.clear();
   result.Update(digests_device_.Close());
   result.Update(chunk_hashes_.Close());
@@ -211,66 +243,116 @@ Status GpuReceiver::Release() {
 
 Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
                              const std::vector<plan::Destination>& destinations,
-                             UpdateMode mode) {
+                             UpdateMode mode, bool on_publisher_gpu) {
   WS_ASSIGN_OR_RETURN(int device, GpuReceiver::DestinationDevice(destinations, "cuda-ipc"));
   if (welcome.direct_bytes > 0) {
     return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
   }
   WS_ASSIGN_OR_RETURN(arena_, ImportedAllocation::Import(arena_fd, welcome.arena_bytes, device));
-  auto slot_base = [&](uint32_t k) {
+  auto slot_base = [&](uint32_t k) -> const uint8_t* {
     return arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
   };
   // In place, converted tensors are converted straight out of the publisher's arena.
   const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty();
   WS_RETURN_IF_ERROR(
       receiver_.Prepare(plan, destinations, mode, device, direct ? slot_base(0) : nullptr));
-  // Copy batches and conversion launches, built once: a step submits one batch.
+  // Where the conversions run (in place only): on the publisher's GPU when asked and possible,
+  // else here. A failed attempt there is logged and the batches are built again here.
+  source_device_ = -1;
+  if (direct && on_publisher_gpu) {
+    Status s = PrepareSourceGpu(destinations, device);
+    if (s.ok()) {
+      Status built = BuildBatches(welcome, plan, destinations, direct, slot_base);
+      if (built.ok()) return Status::Ok();
+      s = built;
+    }
+    WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
+                             << " (the destinations' GPU), not the publisher's: " << s;
+    WS_RETURN_IF_ERROR(SetDevice(device));
+    source_queue_ = CopyQueue();
+    source_device_ = -1;
+  }
+  return BuildBatches(welcome, plan, destinations, direct, slot_base);
+}
+
+Status CudaDataPath::PrepareSourceGpu(const std::vector<plan::Destination>& destinations,
+                                      int device) {
+  const int owner = arena_.owner_device();
+  if (owner < 0) return Status::Unavailable("the driver does not say which GPU holds the arena");
+  if (owner == device) return Status::Unavailable("the publisher's GPU is this one");
+  WS_RETURN_IF_ERROR(arena_.GrantRead(owner).WithContext("the arena for cuda:" +
+                                                         std::to_string(owner)));
+  WS_RETURN_IF_ERROR(EnablePeerAccess(owner, device));
+  for (const plan::Destination& d : destinations) {
+    if (d.data == nullptr || d.spec.nbytes == 0) continue;
+    WS_ASSIGN_OR_RETURN(bool writable, DeviceCanWrite(owner, d.data));
+    if (!writable) {
+      return Status::Unavailable("destination '", d.spec.name, "' is not writable from cuda:",
+                                 owner);
+    }
+  }
+  WS_ASSIGN_OR_RETURN(source_queue_, CopyQueue::Create(owner));
+  source_device_ = owner;
+  return Status::Ok();
+}
+
+Status CudaDataPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
+                                  const std::vector<plan::Destination>& destinations, bool direct,
+                                  const std::function<const uint8_t*(uint32_t)>& slot_base) {
+  // Copy batches and conversion launches, built once: a step submits one batch. Conversions are
+  // prepared on the device that will run them (its stream, its job table).
+  const bool at_source = source_device_ >= 0;
+  void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
+  if (at_source) WS_RETURN_IF_ERROR(SetDevice(source_device_));
   slot_batches_.clear();
   slot_batches_.resize(welcome.slot_count);
-  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
+  Status status;
+  for (uint32_t k = 0; k < welcome.slot_count && status.ok(); ++k) {
     Batch& batch = slot_batches_[k];
     batch.base = slot_base(k);
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
       const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset;
       if (direct && t.transform != plan::Transform::kCopy) {
-        void* dst = destinations[t.destination].data;
-        Result<gpu::PreparedLaunch> launch =
-            t.transform == plan::Transform::kCast
-                ? gpu::PrepareCast(t.from, t.to, src, dst, t.elements,
-                                   receiver_.queue().stream())
-                : gpu::PrepareQuantizeFp8(src, dst, destinations[t.scale_destination].data,
-                                          t.rows, t.cols,
-                                          t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0
-                                                        : gpu::Fp8ScaleFormat::kFloat32,
-                                          receiver_.queue().stream());
-        if (!launch.ok()) {
-          return launch.status().WithContext("cuda-ipc: preparing the " +
-                                             std::string(plan::TransformName(t.transform)) +
-                                             " of '" + destinations[t.destination].spec.name + "'");
-        }
-        batch.conversions.push_back(std::move(launch).value());
+        status = batch.conversions
+                     .Add(t, src, destinations[t.destination].data,
+                          t.transform == plan::Transform::kQuantizeFp8
+                              ? destinations[t.scale_destination].data
+                              : nullptr,
+                          destinations[t.destination].spec.name, conversion_stream)
+                     .WithContext("cuda-ipc");
+        if (!status.ok()) break;
         continue;
       }
       batch.dsts.push_back(receiver_.Received(t));
       batch.srcs.push_back(src);
       batch.sizes.push_back(t.nbytes);
     }
+    if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
   }
-  return Status::Ok();
+  if (at_source) status.Update(SetDevice(receiver_.device()));
+  if (!status.ok()) slot_batches_.clear();
+  return status;
 }
 
 Status CudaDataPath::Copy(uint32_t slot, bool verify, const util::Deadline& deadline) {
+  Batch& b = slot_batches_[slot];
+  CopyQueue& queue = receiver_.queue();
+  if (source_device_ >= 0 && !b.conversions.empty()) {
+    // On the publisher's GPU: read its memory locally, write the converted bytes across the
+    // link; this device's stream waits for them (on the GPU) before the step counts as copied.
+    WS_RETURN_IF_ERROR(SetDevice(source_device_));
+    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
+  }
   WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
   // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
   // once.
-  Batch& b = slot_batches_[slot];
-  CopyQueue& queue = receiver_.queue();
   if (!b.dsts.empty()) {
     WS_RETURN_IF_ERROR(
         queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
   }
-  for (gpu::PreparedLaunch& launch : b.conversions) WS_RETURN_IF_ERROR(launch.Launch());
+  if (source_device_ < 0) WS_RETURN_IF_ERROR(b.conversions.Launch());
   // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
   if (verify && !b.conversions.empty()) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
   WS_RETURN_IF_ERROR(queue.Wait(deadline));
@@ -279,7 +361,15 @@ Status CudaDataPath::Copy(uint32_t slot, bool verify, const util::Deadline& dead
 
 Status CudaDataPath::Release() {
   Status result;
-  // Reverse order of creation: the receiver (digests, staging, stream), then the mapping.
+  // Reverse order of creation: the publisher-GPU queue (drained: its kernels write the
+  // destinations), the receiver (digests, staging, stream), then the mapping.
+  if (source_device_ >= 0) {
+    result.Update(SetDevice(source_device_));
+    result.Update(source_queue_.Wait(util::Deadline(std::chrono::milliseconds(10000))));
+    result.Update(source_queue_.Close());
+    result.Update(SetDevice(receiver_.device()));
+    source_device_ = -1;
+  }
   slot_batches_.clear();
   result.Update(receiver_.Release());
   result.Update(arena_.Close());

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,25 @@
 #include "wire/messages.h"
 
 namespace weightsync::transport::cuda_ipc {
+
+// A step's conversions, prepared once over fixed pointers: one cast launch per cast tensor and one
+// grouped launch (gpu::PrepareQuantizeFp8Group) for every fp8 tensor, so the quantization runs as
+// a single grid and no tensor waits for the previous one's tail.
+class Conversions {
+ public:
+  // Adds planned tensor `t` (a cast or an fp8 quantization) reading `src`; `name` labels errors.
+  Status Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
+             std::string_view name, gpu::StreamHandle stream);
+  Status Finish(gpu::StreamHandle stream);  // prepares the grouped fp8 launch
+  Status Launch();
+  bool empty() const { return casts_.empty() && fp8_.empty() && fp8_tensors_.empty(); }
+  void Clear();
+
+ private:
+  std::vector<gpu::PreparedLaunch> casts_;
+  std::vector<gpu::Fp8GroupTensor> fp8_tensors_;
+  gpu::PreparedFp8Group fp8_;
+};
 
 class GpuReceiver {
  public:
@@ -79,16 +99,21 @@ class GpuReceiver {
   std::vector<void*> commit_dsts_;
   std::vector<const void*> commit_srcs_;
   std::vector<size_t> commit_sizes_;
-  // Prepared conversion launches (cast or fp8 quantization), one per converted tensor.
-  std::vector<gpu::PreparedLaunch> conversions_;
+  // Prepared conversions (casts, one grouped fp8 launch) from where the published bytes land.
+  Conversions conversions_;
 };
 
 class CudaDataPath {
  public:
   // `arena_fd`: the publisher's exported allocation. Every destination must be on one CUDA
   // device; InvalidArgument names the first that is not.
+  // `on_publisher_gpu`: in place, run the conversions on the GPU holding the arena when this
+  // process can (SubscriberOptions::convert_on_publisher_gpu); the prepare log says which.
   Status Prepare(int arena_fd, const wire::Welcome& welcome, const plan::Plan* plan,
-                 const std::vector<plan::Destination>& destinations, UpdateMode mode);
+                 const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                 bool on_publisher_gpu);
+  // The device the conversions run on: the publisher's GPU, or -1 for the destinations' one.
+  int conversion_source_device() const { return source_device_; }
   // `verify`: Verify will follow (see GpuReceiver::HashConvertedSource).
   Status Copy(uint32_t slot, bool verify, const util::Deadline& deadline);
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline) {
@@ -108,10 +133,18 @@ class CudaDataPath {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
-    std::vector<gpu::PreparedLaunch> conversions;
+    Conversions conversions;
     const uint8_t* base = nullptr;
   };
   std::vector<Batch> slot_batches_;
+  // Conversions on the publisher's GPU: its device and a stream there; -1 when they run here.
+  int source_device_ = -1;
+  CopyQueue source_queue_;
+
+  Status PrepareSourceGpu(const std::vector<plan::Destination>& destinations, int device);
+  Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
+                      const std::vector<plan::Destination>& destinations, bool direct,
+                      const std::function<const uint8_t*(uint32_t)>& slot_base);
 };
 
 }  // namespace weightsync::transport::cuda_ipc

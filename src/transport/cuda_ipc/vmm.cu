@@ -36,6 +36,9 @@ struct Driver {
   decltype(&cuMemImportFromShareableHandle) MemImportFromShareableHandle = nullptr;
   decltype(&cuMemGetAllocationGranularity) MemGetAllocationGranularity = nullptr;
   decltype(&cuGetErrorName) GetErrorName = nullptr;
+  decltype(&cuMemGetAllocationPropertiesFromHandle) MemGetAllocationPropertiesFromHandle = nullptr;
+  decltype(&cuMemGetAccess) MemGetAccess = nullptr;
+  decltype(&cuPointerGetAttribute) PointerGetAttribute = nullptr;
   Status status;
 };
 
@@ -68,6 +71,9 @@ const Driver& GetDriver() {
     s.Update(Load("cuMemImportFromShareableHandle", &d.MemImportFromShareableHandle));
     s.Update(Load("cuMemGetAllocationGranularity", &d.MemGetAllocationGranularity));
     s.Update(Load("cuGetErrorName", &d.GetErrorName));
+    s.Update(Load("cuMemGetAllocationPropertiesFromHandle", &d.MemGetAllocationPropertiesFromHandle));
+    s.Update(Load("cuMemGetAccess", &d.MemGetAccess));
+    s.Update(Load("cuPointerGetAttribute", &d.PointerGetAttribute));
     d.status = s;
   });
   return d;
@@ -172,6 +178,35 @@ Status EnablePeerAccess(int device, int peer) {
   return Status::Ok();
 }
 
+Result<bool> DeviceCanWrite(int device, const void* ptr) {
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  int legacy = 0;
+  WS_CU(d.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                              reinterpret_cast<CUdeviceptr>(ptr)),
+        "cuPointerGetAttribute");
+  if (legacy) {
+    // cudaMalloc memory: reachable from a peer once peer access is enabled (or it is local).
+    int owner = -1;
+    WS_CU(d.PointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                reinterpret_cast<CUdeviceptr>(ptr)),
+          "cuPointerGetAttribute");
+    if (owner == device) return true;
+    int can = 0;
+    WS_CUDART(cudaDeviceCanAccessPeer(&can, device, owner), "cudaDeviceCanAccessPeer");
+    return can != 0;
+  }
+  // A cuMem (VMM) mapping, e.g. PyTorch's expandable segments: only the access its owner set.
+  CUmemLocation where{};
+  where.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  where.id = device;
+  unsigned long long flags = 0;
+  if (d.MemGetAccess(&flags, &where, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+    return false;
+  }
+  return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 Status MemInfo(size_t* free_bytes, size_t* total_bytes) {
   WS_CUDART(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
   return Status::Ok();
@@ -247,6 +282,12 @@ Result<ImportedAllocation> ImportedAllocation::Import(int fd, uint64_t bytes, in
         "cuMemImportFromShareableHandle");
   a.handle_ = handle;
   a.size_ = bytes;
+  // Where the memory physically is, in this process's device numbering (unknown: -1).
+  CUmemAllocationProp prop{};
+  if (d.MemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS &&
+      prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    a.owner_device_ = prop.location.id;
+  }
   Status s = MapFor(handle, bytes, device, &a.va_);
   if (!s.ok()) {
     d.MemRelease(handle);
@@ -266,8 +307,21 @@ ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&& o) noexce
     va_ = std::exchange(o.va_, 0);
     size_ = std::exchange(o.size_, 0);
     handle_ = std::exchange(o.handle_, 0);
+    owner_device_ = std::exchange(o.owner_device_, -1);
   }
   return *this;
+}
+
+Status ImportedAllocation::GrantRead(int device) {
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  if (va_ == 0) return Status::FailedPrecondition("cuda-ipc: granting access to an unmapped arena");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;  // the mapping's one protection for all
+  WS_CU(d.MemSetAccess(va_, size_, &access, 1), "cuMemSetAccess (a second device)");
+  return Status::Ok();
 }
 
 ImportedAllocation::~ImportedAllocation() {
@@ -357,6 +411,16 @@ Status CopyQueue::Wait(const util::Deadline& deadline) {
     }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+Status CopyQueue::SignalTo(void* waiting_stream) {
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)),
+            "cudaEventRecord");
+  WS_CUDART(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting_stream),
+                                static_cast<cudaEvent_t>(event_), 0),
+            "cudaStreamWaitEvent (across devices)");
+  return Status::Ok();
 }
 
 Status CopyQueue::Close() {

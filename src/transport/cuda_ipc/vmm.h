@@ -52,12 +52,17 @@ class ImportedAllocation {
 
   const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(va_); }
   uint64_t size() const { return size_; }
+  // The device the memory lives on, in this process's numbering; -1 when the driver does not say.
+  int owner_device() const { return owner_device_; }
+  // Lets `device` (besides the one it was imported for) use the mapping: kernels there read it.
+  Status GrantRead(int device);
   Status Close();
 
  private:
   uint64_t va_ = 0;
   uint64_t size_ = 0;
   uint64_t handle_ = 0;
+  int owner_device_ = -1;
 };
 
 // Asynchronous copies on one non-blocking stream of `device`, completion by an event, waited for
@@ -78,6 +83,8 @@ class CopyQueue {
                       size_t count);
   // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
   Status Wait(const util::Deadline& deadline);
+  // Makes `waiting_stream` (any device's) wait, on the GPU, for everything enqueued here so far.
+  Status SignalTo(void* waiting_stream);
   void* stream() const { return stream_; }  // a cudaStream_t
   int device() const { return device_; }
   Status Close();
@@ -93,6 +100,10 @@ Status SetDevice(int device);
 // Lets `device` access memory allocated on `peer` directly (cudaDeviceEnablePeerAccess; already
 // enabled is fine).
 Status EnablePeerAccess(int device, int peer);
+// Whether a kernel on `device` may write the device memory at `ptr`: cudaMalloc memory of a peer
+// it can reach (with peer access enabled), or a cuMem mapping whose owner granted it read-write
+// access. False, not an error, when it may not.
+Result<bool> DeviceCanWrite(int device, const void* ptr);
 // Free and total memory of the current device (cudaMemGetInfo).
 Status MemInfo(size_t* free_bytes, size_t* total_bytes);
 

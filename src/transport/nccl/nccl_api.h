@@ -27,11 +27,10 @@ namespace weightsync::transport::nccl {
   X(CommAbort, ncclCommAbort)                   \
   X(GroupStart, ncclGroupStart)                 \
   X(GroupEnd, ncclGroupEnd)                     \
-  X(Send, ncclSend)                             \
-  X(Recv, ncclRecv)
+  X(Broadcast, ncclBroadcast)
 
 // Oldest NCCL the transport accepts: non-blocking communicators with ncclConfig_t,
-// ncclCommGetAsyncError, ncclRemoteError and grouped send/recv all behave as we rely on from 2.18.
+// ncclCommGetAsyncError, ncclRemoteError and grouped broadcasts all behave as we rely on from 2.18.
 inline constexpr int kMinNcclVersionCode = 21800;  // NCCL_VERSION(2, 18, 0)
 
 struct NcclLibrary {

@@ -9,7 +9,7 @@
 //             ◀───────────────────────────────── nccl_id {version, ncclUniqueId}
 //   Connect(id, rank 1)                           Connect(id, rank 0)    (non-blocking init)
 //   per step: update_request ─────────────────▶  step_begin
-//   Receive(): grouped ncclRecv → staging/dsts   Send(slot): grouped ncclSend from the slot
+//   Receive(): grouped ncclBroadcast → staging/dsts   Send(slot): grouped ncclBroadcast (root) from the slot
 //             ◀───────────────────────────────── step_end (GPU digests of the slot)
 //   verify on the GPU, commit
 //

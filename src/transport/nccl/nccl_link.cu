@@ -313,8 +313,10 @@ Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline,
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     op.bytes += p.bytes;
-    r = d.rank == 0 ? d.api->Send(p.data, p.bytes, ncclInt8, 1, d.comm, d.stream)
-                    : d.api->Recv(p.data, p.bytes, ncclInt8, 0, d.comm, d.stream);
+    // Root 0 sends from p.data (in place: nothing is copied at the root); rank 1 receives
+    // there. Grouped broadcasts, not grouped ncclSend/ncclRecv: 41.8 ms vs 43.1 ms for the
+    // 7B-like model on 2xH200 in the same run (scripts/nccl_env_sweep.sh, docs/gpu.md).
+    r = d.api->Broadcast(p.data, p.data, p.bytes, ncclInt8, 0, d.comm, d.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
       failed = r;
       failed_at = i;
@@ -325,7 +327,7 @@ Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline,
   if (failed != ncclSuccess) {
     return d.Fail(op, watch,
                   NcclError(*d.api, d.comm, failed,
-                            std::string(d.rank == 0 ? "ncclSend" : "ncclRecv") + " of piece " +
+                            std::string("ncclBroadcast of piece ") +
                                 std::to_string(failed_at)));
   }
   if (end != ncclSuccess && end != ncclInProgress) {

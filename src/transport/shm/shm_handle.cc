@@ -111,7 +111,9 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
     case wire::ArenaKind::kCudaMem:
       gpu_ = true;
       WS_RETURN_IF_ERROR(
-          gpu_path_.Prepare(arena_fd.get(), welcome_, &plan_, destinations, options.mode)
+          gpu_path_
+              .Prepare(arena_fd.get(), welcome_, &plan_, destinations, options.mode,
+                       options.convert.on_publisher_gpu)
               .WithContext(peer_));
       WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
       break;
@@ -128,7 +130,18 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
                       << (gpu_ ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
                                      " into cuda:" + std::to_string(gpu_path_.device())
                                : std::string())
-                      << ")";
+                      << ")"
+                      << (gpu_ && !plan_.converted.empty()
+                              ? "; " + std::to_string(plan_.converted.size()) +
+                                    " conversions on cuda:" +
+                                    std::to_string(gpu_path_.conversion_source_device() >= 0
+                                                       ? gpu_path_.conversion_source_device()
+                                                       : gpu_path_.device()) +
+                                    (gpu_path_.conversion_source_device() >= 0
+                                         ? " (the publisher's GPU: only converted bytes cross the "
+                                           "link)"
+                                         : "")
+                              : std::string());
   return Status::Ok();
 }
 

@@ -5,7 +5,7 @@
 //
 // When the arena is GPU memory the data goes over NCCL instead (src/transport/nccl/):
 //   ... Select → NcclSetup → NcclId → (both join a two-rank communicator)
-//   { UpdateRequest → StepBegin → grouped ncclSend of the slot's selected tensors → StepEnd }*
+//   { UpdateRequest → StepBegin → grouped ncclBroadcast (root) of the slot's selected tensors → StepEnd }*
 // The communicator lives as long as the session; any failure aborts it and ends the session.
 #pragma once
 
