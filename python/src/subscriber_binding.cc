@@ -312,11 +312,11 @@ void BindSubscriber(nb::module_& m) {
           },
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
           "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
-          "convert_on_publisher_gpu"_a = true,
+          "convert_on_publisher_gpu"_a = false,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
-                  "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = True) -> None"),
+                  "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False) -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -329,7 +329,7 @@ void BindSubscriber(nb::module_& m) {
           "float32/float16/bfloat16; bfloat16 -> float8_e4m3fn with block scales in NAME +\n"
           "'_scale_inv'); see docs/gpu.md. convert_on_publisher_gpu: in place over cuda-ipc,\n"
           "run those conversions on the publisher's GPU when this process can use it (only\n"
-          "the converted bytes cross the link); False keeps them on the destinations' GPU.")
+          "the converted bytes cross the link; costs a CUDA context and SM time on that GPU).")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {

@@ -39,7 +39,7 @@ struct ConvertOptions {
   std::string scale_suffix = "_scale_inv";  // fp8: scales go to destination NAME + suffix
   // In place over cuda-ipc: run the conversions on the publisher's GPU when this process can
   // (SubscriberOptions::convert_on_publisher_gpu).
-  bool on_publisher_gpu = true;
+  bool on_publisher_gpu = false;
 };
 
 inline constexpr uint32_t kNoDestination = 0xFFFFFFFFu;

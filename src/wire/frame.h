@@ -20,7 +20,9 @@
 namespace weightsync::wire {
 
 inline constexpr uint32_t kMagic = 0x4E595357u;
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: nccl steps are grouped ncclBroadcast calls (1: grouped ncclSend/ncclRecv, which a version-2
+// peer would wait on forever); the header check refuses a peer of the other version at once.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 

@@ -19,7 +19,6 @@
 #include "testing/test_util.h"
 #include "transport/cuda_ipc/vmm.h"
 #include "transport/nccl/nccl_link.h"
-#include "util/logging.h"
 
 namespace weightsync {
 namespace {
@@ -203,12 +202,7 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   o.convert_dtypes = true;
   o.convert_on_publisher_gpu = GetParam().on_publisher_gpu;
   o.timeout = std::chrono::milliseconds(10000);
-  // The prepare line says where the conversions ran.
-  std::string prepared;
-  util::LogSink previous = util::SetLogSink(
-      [&](util::LogLevel, std::string_view, std::string_view line) {
-        if (line.find("conversions on cuda:") != std::string_view::npos) prepared = line;
-      });
+  testing::LogCapture log;  // the prepare line says where the conversions ran
   auto sub = Subscriber::Create(o);
   ASSERT_TRUE(sub.ok()) << sub.status();
   ASSERT_OK((*sub)->Register(dst_));
@@ -220,16 +214,145 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     EXPECT_EQ(r->prepare_count, 1u);
     EXPECT_EQ(Mismatch(step), "");
   }
-  util::SetLogSink(previous);
   if (!GetParam().nccl) {
-    // cuda-ipc: in place with two GPUs and the option on, the publisher's GPU (cuda:0) converts;
-    // otherwise the destinations' GPU does.
+    // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
+    // publisher's GPU (cuda:0) converts; otherwise the destinations' GPU does.
     const bool at_source = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
-                           gpu::DeviceCount() > 1;
-    EXPECT_NE(prepared.find(at_source ? "conversions on cuda:0 (the publisher's GPU"
-                                      : "conversions on cuda:" + std::to_string(device_)),
-              std::string::npos)
-        << prepared;
+                           device_ != 0 && transport::cuda_ipc::EnablePeerAccess(0, device_).ok();
+    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    const std::string where = at_source ? "conversions on cuda:0 (the publisher's GPU"
+                                        : "conversions on cuda:" + std::to_string(device_);
+    EXPECT_TRUE(log.Contains(where)) << "no log line with: " << where;
+  }
+}
+
+// The quantization kernel alone on the same bytes (random bit patterns: infinities, NaNs,
+// subnormals), so a transport problem and a kernel/reference disagreement tell themselves apart.
+TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
+  WS_SKIP_WITHOUT_GPU();
+  const int64_t rows = 2, cols = 70005;
+  std::vector<uint8_t> x(rows * cols * 2);
+  SyntheticModel::Pattern(8, 1, x.data(), x.size());
+  for (gpu::Fp8ScaleFormat format : {gpu::Fp8ScaleFormat::kFloat32, gpu::Fp8ScaleFormat::kE8M0}) {
+    const size_t scale_bytes = (format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4) * 547;
+    auto d_x = gpu::testing::Upload(x);
+    auto d_q = gpu::DeviceBuffer::Allocate(rows * cols);
+    auto d_s = gpu::DeviceBuffer::Allocate(scale_bytes);
+    ASSERT_OK(d_x);
+    ASSERT_OK(d_q);
+    ASSERT_OK(d_s);
+    auto launch = gpu::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols,
+                                          format, nullptr);
+    ASSERT_OK(launch);
+    ASSERT_OK(launch->Launch());
+    ASSERT_OK(gpu::DeviceSynchronize());
+    std::vector<uint8_t> want_q(rows * cols), want_s(scale_bytes);
+    ASSERT_OK(ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(x.data()), rows, cols,
+                               want_q.data(), want_s.data(), format));
+    auto got_q = gpu::testing::Download<uint8_t>(d_q->data(), want_q.size());
+    auto got_s = gpu::testing::Download<uint8_t>(d_s->data(), want_s.size());
+    ASSERT_OK(got_q);
+    ASSERT_OK(got_s);
+    EXPECT_TRUE(SameUpToNaNPayload(format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU
+                                                                        : DType::kFloat32,
+                                   *got_s, want_s))
+        << "scales";
+    size_t bad = 0, first = want_q.size();
+    for (size_t i = 0; i < want_q.size(); ++i) {
+      if ((*got_q)[i] != want_q[i] &&
+          !(IsNaN(DType::kFloat8E4M3FN, &(*got_q)[i]) && IsNaN(DType::kFloat8E4M3FN, &want_q[i]))) {
+        if (bad++ == 0) first = i;
+      }
+    }
+    uint16_t in = 0;
+    if (first < want_q.size()) std::memcpy(&in, &x[first * 2], 2);
+    EXPECT_EQ(bad, 0u) << "first at " << first << ": got " << int(first < want_q.size() ? (*got_q)[first] : 0)
+                       << " want " << int(first < want_q.size() ? want_q[first] : 0) << " input bf16 0x"
+                       << std::hex << in;
+  }
+}
+
+// Several tensors in one grouped launch (the form the transports prepare): shapes with full and
+// partial blocks, an odd column count (byte path), aligned rows (16-byte path), a misaligned
+// input, both scale formats, an empty tensor, and enough blocks that every block of the grid
+// loops over several of them; every tensor equals the CPU reference, and the bytes around each
+// output stay untouched.
+TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
+  WS_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, cols;
+    gpu::Fp8ScaleFormat format;
+    uint64_t misalign;  // bytes added to the input pointer
+  };
+  const std::vector<Case> cases = {{2, 70005, gpu::Fp8ScaleFormat::kFloat32, 0},
+                                   {300, 260, gpu::Fp8ScaleFormat::kE8M0, 0},
+                                   {128, 128, gpu::Fp8ScaleFormat::kFloat32, 0},
+                                   {1, 5, gpu::Fp8ScaleFormat::kE8M0, 0},
+                                   {257, 1024, gpu::Fp8ScaleFormat::kFloat32, 2},
+                                   {0, 64, gpu::Fp8ScaleFormat::kFloat32, 0},
+                                   {129, 384, gpu::Fp8ScaleFormat::kE8M0, 0},
+                                   {8192, 2048, gpu::Fp8ScaleFormat::kFloat32, 0},
+                                   {4096, 4096, gpu::Fp8ScaleFormat::kE8M0, 0}};
+  constexpr uint64_t kGuard = 64;
+  std::vector<std::vector<uint8_t>> inputs;
+  std::vector<gpu::DeviceBuffer> d_x, d_q, d_s;
+  std::vector<gpu::Fp8GroupTensor> tensors;
+  uint64_t blocks = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const uint64_t n = uint64_t(c.rows * c.cols);
+    blocks += uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols));
+    const uint64_t scale_bytes = uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols)) *
+                                 (c.format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4);
+    std::vector<uint8_t> x(c.misalign + n * 2 + 2);  // never empty
+    SyntheticModel::Pattern(int(20 + i), 1, x.data(), x.size());
+    auto dx = gpu::testing::Upload(x);
+    auto dq = gpu::testing::Upload(std::vector<uint8_t>(n + 2 * kGuard, 0xA5));
+    auto ds = gpu::testing::Upload(std::vector<uint8_t>(scale_bytes + 2 * kGuard, 0xA5));
+    ASSERT_OK(dx);
+    ASSERT_OK(dq);
+    ASSERT_OK(ds);
+    tensors.push_back({dx->as<uint8_t>() + c.misalign, dq->as<uint8_t>() + kGuard,
+                       ds->as<uint8_t>() + kGuard, c.rows, c.cols, c.format});
+    inputs.push_back(std::move(x));
+    d_x.push_back(std::move(dx).value());
+    d_q.push_back(std::move(dq).value());
+    d_s.push_back(std::move(ds).value());
+  }
+  auto group = gpu::PrepareQuantizeFp8Group(tensors, nullptr);
+  ASSERT_OK(group);
+  EXPECT_EQ(group->tensors(), cases.size() - 1);  // the empty one is left out
+  EXPECT_EQ(group->tiles(), blocks);
+  EXPECT_GT(group->tiles(), 2 * uint64_t(group->launch().grid().x))
+      << "every block should loop over several 128x128 blocks";
+  for (int launch = 0; launch < 2; ++launch) {  // a second launch rewrites the same bytes
+    ASSERT_OK(group->Launch());
+    ASSERT_OK(gpu::DeviceSynchronize());
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const uint64_t n = uint64_t(c.rows * c.cols);
+    const uint64_t scale_bytes = uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols)) *
+                                 (c.format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4);
+    std::vector<uint8_t> want_q(n), want_s(scale_bytes);
+    ASSERT_OK(ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(inputs[i].data() + c.misalign),
+                               c.rows, c.cols, want_q.data(), want_s.data(), c.format));
+    auto got_q = gpu::testing::Download<uint8_t>(d_q[i].data(), n + 2 * kGuard);
+    auto got_s = gpu::testing::Download<uint8_t>(d_s[i].data(), scale_bytes + 2 * kGuard);
+    ASSERT_OK(got_q);
+    ASSERT_OK(got_s);
+    const std::vector<uint8_t> q(got_q->begin() + kGuard, got_q->end() - kGuard);
+    const std::vector<uint8_t> sc(got_s->begin() + kGuard, got_s->end() - kGuard);
+    EXPECT_TRUE(SameUpToNaNPayload(DType::kFloat8E4M3FN, q, want_q)) << "tensor " << i;
+    EXPECT_TRUE(SameUpToNaNPayload(c.format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU
+                                                                          : DType::kFloat32,
+                                   sc, want_s))
+        << "scales of tensor " << i;
+    for (uint64_t g = 0; g < kGuard; ++g) {
+      ASSERT_EQ((*got_q)[g], 0xA5) << "tensor " << i << " wrote before its output";
+      ASSERT_EQ((*got_q)[kGuard + n + g], 0xA5) << "tensor " << i << " wrote past its output";
+      ASSERT_EQ((*got_s)[kGuard + scale_bytes + g], 0xA5) << "tensor " << i << " scales overrun";
+    }
   }
 }
 

@@ -140,11 +140,13 @@ TEST(WireFrameTest, ForeignProtocolRejectedByMagic) {
 }
 
 TEST(WireFrameTest, BadVersionRejected) {
-  for (uint16_t version : {0, 2, 0x100, 0xFFFF}) {
+  // 1: the protocol before nccl moved steps with broadcasts (its peers must be refused).
+  for (uint16_t version : {0, 1, 3, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,
-                        {"protocol version " + std::to_string(version), "expected 1"}))
+                        {"protocol version " + std::to_string(version),
+                         "expected " + std::to_string(kProtocolVersion)}))
         << version;
   }
 }

@@ -1,6 +1,5 @@
 #include "transport/cuda_ipc/cuda_data_path.h"
 
-#include <chrono>
 #include <functional>
 
 #include "cuda/gpu_digest_reference.h"
@@ -100,6 +99,12 @@ Status GpuReceiver::HashConvertedSource(const uint8_t* base) {
     WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
   }
   return Status::Ok();
+}
+
+void GpuReceiver::SetConvertedDigestStream(gpu::StreamHandle stream) {
+  for (size_t i = 0; i < plan_->segments.size(); ++i) {
+    if (plan_->segments[i].converted) digest_launches_[i].set_stream(stream);
+  }
 }
 
 Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
@@ -260,10 +265,15 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   // else here. A failed attempt there is logged and the batches are built again here.
   source_device_ = -1;
   if (direct && on_publisher_gpu) {
-    Status s = PrepareSourceGpu(destinations, device);
+    ScopedDevice restore;  // the attempt visits the publisher's GPU
+    Status s = PrepareSourceGpu(*plan, destinations, device);
     if (s.ok()) {
       Status built = BuildBatches(welcome, plan, destinations, direct, slot_base);
-      if (built.ok()) return Status::Ok();
+      if (built.ok()) {
+        // With verify, the publisher's GPU also hashes the bytes it converts (locally).
+        receiver_.SetConvertedDigestStream(source_queue_.stream());
+        return Status::Ok();
+      }
       s = built;
     }
     WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
@@ -275,20 +285,27 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
   return BuildBatches(welcome, plan, destinations, direct, slot_base);
 }
 
-Status CudaDataPath::PrepareSourceGpu(const std::vector<plan::Destination>& destinations,
+Status CudaDataPath::PrepareSourceGpu(const plan::Plan& plan,
+                                      const std::vector<plan::Destination>& destinations,
                                       int device) {
   const int owner = arena_.owner_device();
   if (owner < 0) return Status::Unavailable("the driver does not say which GPU holds the arena");
   if (owner == device) return Status::Unavailable("the publisher's GPU is this one");
-  WS_RETURN_IF_ERROR(arena_.GrantRead(owner).WithContext("the arena for cuda:" +
-                                                         std::to_string(owner)));
+  WS_RETURN_IF_ERROR(arena_.GrantAccess(owner).WithContext("the arena for cuda:" +
+                                                           std::to_string(owner)));
   WS_RETURN_IF_ERROR(EnablePeerAccess(owner, device));
-  for (const plan::Destination& d : destinations) {
-    if (d.data == nullptr || d.spec.nbytes == 0) continue;
-    WS_ASSIGN_OR_RETURN(bool writable, DeviceCanWrite(owner, d.data));
-    if (!writable) {
-      return Status::Unavailable("destination '", d.spec.name, "' is not writable from cuda:",
-                                 owner);
+  // Only what the conversions write must be writable from there (copies stay on this device).
+  for (uint32_t k : plan.converted) {
+    const plan::PlannedTensor& t = plan.tensors[k];
+    for (uint32_t index : {t.destination, t.scale_destination}) {
+      if (index == plan::kNoDestination) continue;
+      const plan::Destination& d = destinations[index];
+      if (d.data == nullptr || d.spec.nbytes == 0) continue;
+      WS_ASSIGN_OR_RETURN(bool writable, DeviceCanWrite(owner, d.data, d.spec.nbytes));
+      if (!writable) {
+        return Status::Unavailable("destination '", d.spec.name, "' is not writable from cuda:",
+                                   owner);
+      }
     }
   }
   WS_ASSIGN_OR_RETURN(source_queue_, CopyQueue::Create(owner));
@@ -303,7 +320,7 @@ Status CudaDataPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan
   // prepared on the device that will run them (its stream, its job table).
   const bool at_source = source_device_ >= 0;
   void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
-  if (at_source) WS_RETURN_IF_ERROR(SetDevice(source_device_));
+  WS_RETURN_IF_ERROR(SetDevice(at_source ? source_device_ : receiver_.device()));
   slot_batches_.clear();
   slot_batches_.resize(welcome.slot_count);
   Status status;
@@ -330,31 +347,37 @@ Status CudaDataPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
   }
-  if (at_source) status.Update(SetDevice(receiver_.device()));
-  if (!status.ok()) slot_batches_.clear();
+  if (!status.ok()) slot_batches_.clear();  // job tables freed on the device they were made on
+  status.Update(SetDevice(receiver_.device()));
   return status;
 }
 
 Status CudaDataPath::Copy(uint32_t slot, bool verify, const util::Deadline& deadline) {
   Batch& b = slot_batches_[slot];
   CopyQueue& queue = receiver_.queue();
-  if (source_device_ >= 0 && !b.conversions.empty()) {
-    // On the publisher's GPU: read its memory locally, write the converted bytes across the
-    // link; this device's stream waits for them (on the GPU) before the step counts as copied.
-    WS_RETURN_IF_ERROR(SetDevice(source_device_));
-    WS_RETURN_IF_ERROR(b.conversions.Launch());
-    WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
-  }
   WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
   // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
-  // once.
+  // once (first, so they overlap the conversions on the publisher's GPU).
   if (!b.dsts.empty()) {
     WS_RETURN_IF_ERROR(
         queue.EnqueueBatch(b.dsts.data(), b.srcs.data(), b.sizes.data(), b.dsts.size()));
   }
-  if (source_device_ < 0) WS_RETURN_IF_ERROR(b.conversions.Launch());
-  // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
-  if (verify && !b.conversions.empty()) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
+  if (source_device_ >= 0 && !b.conversions.empty()) {
+    // On the publisher's GPU: read its memory locally, write the converted bytes across the
+    // link, hash what was converted while the step is pinned; this device's stream waits for it
+    // all (on the GPU) before the step counts as copied.
+    ScopedDevice restore;
+    WS_RETURN_IF_ERROR(SetDevice(source_device_));
+    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    if (verify) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
+    WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
+  } else {
+    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
+    if (verify && !b.conversions.empty()) {
+      WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
+    }
+  }
   WS_RETURN_IF_ERROR(queue.Wait(deadline));
   return receiver_.MaybeInjectBitFlip();
 }
@@ -364,10 +387,13 @@ Status CudaDataPath::Release() {
   // Reverse order of creation: the publisher-GPU queue (drained: its kernels write the
   // destinations), the receiver (digests, staging, stream), then the mapping.
   if (source_device_ >= 0) {
+    // Unbounded: the kernels there are finite, and until they end they read the arena and write
+    // the destinations. Their job tables are freed with the batches, that device current.
+    ScopedDevice restore;
+    result.Update(source_queue_.Drain());
     result.Update(SetDevice(source_device_));
-    result.Update(source_queue_.Wait(util::Deadline(std::chrono::milliseconds(10000))));
+    slot_batches_.clear();
     result.Update(source_queue_.Close());
-    result.Update(SetDevice(receiver_.device()));
     source_device_ = -1;
   }
   slot_batches_.clear();

@@ -65,6 +65,9 @@ class GpuReceiver {
   // launches them now, on the stream, while the publisher still pins the step; Verify then only
   // launches the other segments' digests and compares.
   Status HashConvertedSource(const uint8_t* base);
+  // Moves those digest launches to `stream` (another device's: the publisher's GPU hashes its own
+  // memory; the chunk hashes and digests still land in this receiver's buffers, over peer access).
+  void SetConvertedDigestStream(gpu::StreamHandle stream);
   // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
   // destination, or the landing buffer when it is converted at commit.
   uint8_t* Received(const plan::PlannedTensor& t) const;
@@ -141,7 +144,8 @@ class CudaDataPath {
   int source_device_ = -1;
   CopyQueue source_queue_;
 
-  Status PrepareSourceGpu(const std::vector<plan::Destination>& destinations, int device);
+  Status PrepareSourceGpu(const plan::Plan& plan,
+                          const std::vector<plan::Destination>& destinations, int device);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
                       const std::vector<plan::Destination>& destinations, bool direct,
                       const std::function<const uint8_t*(uint32_t)>& slot_base);

@@ -88,6 +88,9 @@ Status DriverError(CUresult r, const char* what) {
 }
 
 Status RuntimeError(cudaError_t e, const char* what) {
+  // Returned, so taken off the runtime's last-error slot: a caller that recovers (e.g. falls back
+  // from the publisher's GPU) must not leave it for the application's next error check.
+  (void)cudaGetLastError();
   StatusCode code = e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
                     : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
                         ? StatusCode::kUnavailable
@@ -167,6 +170,17 @@ Status SetDevice(int device) {
   return Status::Ok();
 }
 
+ScopedDevice::ScopedDevice() {
+  if (cudaGetDevice(&saved_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    saved_ = -1;
+  }
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess) (void)cudaGetLastError();
+}
+
 Status EnablePeerAccess(int device, int peer) {
   WS_RETURN_IF_ERROR(SetDevice(device));
   cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
@@ -178,33 +192,43 @@ Status EnablePeerAccess(int device, int peer) {
   return Status::Ok();
 }
 
-Result<bool> DeviceCanWrite(int device, const void* ptr) {
+namespace {
+
+// Whether a kernel on `device` may write the one byte at `p` (see DeviceCanWrite).
+Result<bool> DeviceCanWriteByte(int device, CUdeviceptr p) {
   const Driver& d = GetDriver();
-  WS_RETURN_IF_ERROR(d.status);
   int legacy = 0;
-  WS_CU(d.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                              reinterpret_cast<CUdeviceptr>(ptr)),
+  WS_CU(d.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p),
         "cuPointerGetAttribute");
   if (legacy) {
     // cudaMalloc memory: reachable from a peer once peer access is enabled (or it is local).
     int owner = -1;
-    WS_CU(d.PointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                reinterpret_cast<CUdeviceptr>(ptr)),
+    WS_CU(d.PointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p),
           "cuPointerGetAttribute");
     if (owner == device) return true;
     int can = 0;
     WS_CUDART(cudaDeviceCanAccessPeer(&can, device, owner), "cudaDeviceCanAccessPeer");
     return can != 0;
   }
-  // A cuMem (VMM) mapping, e.g. PyTorch's expandable segments: only the access its owner set.
+  // A cuMem (VMM) mapping, e.g. PyTorch's expandable segments: only the access its owner set,
+  // which may differ from one mapped chunk to the next.
   CUmemLocation where{};
   where.type = CU_MEM_LOCATION_TYPE_DEVICE;
   where.id = device;
   unsigned long long flags = 0;
-  if (d.MemGetAccess(&flags, &where, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
-    return false;
-  }
+  if (d.MemGetAccess(&flags, &where, p) != CUDA_SUCCESS) return false;
   return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+}  // namespace
+
+Result<bool> DeviceCanWrite(int device, const void* ptr, uint64_t bytes) {
+  WS_RETURN_IF_ERROR(GetDriver().status);
+  if (bytes == 0) return true;
+  const auto first = reinterpret_cast<CUdeviceptr>(ptr);
+  WS_ASSIGN_OR_RETURN(bool head, DeviceCanWriteByte(device, first));
+  if (!head || bytes == 1) return head;
+  return DeviceCanWriteByte(device, first + bytes - 1);
 }
 
 Status MemInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -312,14 +336,15 @@ ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&& o) noexce
   return *this;
 }
 
-Status ImportedAllocation::GrantRead(int device) {
+Status ImportedAllocation::GrantAccess(int device) {
   const Driver& d = GetDriver();
   WS_RETURN_IF_ERROR(d.status);
   if (va_ == 0) return Status::FailedPrecondition("cuda-ipc: granting access to an unmapped arena");
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;  // the mapping's one protection for all
+  // Read-write like the first device's: one mapping has one protection (only reads happen).
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   WS_CU(d.MemSetAccess(va_, size_, &access, 1), "cuMemSetAccess (a second device)");
   return Status::Ok();
 }
@@ -411,6 +436,13 @@ Status CopyQueue::Wait(const util::Deadline& deadline) {
     }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+Status CopyQueue::Drain() {
+  if (stream_ == nullptr) return Status::Ok();
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  WS_CUDART(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+  return Status::Ok();
 }
 
 Status CopyQueue::SignalTo(void* waiting_stream) {

@@ -54,8 +54,9 @@ class ImportedAllocation {
   uint64_t size() const { return size_; }
   // The device the memory lives on, in this process's numbering; -1 when the driver does not say.
   int owner_device() const { return owner_device_; }
-  // Lets `device` (besides the one it was imported for) use the mapping: kernels there read it.
-  Status GrantRead(int device);
+  // Lets `device` (besides the one it was imported for) use the mapping, read-write like the
+  // first (one mapping has one protection); kernels there only read it.
+  Status GrantAccess(int device);
   Status Close();
 
  private:
@@ -85,6 +86,9 @@ class CopyQueue {
   Status Wait(const util::Deadline& deadline);
   // Makes `waiting_stream` (any device's) wait, on the GPU, for everything enqueued here so far.
   Status SignalTo(void* waiting_stream);
+  // Blocks until everything enqueued here finished (cudaStreamSynchronize; no deadline: what a
+  // release calls before freeing what the work touches).
+  Status Drain();
   void* stream() const { return stream_; }  // a cudaStream_t
   int device() const { return device_; }
   Status Close();
@@ -100,10 +104,22 @@ Status SetDevice(int device);
 // Lets `device` access memory allocated on `peer` directly (cudaDeviceEnablePeerAccess; already
 // enabled is fine).
 Status EnablePeerAccess(int device, int peer);
-// Whether a kernel on `device` may write the device memory at `ptr`: cudaMalloc memory of a peer
-// it can reach (with peer access enabled), or a cuMem mapping whose owner granted it read-write
-// access. False, not an error, when it may not.
-Result<bool> DeviceCanWrite(int device, const void* ptr);
+// Whether a kernel on `device` may write the `bytes` of device memory at `ptr` (its first and last
+// byte are checked): cudaMalloc memory of a peer it can reach (with peer access enabled), or a
+// cuMem mapping whose owner granted it read-write access. False, not an error, when it may not.
+Result<bool> DeviceCanWrite(int device, const void* ptr, uint64_t bytes);
+// Restores the calling thread's current device when it goes out of scope (code that moves between
+// devices must not leave the caller on another one, e.g. the publisher's GPU).
+class ScopedDevice {
+ public:
+  ScopedDevice();
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int saved_ = -1;
+};
 // Free and total memory of the current device (cudaMemGetInfo).
 Status MemInfo(size_t* free_bytes, size_t* total_bytes);
 

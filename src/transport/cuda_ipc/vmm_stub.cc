@@ -18,7 +18,7 @@ Result<ImportedAllocation> ImportedAllocation::Import(int, uint64_t, int) { retu
 ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&&) noexcept { return *this; }
 ImportedAllocation::~ImportedAllocation() = default;
 Status ImportedAllocation::Close() { return Status::Ok(); }
-Status ImportedAllocation::GrantRead(int) { return NoCuda(); }
+Status ImportedAllocation::GrantAccess(int) { return NoCuda(); }
 
 Result<CopyQueue> CopyQueue::Create(int) { return NoCuda(); }
 CopyQueue& CopyQueue::operator=(CopyQueue&&) noexcept { return *this; }
@@ -29,11 +29,14 @@ Status CopyQueue::EnqueueBatch(void* const*, const void* const*, const size_t*, 
 }
 Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
 Status CopyQueue::SignalTo(void*) { return NoCuda(); }
+Status CopyQueue::Drain() { return Status::Ok(); }
 Status CopyQueue::Close() { return Status::Ok(); }
 Status SetDevice(int) { return NoCuda(); }
 Status MemInfo(size_t*, size_t*) { return NoCuda(); }
 Status EnablePeerAccess(int, int) { return NoCuda(); }
-Result<bool> DeviceCanWrite(int, const void*) { return NoCuda(); }
+Result<bool> DeviceCanWrite(int, const void*, uint64_t) { return NoCuda(); }
+ScopedDevice::ScopedDevice() = default;
+ScopedDevice::~ScopedDevice() = default;
 
 }  // namespace weightsync::transport::cuda_ipc
 
