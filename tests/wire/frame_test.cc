@@ -61,8 +61,8 @@ std::vector<FrameType> AllTypes() {
 TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
-  // "WSYN" as bytes, then version 1, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 1, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  // "WSYN" as bytes, then version 2, type 6, length 3, reserved 0.
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 2, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
