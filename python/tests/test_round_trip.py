@@ -227,3 +227,24 @@ def test_convert_dtypes_casts_bfloat16_to_float32(endpoint, mode):
             assert sub.update().step == 1
     want = (src["w"].astype(np.uint32) << 16).view(np.float32)
     assert dst["w"].tobytes() == want.tobytes()
+
+
+def test_convert_on_publisher_gpu_is_accepted_and_host_arenas_convert_here(endpoint):
+    """The option only moves cuda-ipc conversions; a host arena converts on the CPU either way,
+    with the same bytes, and a wrong type for it is a TypeError naming nothing half-built."""
+    src = {"w": (np.arange(64, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)}
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register(src, dtypes={"w": "bfloat16"})
+        pub.publish(1)
+        results = []
+        for on_publisher in (False, True):
+            dst = {"w": np.zeros(64, dtype=np.float32)}
+            with weightsync.Subscriber(endpoint, mode="in_place", convert_dtypes=True,
+                                       convert_on_publisher_gpu=on_publisher) as sub:
+                sub.register(dst)
+                assert sub.update().step == 1
+            results.append(dst["w"].tobytes())
+        assert results[0] == results[1]
+        assert results[0] == (src["w"].astype(np.uint32) << 16).view(np.float32).tobytes()
+        with pytest.raises(TypeError):
+            weightsync.Subscriber(endpoint, convert_on_publisher_gpu="yes")
