@@ -10,6 +10,12 @@
 
 namespace weightsync::fuzz {
 
+// `specs` with nbytes filled the way Register() does (the lists below are valid by construction).
+inline std::vector<TensorSpec> Sized(std::vector<TensorSpec> specs) {
+  auto manifest = Manifest::Build(specs);
+  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+}
+
 // Small, but with the shapes that matter to byte arithmetic: a 2-D tensor, a 16-bit one, a packed
 // float4 with an odd element count (ceil(n/2) bytes), a zero-element tensor and a 0-d scalar.
 inline std::vector<TensorSpec> DestinationSpecs() {
@@ -20,9 +26,7 @@ inline std::vector<TensorSpec> DestinationSpecs() {
       {"empty", DType::kInt8, {0, 3}, 0},
       {"scalar", DType::kInt64, {}, 0},
   };
-  // Fill nbytes the way Register() does; the specs above are valid by construction.
-  auto manifest = Manifest::Build(specs);
-  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+  return Sized(std::move(specs));
 }
 
 // The destination set planned with SubscriberOptions::convert_dtypes on: casts both ways, and
@@ -38,8 +42,7 @@ inline std::vector<TensorSpec> ConvertingDestinationSpecs() {
       {"w8e_scale_inv", DType::kFloat8E8M0FNU, {1, 2}, 0},
       {"scalar", DType::kInt64, {}, 0},
   };
-  auto manifest = Manifest::Build(specs);
-  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+  return Sized(std::move(specs));
 }
 
 inline std::vector<TensorSpec> ConvertingPublisherSpecs() {
@@ -50,8 +53,7 @@ inline std::vector<TensorSpec> ConvertingPublisherSpecs() {
       {"w8e", DType::kBFloat16, {130}, 0},
       {"scalar", DType::kInt64, {}, 0},
   };
-  auto manifest = Manifest::Build(specs);
-  return manifest.ok() ? manifest->tensors() : std::vector<TensorSpec>{};
+  return Sized(std::move(specs));
 }
 
 }  // namespace weightsync::fuzz

@@ -499,6 +499,22 @@ Status CheckDevicePointer(std::string_view kernel, std::string_view what, const 
   return Status::Ok();
 }
 
+// An fp8 quantization's shape and pointers (input, output, scales reachable for their sizes);
+// its number of 128x128 blocks, 0 for an empty matrix.
+Result<uint64_t> CheckFp8Tensor(std::string_view kernel, const Fp8GroupTensor& t) {
+  if (t.rows < 0 || t.cols < 0) {
+    return Status::InvalidArgument(kernel, ": negative shape [", t.rows, ", ", t.cols, "]");
+  }
+  const uint64_t elements = uint64_t(t.rows) * uint64_t(t.cols);
+  if (elements == 0) return uint64_t{0};
+  const uint64_t tiles = uint64_t(Fp8ScaleRows(t.rows)) * uint64_t(Fp8ScaleCols(t.cols));
+  WS_RETURN_IF_ERROR(CheckDevicePointer(kernel, "input", t.x_bf16, elements * 2));
+  WS_RETURN_IF_ERROR(CheckDevicePointer(kernel, "output", t.q_e4m3, elements));
+  WS_RETURN_IF_ERROR(CheckDevicePointer(
+      kernel, "scales", t.scales, tiles * (t.format == Fp8ScaleFormat::kE8M0 ? 1 : 4)));
+  return tiles;
+}
+
 Result<PreparedLaunch> Make(KernelId id, uint32_t grid, uint32_t block, StreamHandle stream) {
   return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1}, Dim3{block, 1, 1},
                                 0, stream);
@@ -529,17 +545,9 @@ Result<PreparedLaunch> PrepareQuantizeFp8(const void* x_bf16, void* q_e4m3, void
   const KernelId id = format == Fp8ScaleFormat::kE8M0 ? KernelId::kQuantizeFp8ScaleE8M0
                                                       : KernelId::kQuantizeFp8ScaleF32;
   WS_RETURN_IF_ERROR(CudaAvailable());
-  const std::string_view name = Kernel(id).name;
-  if (rows < 0 || cols < 0) {
-    return Status::InvalidArgument(name, ": negative shape [", rows, ", ", cols, "]");
-  }
-  const uint64_t elements = uint64_t(rows) * uint64_t(cols);
-  const uint64_t tiles = uint64_t(Fp8ScaleRows(rows)) * uint64_t(Fp8ScaleCols(cols));
-  WS_RETURN_IF_ERROR(CheckDevicePointer(name, "input", x_bf16, elements * 2));
-  WS_RETURN_IF_ERROR(CheckDevicePointer(name, "output", q_e4m3, elements));
-  WS_RETURN_IF_ERROR(CheckDevicePointer(
-      name, "scales", scales, elements ? tiles * (format == Fp8ScaleFormat::kE8M0 ? 1 : 4) : 0));
-  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(elements ? tiles : 0, 1, 16));
+  WS_ASSIGN_OR_RETURN(const uint64_t tiles,
+                      CheckFp8Tensor(Kernel(id).name, {x_bf16, q_e4m3, scales, rows, cols, format}));
+  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(tiles, 1, 16));
   WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
   launch.args().Set(QuantizeFp8Args::kX, x_bf16);
   launch.args().Set(QuantizeFp8Args::kQ, q_e4m3);
@@ -557,16 +565,8 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
   group.jobs_.reserve(tensors.size());
   uint64_t tiles = 0;
   for (const Fp8GroupTensor& t : tensors) {
-    if (t.rows < 0 || t.cols < 0) {
-      return Status::InvalidArgument(name, ": negative shape [", t.rows, ", ", t.cols, "]");
-    }
-    const uint64_t elements = uint64_t(t.rows) * uint64_t(t.cols);
-    if (elements == 0) continue;
-    const uint64_t n = uint64_t(Fp8ScaleRows(t.rows)) * uint64_t(Fp8ScaleCols(t.cols));
-    WS_RETURN_IF_ERROR(CheckDevicePointer(name, "input", t.x_bf16, elements * 2));
-    WS_RETURN_IF_ERROR(CheckDevicePointer(name, "output", t.q_e4m3, elements));
-    WS_RETURN_IF_ERROR(CheckDevicePointer(
-        name, "scales", t.scales, n * (t.format == Fp8ScaleFormat::kE8M0 ? 1 : 4)));
+    WS_ASSIGN_OR_RETURN(const uint64_t n, CheckFp8Tensor(name, t));
+    if (n == 0) continue;
     group.jobs_.push_back(Fp8GroupJob{t.x_bf16, t.q_e4m3, t.scales, t.rows, t.cols,
                                       Fp8ScaleCols(t.cols), tiles,
                                       t.format == Fp8ScaleFormat::kE8M0 ? 1u : 0u, 0u});
