@@ -4,7 +4,8 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
-//                 [--only peer,model,fp8,fp8dst,tiny,nccl]   (a subset of the rows)
+//                 [--only peer,model,fp8,fp8dst,tiny,nccl,h2d]   (a subset of the rows)
+//                 [--h2d-scale 0.25]   (model scale of the host → GPU rows)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
 // per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
@@ -60,6 +61,8 @@ struct Args {
   std::string role = "main";
   bool nccl = true;  // also measure the nccl transport
   bool fp8 = true;   // also measure bf16 → fp8 conversion in flight (cuda-ipc)
+  bool host = false;        // publisher role: host tensors (a shared-memory arena)
+  double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
   std::string only;  // empty: every row the flags above allow; else a comma-separated subset
   std::string endpoint;
 
@@ -108,7 +111,16 @@ std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, 
 
 int RunPublisher(const Args& a) {
   std::vector<ws::gpu::DeviceBuffer> keep;
-  auto tensors = Allocate(Specs(a, a.scale), a.src, 0x3C, &keep);
+  std::vector<std::vector<uint8_t>> host;
+  std::vector<ws::NamedTensor> tensors;
+  if (a.host) {
+    for (const auto& spec : Specs(a, a.scale)) {
+      host.emplace_back(std::max<uint64_t>(spec.nbytes, 1), 0x3C);
+      tensors.push_back({spec.name, ws::TensorView{host.back().data(), spec.dtype, spec.shape}});
+    }
+  } else {
+    tensors = Allocate(Specs(a, a.scale), a.src, 0x3C, &keep);
+  }
   ws::PublisherOptions o;
   o.endpoint = a.endpoint;
   o.timeout = std::chrono::milliseconds(60000);
@@ -146,7 +158,8 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
   posix_spawn_file_actions_addclose(&fa, from[0]);
   std::vector<std::string> argv = {"/proc/self/exe", "--role", "publisher", "--endpoint",
                                    endpoint, "--model", a.model, "--scale",
-                                   std::to_string(scale), "--src", std::to_string(a.src)};
+                                   std::to_string(scale), "--src", std::to_string(a.src),
+                                   "--host", a.host ? "1" : "0"};
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -255,7 +268,8 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
       "\"tensors\": %zu, \"bytes\": %llu, \"first_update_s\": %.6f, \"first_prepare_s\": %.6f, "
       "\"steady_median_s\": %.6f, \"steady_min_s\": %.6f, \"steady_GBps\": %.3f, "
       "\"copy_median_s\": %.6f, \"publish_median_s\": %.6f, \"heap_allocs_per_step\": %.3f}\n",
-      tcp ? "weightsync_nccl" : "weightsync_cuda_ipc", label.c_str(),
+      tcp ? "weightsync_nccl" : a.host ? "weightsync_shm_to_gpu" : "weightsync_cuda_ipc",
+      label.c_str(),
       a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
       static_cast<unsigned long long>(bytes), first, first_prepare, med,
       *std::min_element(steady.begin(), steady.end()), bytes / med / 1e9, Median(copy),
@@ -265,6 +279,33 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   int status;
   waitpid(child.pid, &status, 0);
   fclose(child.out);
+}
+
+// The PCIe limit the host → GPU rows are held to: one 2 GiB copy-engine transfer from pinned host
+// memory to the destination GPU, timed like the peer copy.
+void PinnedH2DLimit(const Args& a) {
+  const uint64_t n = 2ull << 30;
+  std::vector<uint8_t> host(n, 0x3C);
+  if (auto s = ws::transport::cuda_ipc::SetDevice(a.dst); !s.ok()) Die("device", s);
+  auto pin = ws::transport::cuda_ipc::HostRegistration::Register(host.data(), n, false);
+  if (!pin.ok()) Die("pin", pin.status());
+  auto dst = ws::gpu::DeviceBuffer::Allocate(n);
+  if (!dst.ok()) Die("allocate", dst.status());
+  auto q = ws::transport::cuda_ipc::CopyQueue::Create(a.dst);
+  if (!q.ok()) Die("queue", q.status());
+  ws::util::Deadline forever(std::chrono::milliseconds(60000));
+  std::vector<double> times;
+  for (int i = 0; i < 12; ++i) {
+    auto t0 = Clock::now();
+    (void)q->Enqueue(dst->data(), host.data(), n);
+    if (auto s = q->Wait(forever); !s.ok()) Die("copy", s);
+    if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  double med = Median(times);
+  std::printf("{\"what\": \"pinned_h2d_limit\", \"bytes\": %llu, \"median_s\": %.6f, "
+              "\"GBps\": %.3f}\n",
+              static_cast<unsigned long long>(n), med, n / med / 1e9);
+  std::fflush(stdout);
 }
 
 void PeerCopyLimit(const Args& a) {
@@ -313,6 +354,8 @@ int main(int argc, char** argv) {
     else if (k == "--nccl") a.nccl = v == "1";
     else if (k == "--fp8") a.fp8 = v == "1";
     else if (k == "--only") a.only = v;
+    else if (k == "--host") a.host = v == "1";
+    else if (k == "--h2d-scale") a.h2d_scale = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
       return 2;
@@ -331,5 +374,13 @@ int main(int argc, char** argv) {
   // Same tensors, 128 bytes each: host overhead of a step.
   if (a.Row("tiny")) Measure(a, 0, "tiny", /*tcp=*/false);
   if (a.nccl && a.Row("nccl")) Measure(a, a.scale, "model", /*tcp=*/true);
+  if (a.Row("h2d")) {
+    // A publisher of host tensors (shared memory) into the destination GPU: the copy engines read
+    // the pinned arena.
+    PinnedH2DLimit(a);
+    Args host = a;
+    host.host = true;
+    Measure(host, a.h2d_scale, "model_from_host", /*tcp=*/false);
+  }
   return 0;
 }

@@ -58,6 +58,8 @@ def main():
     torch = by.get("nccl_broadcast_7b_like")
     ipc = by.get("open_ipc_handles_other_process")
     torch_peer = by.get("peer_copy_gpu0_to_gpu1")
+    h2d_limit = by.get("pinned_h2d_limit")
+    ws_h2d = by.get("weightsync_shm_to_gpu/model_from_host")
     print(f"{'figure':<52} {'value':>12}  {'baseline':>28}  ratio")
 
     def line(name, value, base_name=None, base=None, higher_better=False):
@@ -90,6 +92,11 @@ def main():
     if ws_st and peer:
         line("cuda-ipc steady GB/s, staged + GPU verify", ws_st["steady_GBps"],
              "peer copy GB/s", peer["GBps"], higher_better=True)
+    if ws_h2d and h2d_limit:
+        line(f"shm → GPU steady GB/s ({ws_h2d['bytes'] / 1e9:.1f} GB host arena, pinned)",
+             ws_h2d["steady_GBps"], "pinned H2D GB/s", h2d_limit["GBps"], higher_better=True)
+        line("shm → GPU first update ms (map, pin, plan)", ws_h2d["first_update_s"] * 1e3,
+             "steady ms", ws_h2d["steady_median_s"] * 1e3)
     if torch_peer:
         line("torch peer copy GB/s (same run)", torch_peer["GBps"])
     if ws_in and torch:

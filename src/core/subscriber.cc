@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <type_traits>
 
 #include "plan/plan.h"
 #include "plan/schedule.h"
+#include "transport/cuda_ipc/vmm.h"
 #include "transport/endpoint.h"
 #include "transport/transport.h"
 #include "util/deadline.h"
@@ -26,6 +28,23 @@ namespace {
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+
+// The GPU transports switch the calling thread's current CUDA device (to the destinations', or
+// the publisher's); a call that may touch a GPU gives the caller its own device back on return.
+class CallerDevice {
+ public:
+  explicit CallerDevice(const std::vector<plan::Destination>& destinations) {
+    for (const plan::Destination& d : destinations) {
+      if (d.device.is_cuda()) {
+        saved_.emplace();
+        return;
+      }
+    }
+  }
+
+ private:
+  std::optional<transport::cuda_ipc::ScopedDevice> saved_;
+};
 }  // namespace
 
 // One publisher feeding this subscriber and its transfer handle.
@@ -309,6 +328,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("another update is in flight on this subscriber");
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
+  CallerDevice caller_device(d.destinations);
   if (d.destinations.empty()) {
     return Status::FailedPrecondition("Update() before Register(): no destination tensors");
   }
@@ -406,6 +426,7 @@ Status Subscriber::Sleep() {
   Impl& d = *impl_;
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
+  CallerDevice caller_device(d.destinations);
   return d.ReleaseHandles("sleep");
 }
 
@@ -416,6 +437,7 @@ Status Subscriber::Close() {
   std::lock_guard<std::mutex> lock(d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;
+  CallerDevice caller_device(d.destinations);
   return d.ReleaseHandles("close");
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "cuda/device.h"
 #include "testing/local_pair.h"
 #include "util/fail_point.h"
 
@@ -282,6 +283,42 @@ TEST_F(SubscriberTest, ArenaAllocatedTensorsPublishWithoutCopy) {
     EXPECT_EQ(dw[77], step * 1000.0f + 77);
     EXPECT_EQ(db[5], step * 100 + 5);
   }
+}
+
+// A host arena into CUDA destinations goes through the copy engines (tests/gpu/host_to_gpu_test.cc
+// on a GPU). Without one the update says what it needed; destinations split between the host and a
+// GPU are refused first, naming one, whatever the machine.
+bool Contains(const Status& s, std::string_view part) {
+  return s.message().find(part) != std::string::npos;
+}
+
+TEST_F(SubscriberTest, HostArenaIntoCudaDestinationsSaysWhatItNeeds) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  std::vector<NamedTensor> mixed = p.dst;
+  for (size_t i = 1; i < mixed.size(); ++i) mixed[i].view.device = {Device::Kind::kCUDA, 0};
+  {
+    auto sub = p.ConnectWith(mixed);
+    auto stats = sub->Update();
+    ASSERT_STATUS_IS(kInvalidArgument, stats);
+    EXPECT_TRUE(Contains(stats.status(), "'" + p.dst[0].name + "' is on cpu")) << stats.status();
+    EXPECT_EQ(sub->committed_step(), -1);
+    EXPECT_TRUE(sub->weights_valid());
+  }
+  if (!gpu::CudaAvailable().ok()) {
+    std::vector<NamedTensor> on_gpu = p.dst;
+    for (auto& t : on_gpu) t.view.device = {Device::Kind::kCUDA, 0};
+    auto sub = p.ConnectWith(on_gpu);
+    auto stats = sub->Update();
+    ASSERT_STATUS_IS(kUnavailable, stats);
+    EXPECT_TRUE(Contains(stats.status(), "keeps its arena in host memory and the destinations are "
+                                         "CUDA tensors"))
+        << stats.status();
+    EXPECT_EQ(sub->committed_step(), -1);
+  }
+  p.publisher.reset();
+  ExpectLedgerAtBaseline();
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "testing/test_util.h"
 #include "transport/cuda_ipc/vmm.h"
 #include "transport/nccl/nccl_link.h"
+#include "util/fail_point.h"
 
 namespace weightsync {
 namespace {
@@ -35,6 +36,7 @@ struct Param {
   bool nccl;
   UpdateMode mode;
   bool on_publisher_gpu = true;  // SubscriberOptions::convert_on_publisher_gpu
+  bool break_publisher_gpu = false;  // fail point: preparing there fails, the fallback runs
 };
 
 // What destination i becomes: its dtype, and for fp8 the scale tensor's dtype.
@@ -118,6 +120,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
       }
     }
   }
+  void TearDown() override { util::FailPoints::DisarmAll(); }
   void Add(const std::string& name, DType dtype, std::vector<int64_t> shape) {
     TensorView v{nullptr, dtype, std::move(shape), {Device::Kind::kCUDA, device_}};
     auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*v.NumBytes(), 1));
@@ -203,12 +206,20 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   o.convert_on_publisher_gpu = GetParam().on_publisher_gpu;
   o.timeout = std::chrono::milliseconds(10000);
   testing::LogCapture log;  // the prepare line says where the conversions ran
+  if (GetParam().break_publisher_gpu) {
+    util::FailPoints::Arm("cuda_ipc.publisher_gpu", util::FailAction::kError);
+  }
   auto sub = Subscriber::Create(o);
   ASSERT_TRUE(sub.ok()) << sub.status();
   ASSERT_OK((*sub)->Register(dst_));
+  // The caller's current device is its own business: an update that visits the publisher's GPU
+  // (or any other) leaves it as it found it.
+  const int callers_device = gpu::DeviceCount() > 1 ? 0 : device_;
   for (int64_t step = 1; step <= 3; ++step) {
     Publish(step);
+    ASSERT_OK(transport::cuda_ipc::SetDevice(callers_device));
     auto r = (*sub)->Update();
+    EXPECT_EQ(*transport::cuda_ipc::CurrentDevice(), callers_device) << "step " << step;
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->prepare_count, 1u);
@@ -217,8 +228,14 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   if (!GetParam().nccl) {
     // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
     // publisher's GPU (cuda:0) converts; otherwise the destinations' GPU does.
-    const bool at_source = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
-                           device_ != 0 && transport::cuda_ipc::EnablePeerAccess(0, device_).ok();
+    const bool tried = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
+                       device_ != 0 && transport::cuda_ipc::EnablePeerAccess(0, device_).ok();
+    const bool at_source = tried && !GetParam().break_publisher_gpu;
+    if (tried && GetParam().break_publisher_gpu) {
+      EXPECT_EQ(util::FailPoints::Hits("cuda_ipc.publisher_gpu"), 1);
+      EXPECT_TRUE(log.Contains("not the publisher's: internal: injected failure"))
+          << "the fallback is not logged with its cause";
+    }
     ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
     const std::string where = at_source ? "conversions on cuda:0 (the publisher's GPU"
                                         : "conversions on cuda:" + std::to_string(device_);
@@ -360,11 +377,13 @@ INSTANTIATE_TEST_SUITE_P(
     Transports, GpuConvert,
     ::testing::Values(Param{false, UpdateMode::kStaged}, Param{false, UpdateMode::kInPlace},
                       Param{false, UpdateMode::kInPlace, /*on_publisher_gpu=*/false},
+                      Param{false, UpdateMode::kInPlace, true, /*break_publisher_gpu=*/true},
                       Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace}),
     [](const auto& info) {
       return std::string(info.param.nccl ? "nccl" : "cuda_ipc") +
              (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place") +
-             (info.param.on_publisher_gpu ? "" : "_on_destination_gpu");
+             (info.param.on_publisher_gpu ? "" : "_on_destination_gpu") +
+             (info.param.break_publisher_gpu ? "_after_publisher_gpu_failed" : "");
     });
 
 }  // namespace

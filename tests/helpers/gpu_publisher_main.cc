@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
   }
   std::printf("ready %s\n", (*publisher)->endpoint().c_str());
   std::fflush(stdout);
+  // Publish runs with another device current (when there is one): the publisher must make and use
+  // everything on its tensors' device and give the caller its own back.
+  const int callers_device = ws::gpu::DeviceCount() > 1 ? (device + 1) % ws::gpu::DeviceCount()
+                                                        : device;
   std::string cmd;
   while (std::cin >> cmd) {
     if (cmd == "publish") {
@@ -73,7 +77,15 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < host.size() && s.ok(); ++i) {
         s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
       }
+      if (s.ok()) s = ws::transport::cuda_ipc::SetDevice(callers_device);
       auto r = s.ok() ? (*publisher)->Publish(step) : ws::Result<ws::PublishStats>(s);
+      if (r.ok()) {
+        ws::Result<int> now = ws::transport::cuda_ipc::CurrentDevice();
+        if (!now.ok() || *now != callers_device) {
+          r = ws::Status::Internal("Publish() left cuda:", now.ok() ? *now : -1,
+                                   " current instead of the caller's cuda:", callers_device);
+        }
+      }
       if (r.ok()) std::printf("ok %lld\n", static_cast<long long>(step));
       else std::printf("error %s\n", r.status().ToString().c_str());
     } else if (cmd == "quit") {

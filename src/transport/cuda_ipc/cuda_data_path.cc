@@ -21,7 +21,7 @@ Result<int> GpuReceiver::DestinationDevice(const std::vector<plan::Destination>&
     if (!d.device.is_cuda() || (device >= 0 && d.device.index != device)) {
       return Status::InvalidArgument(
           transport, ": destination '", d.spec.name, "' is on ", DeviceString(d.device),
-          "; a GPU arena is received into destinations on one CUDA device",
+          "; a GPU transfer delivers into destinations on one CUDA device",
           device >= 0 ? " (cuda:" + std::to_string(device) + ")" : std::string());
     }
     device = d.device.index;
@@ -288,6 +288,7 @@ Status CudaDataPath::Prepare(int arena_fd, const wire::Welcome& welcome, const p
 Status CudaDataPath::PrepareSourceGpu(const plan::Plan& plan,
                                       const std::vector<plan::Destination>& destinations,
                                       int device) {
+  WS_FAIL_POINT_RETURN("cuda_ipc.publisher_gpu");
   const int owner = arena_.owner_device();
   if (owner < 0) return Status::Unavailable("the driver does not say which GPU holds the arena");
   if (owner == device) return Status::Unavailable("the publisher's GPU is this one");

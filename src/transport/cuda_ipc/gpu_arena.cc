@@ -11,6 +11,8 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
                                                    uint32_t slots, std::vector<Copy> copies,
                                                    std::vector<Segment> segments,
                                                    uint32_t digest_count) {
+  ScopedDevice restore;  // everything below is made on `device`; the caller keeps its own
+  WS_RETURN_IF_ERROR(SetDevice(device));
   std::unique_ptr<GpuArena> a(new GpuArena());
   a->device_ = device;
   // Slots start on 2 MiB boundaries: large pages for the copy engines, and aligned vector loads.
@@ -60,6 +62,7 @@ GpuArena::~GpuArena() {
 }
 
 Status GpuArena::Publish(uint32_t slot, uint64_t* digests, const util::Deadline& deadline) {
+  ScopedDevice restore;
   WS_RETURN_IF_ERROR(SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
                                          batch_sizes_.data(), batch_srcs_.size()));

@@ -40,6 +40,28 @@ class ExportedAllocation {
   int device_ = -1;
 };
 
+// Host memory pinned for the copy engines (cudaHostRegister), once per handle: copies from it run
+// asynchronously at the link's DMA rate, where pageable memory is staged through the driver's own
+// bounce buffers. Unregistered on Close, before the memory is unmapped.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  // `read_only`: the range is mapped PROT_READ (needs cudaHostRegisterReadOnly, which the device
+  // must support; Unavailable says so when it does not).
+  static Result<HostRegistration> Register(const void* data, uint64_t bytes, bool read_only);
+  HostRegistration(HostRegistration&& o) noexcept { *this = std::move(o); }
+  HostRegistration& operator=(HostRegistration&& o) noexcept;
+  ~HostRegistration();
+
+  bool registered() const { return data_ != nullptr; }
+  uint64_t size() const { return size_; }
+  Status Close();  // cudaHostUnregister; idempotent
+
+ private:
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
 // A peer's allocation mapped into this process for `device` (read-write access: copies may use
 // it as source; nothing writes it).
 class ImportedAllocation {
@@ -101,6 +123,8 @@ class CopyQueue {
 
 // Makes `device` current on the calling thread.
 Status SetDevice(int device);
+// The calling thread's current device (cudaGetDevice).
+Result<int> CurrentDevice();
 // Lets `device` access memory allocated on `peer` directly (cudaDeviceEnablePeerAccess; already
 // enabled is fine).
 Status EnablePeerAccess(int device, int peer);

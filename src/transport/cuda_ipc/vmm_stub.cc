@@ -14,6 +14,12 @@ ExportedAllocation::~ExportedAllocation() = default;
 Result<util::UniqueFd> ExportedAllocation::ExportFd() const { return NoCuda(); }
 Status ExportedAllocation::Close() { return Status::Ok(); }
 
+Result<HostRegistration> HostRegistration::Register(const void*, uint64_t, bool) {
+  return NoCuda();
+}
+HostRegistration& HostRegistration::operator=(HostRegistration&&) noexcept { return *this; }
+HostRegistration::~HostRegistration() = default;
+Status HostRegistration::Close() { return Status::Ok(); }
 Result<ImportedAllocation> ImportedAllocation::Import(int, uint64_t, int) { return NoCuda(); }
 ImportedAllocation& ImportedAllocation::operator=(ImportedAllocation&&) noexcept { return *this; }
 ImportedAllocation::~ImportedAllocation() = default;
@@ -32,6 +38,7 @@ Status CopyQueue::SignalTo(void*) { return NoCuda(); }
 Status CopyQueue::Drain() { return Status::Ok(); }
 Status CopyQueue::Close() { return Status::Ok(); }
 Status SetDevice(int) { return NoCuda(); }
+Result<int> CurrentDevice() { return NoCuda(); }
 Status MemInfo(size_t*, size_t*) { return NoCuda(); }
 Status EnablePeerAccess(int, int) { return NoCuda(); }
 Result<bool> DeviceCanWrite(int, const void*, uint64_t) { return NoCuda(); }

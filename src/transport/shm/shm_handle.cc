@@ -5,11 +5,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
 
+#include "cuda/device.h"
 #include "transport/cuda_ipc/cuda_data_path.h"
+#include "transport/cuda_ipc/host_to_gpu_path.h"
 #include "transport/host_data_path.h"
 #include "transport/step_exchange.h"
 #include "transport/shm/shm_segment.h"
@@ -64,6 +67,8 @@ class ShmHandle final : public TransferHandle {
   Mapping mapping_;            // host arena
   HostDataPath host_;          // host arena
   cuda_ipc::CudaDataPath gpu_path_;  // GPU arena
+  cuda_ipc::HostToGpuPath host_to_gpu_;  // host arena, CUDA destinations
+  bool to_gpu_ = false;                  // host_to_gpu_ is the data path
   bool counted_ = false;       // ledger "handles"
   bool connected_ = false;
   util::UniqueFd arena_fd_;    // from the Welcome until Prepare maps or imports it
@@ -130,6 +135,14 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
                       << (gpu_ ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
                                      " into cuda:" + std::to_string(gpu_path_.device())
                                : std::string())
+                      << (to_gpu_ ? ", host arena into cuda:" +
+                                        std::to_string(host_to_gpu_.device()) +
+                                        (host_to_gpu_.pinned()
+                                             ? std::string(" from pinned memory")
+                                             : " from pageable memory (" +
+                                                   std::string(host_to_gpu_.pageable_reason()) +
+                                                   ")")
+                                  : std::string())
                       << ")"
                       << (gpu_ && !plan_.converted.empty()
                               ? "; " + std::to_string(plan_.converted.size()) +
@@ -148,12 +161,14 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
 Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
                               const std::vector<plan::Destination>& destinations,
                               UpdateMode mode) {
-  for (const auto& d : destinations) {
-    if (d.device.is_cuda()) {
-      return Status::NotSupported(peer_, " keeps its arena in host memory; destination '",
-                                  d.spec.name, "' is on ", DeviceString(d.device),
-                                  " (publish from GPU tensors to use cuda-ipc)");
-    }
+  // Host destinations: CPU threads copy. CUDA destinations (all on one device): the copy engines
+  // read the pinned arena. Both checked before anything is mapped.
+  to_gpu_ = std::any_of(destinations.begin(), destinations.end(),
+                        [](const plan::Destination& d) { return d.device.is_cuda(); });
+  if (to_gpu_) {
+    WS_RETURN_IF_ERROR(cuda_ipc::GpuReceiver::DestinationDevice(destinations, "shm").status());
+    WS_RETURN_IF_ERROR(gpu::CudaAvailable().WithContext(
+        peer_ + " keeps its arena in host memory and the destinations are CUDA tensors"));
   }
   WS_RETURN_IF_ERROR(CheckImportedSegment(arena_fd.get(), welcome_.arena_bytes).WithContext(peer_));
   WS_ASSIGN_OR_RETURN(mapping_, Mapping::Map(arena_fd.get(), welcome_.arena_bytes,
@@ -161,6 +176,10 @@ Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
   // The mapping keeps the memory alive; the fd is no longer needed.
   WS_RETURN_IF_ERROR(arena_fd.Close());
   int threads = options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
+  if (to_gpu_) {
+    return host_to_gpu_.Prepare(mapping_.data(), welcome_, &plan_, destinations, mode, threads)
+        .WithContext(peer_);
+  }
   threads = std::min<int>(threads, std::max<size_t>(plan_.buckets.size(), 1));
   return host_.Prepare(&plan_, destinations, mode, threads);
 }
@@ -179,6 +198,8 @@ Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_
 Status ShmHandle::CopyStep(bool verify, const Deadline& deadline) {
   if (gpu_) {
     WS_RETURN_IF_ERROR(gpu_path_.Copy(begin_.slot, verify, deadline));
+  } else if (to_gpu_) {
+    WS_RETURN_IF_ERROR(host_to_gpu_.Copy(begin_.slot, verify, deadline));
   } else {
     const uint8_t* arena = mapping_.data();
     host_.CopyFromArena(
@@ -206,11 +227,13 @@ Result<std::span<const uint64_t>> ShmHandle::EndStep(const Deadline& deadline) {
 Status ShmHandle::Verify(std::span<const uint64_t> digests, int64_t step,
                          const Deadline& deadline) {
   if (gpu_) return gpu_path_.Verify(digests, step, deadline);
+  if (to_gpu_) return host_to_gpu_.Verify(digests, step, deadline);
   return host_.Verify(digests, welcome_.digest_kind, step);
 }
 
 Status ShmHandle::Commit(const Deadline& deadline) {
   if (gpu_) return gpu_path_.Commit(deadline);
+  if (to_gpu_) return host_to_gpu_.Commit(deadline);
   return host_.Commit();
 }
 
@@ -221,6 +244,11 @@ Status ShmHandle::Release() {
     WS_LOG(WARN, "cuda-ipc") << "release: " << s;
     result.Update(s);
   }
+  if (Status s = host_to_gpu_.Release(); !s.ok()) {  // unpins before the unmap below
+    WS_LOG(WARN, "shm") << "release: " << s;
+    result.Update(s);
+  }
+  to_gpu_ = false;
   if (Status s = host_.Release(); !s.ok()) {
     WS_LOG(WARN, "shm") << "release: " << s;
     result.Update(s);

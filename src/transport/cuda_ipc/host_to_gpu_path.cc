@@ -1,0 +1,126 @@
+#include "transport/cuda_ipc/host_to_gpu_path.h"
+
+#include <algorithm>
+
+#include "cuda/gpu_digest_reference.h"
+#include "util/hash.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::cuda_ipc {
+
+Status HostToGpuPath::Prepare(const uint8_t* arena, const wire::Welcome& welcome,
+                              const plan::Plan* plan,
+                              const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                              int threads) {
+  WS_ASSIGN_OR_RETURN(int device, GpuReceiver::DestinationDevice(destinations, "shm"));
+  plan_ = plan;
+  arena_ = arena;
+  welcome_ = &welcome;
+  ScopedDevice restore;
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  // Pinned once: the copy engines read the published slots directly (read-only, like the mapping).
+  Result<HostRegistration> pin = HostRegistration::Register(arena, welcome.arena_bytes,
+                                                            /*read_only=*/true);
+  if (pin.ok()) {
+    pinned_ = std::move(pin).value();
+    pageable_reason_.clear();
+  } else {
+    pageable_reason_ = pin.status().ToString();
+    WS_LOG(INFO, "shm") << "the arena stays pageable (copies to cuda:" << device
+                        << " go through the driver's bounce buffers): " << pin.status();
+  }
+  WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
+  const uint8_t* direct = arena + welcome.direct_offset;
+  slot_batches_.assign(welcome.slot_count, {});
+  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
+    const uint8_t* slot = arena + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    Batch& b = slot_batches_[k];
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
+      b.dsts.push_back(receiver_.Received(t));
+      b.srcs.push_back((p.region == wire::Region::kSlot ? slot : direct) + p.offset);
+      b.sizes.push_back(t.nbytes);
+    }
+  }
+  uint32_t digests = 0;
+  for (const plan::Segment& s : plan->segments) digests = std::max(digests, s.digest_index + 1);
+  published_kind_.assign(plan->segments.size(), 0);
+  gpu_kind_.assign(digests, 0);
+  workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
+  return Status::Ok();
+}
+
+void HostToGpuPath::HashSegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostToGpuPath*>(context);
+  const plan::Segment& s = self->plan_->segments[index];
+  const uint8_t* src = (s.region == wire::Region::kSlot
+                            ? self->slot_base_
+                            : self->arena_ + self->welcome_->direct_offset) +
+                       s.src_offset;
+  self->published_kind_[index] = self->welcome_->digest_kind == wire::DigestKind::kXxh3
+                                     ? util::Hash64(src, s.bytes)
+                                     : gpu::GpuDigest(src, s.bytes);
+  self->gpu_kind_[s.digest_index] = gpu::GpuDigest(src, s.bytes);
+}
+
+Status HostToGpuPath::Copy(uint32_t slot, bool verify, const util::Deadline& deadline) {
+  if (slot >= slot_batches_.size()) {
+    return Status::Internal("shm: slot ", slot, " of ", slot_batches_.size());
+  }
+  ScopedDevice restore;
+  WS_RETURN_IF_ERROR(SetDevice(receiver_.device()));
+  const Batch& b = slot_batches_[slot];
+  if (!b.dsts.empty()) {
+    WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(b.dsts.data(), b.srcs.data(),
+                                                      b.sizes.data(), b.dsts.size()));
+  }
+  if (verify) {
+    // While the copy engines read the slot, the CPU hashes the same bytes (still pinned by the
+    // publisher until this step's copy_done).
+    slot_base_ = arena_ + welcome_->slots_offset + uint64_t{slot} * welcome_->slot_bytes;
+    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostToGpuPath::HashSegment,
+                  this);
+  }
+  WS_RETURN_IF_ERROR(receiver_.queue().Wait(deadline));
+  return receiver_.MaybeInjectBitFlip();
+}
+
+Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
+                             const util::Deadline& deadline) {
+  // First hop: what the publisher published, as this process read it from the arena.
+  size_t bad = 0, first = plan_->segments.size();
+  for (size_t i = 0; i < plan_->segments.size(); ++i) {
+    if (published_kind_[i] != digests[plan_->segments[i].digest_index]) {
+      ++bad;
+      first = std::min(first, i);
+    }
+  }
+  if (bad > 0) {
+    const plan::Segment& s = plan_->segments[first];
+    return Status::Corruption("step ", step, ": the arena's bytes [", s.src_offset, ", ",
+                              s.src_offset + s.bytes, ") of segment ", s.digest_index,
+                              " do not match the publisher's digest; ", bad,
+                              " corrupt segment(s) in all; nothing committed");
+  }
+  // Second hop: what landed on the GPU, against the same source bytes.
+  ScopedDevice restore;
+  return receiver_.Verify(gpu_kind_, step, deadline);
+}
+
+Status HostToGpuPath::Release() {
+  Status result;
+  // Reverse order of creation: nothing may still read the pinned arena when it is unpinned, so the
+  // receiver (its stream, synchronized on close) goes first.
+  slot_batches_.clear();
+  {
+    ScopedDevice restore;
+    result.Update(receiver_.Release());
+  }
+  result.Update(pinned_.Close());
+  workers_.reset();
+  plan_ = nullptr;
+  return result;
+}
+
+}  // namespace weightsync::transport::cuda_ipc
