@@ -4,8 +4,8 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
-//                 [--only peer,model,fp8,fp8dst,tiny,nccl,h2d]   (a subset of the rows)
-//                 [--h2d-scale 0.25]   (model scale of the host → GPU rows)
+//                 [--only peer,model,fp8,fp8dst,tiny,nccl,h2d,d2h]   (a subset of the rows)
+//                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
 // per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
@@ -62,6 +62,7 @@ struct Args {
   bool nccl = true;  // also measure the nccl transport
   bool fp8 = true;   // also measure bf16 → fp8 conversion in flight (cuda-ipc)
   bool host = false;        // publisher role: host tensors (a shared-memory arena)
+  bool host_destinations = false;  // the subscriber receives into host memory
   double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
   std::string only;  // empty: every row the flags above allow; else a comma-separated subset
   std::string endpoint;
@@ -228,7 +229,16 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   const std::string endpoint = child.endpoint;
   std::vector<ws::gpu::DeviceBuffer> keep;
   auto specs = Specs(a, scale);
-  auto dst = Allocate(fp8 ? Fp8Specs(specs) : specs, a.dst, 0xFF, &keep);
+  std::vector<std::vector<uint8_t>> host_keep;
+  std::vector<ws::NamedTensor> dst;
+  if (a.host_destinations) {
+    for (const auto& spec : specs) {
+      host_keep.emplace_back(std::max<uint64_t>(spec.nbytes, 1), 0xFF);
+      dst.push_back({spec.name, ws::TensorView{host_keep.back().data(), spec.dtype, spec.shape}});
+    }
+  } else {
+    dst = Allocate(fp8 ? Fp8Specs(specs) : specs, a.dst, 0xFF, &keep);
+  }
   ws::SubscriberOptions o;
   o.convert_dtypes = fp8;
   o.convert_on_publisher_gpu = !fp8_on_destination_gpu;
@@ -268,7 +278,10 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
       "\"tensors\": %zu, \"bytes\": %llu, \"first_update_s\": %.6f, \"first_prepare_s\": %.6f, "
       "\"steady_median_s\": %.6f, \"steady_min_s\": %.6f, \"steady_GBps\": %.3f, "
       "\"copy_median_s\": %.6f, \"publish_median_s\": %.6f, \"heap_allocs_per_step\": %.3f}\n",
-      tcp ? "weightsync_nccl" : a.host ? "weightsync_shm_to_gpu" : "weightsync_cuda_ipc",
+      tcp                   ? "weightsync_nccl"
+      : a.host              ? "weightsync_shm_to_gpu"
+      : a.host_destinations ? "weightsync_cuda_ipc_to_host"
+                            : "weightsync_cuda_ipc",
       label.c_str(),
       a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
       static_cast<unsigned long long>(bytes), first, first_prepare, med,
@@ -281,29 +294,32 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   fclose(child.out);
 }
 
-// The PCIe limit the host → GPU rows are held to: one 2 GiB copy-engine transfer from pinned host
-// memory to the destination GPU, timed like the peer copy.
-void PinnedH2DLimit(const Args& a) {
+// The PCIe limit the host ↔ GPU rows are held to: one 2 GiB copy-engine transfer between pinned
+// host memory and the GPU whose copy engines weightsync uses (`to_device`: host → --dst, else
+// --src → host), timed like the peer copy.
+void PinnedHostCopyLimit(const Args& a, bool to_device) {
   const uint64_t n = 2ull << 30;
   std::vector<uint8_t> host(n, 0x3C);
-  if (auto s = ws::transport::cuda_ipc::SetDevice(a.dst); !s.ok()) Die("device", s);
+  const int device = to_device ? a.dst : a.src;  // where weightsync's copy engines run
+  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("device", s);
   auto pin = ws::transport::cuda_ipc::HostRegistration::Register(host.data(), n, false);
   if (!pin.ok()) Die("pin", pin.status());
-  auto dst = ws::gpu::DeviceBuffer::Allocate(n);
-  if (!dst.ok()) Die("allocate", dst.status());
-  auto q = ws::transport::cuda_ipc::CopyQueue::Create(a.dst);
+  auto dev = ws::gpu::DeviceBuffer::Allocate(n);
+  if (!dev.ok()) Die("allocate", dev.status());
+  auto q = ws::transport::cuda_ipc::CopyQueue::Create(device);
   if (!q.ok()) Die("queue", q.status());
   ws::util::Deadline forever(std::chrono::milliseconds(60000));
   std::vector<double> times;
   for (int i = 0; i < 12; ++i) {
     auto t0 = Clock::now();
-    (void)q->Enqueue(dst->data(), host.data(), n);
+    (void)(to_device ? q->Enqueue(dev->data(), host.data(), n)
+                     : q->Enqueue(host.data(), dev->data(), n));
     if (auto s = q->Wait(forever); !s.ok()) Die("copy", s);
     if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   double med = Median(times);
-  std::printf("{\"what\": \"pinned_h2d_limit\", \"bytes\": %llu, \"median_s\": %.6f, "
-              "\"GBps\": %.3f}\n",
+  std::printf("{\"what\": \"%s\", \"bytes\": %llu, \"median_s\": %.6f, \"GBps\": %.3f}\n",
+              to_device ? "pinned_h2d_limit" : "pinned_d2h_limit",
               static_cast<unsigned long long>(n), med, n / med / 1e9);
   std::fflush(stdout);
 }
@@ -377,10 +393,18 @@ int main(int argc, char** argv) {
   if (a.Row("h2d")) {
     // A publisher of host tensors (shared memory) into the destination GPU: the copy engines read
     // the pinned arena.
-    PinnedH2DLimit(a);
+    PinnedHostCopyLimit(a, /*to_device=*/true);
     Args host = a;
     host.host = true;
     Measure(host, a.h2d_scale, "model_from_host", /*tcp=*/false);
+  }
+  if (a.Row("d2h")) {
+    // A publisher of CUDA tensors (GPU arena on --src) into host destinations: the copy engines of
+    // the arena's GPU write the pinned destinations.
+    PinnedHostCopyLimit(a, /*to_device=*/false);
+    Args host = a;
+    host.host_destinations = true;
+    Measure(host, a.h2d_scale, "model_to_host", /*tcp=*/false);
   }
   return 0;
 }

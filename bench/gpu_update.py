@@ -60,6 +60,8 @@ def main():
     torch_peer = by.get("peer_copy_gpu0_to_gpu1")
     h2d_limit = by.get("pinned_h2d_limit")
     ws_h2d = by.get("weightsync_shm_to_gpu/model_from_host")
+    d2h_limit = by.get("pinned_d2h_limit")
+    ws_d2h = by.get("weightsync_cuda_ipc_to_host/model_to_host")
     print(f"{'figure':<52} {'value':>12}  {'baseline':>28}  ratio")
 
     def line(name, value, base_name=None, base=None, higher_better=False):
@@ -97,6 +99,9 @@ def main():
              ws_h2d["steady_GBps"], "pinned H2D GB/s", h2d_limit["GBps"], higher_better=True)
         line("shm → GPU first update ms (map, pin, plan)", ws_h2d["first_update_s"] * 1e3,
              "steady ms", ws_h2d["steady_median_s"] * 1e3)
+    if ws_d2h and d2h_limit:
+        line(f"GPU → host steady GB/s ({ws_d2h['bytes'] / 1e9:.1f} GB, pinned destinations)",
+             ws_d2h["steady_GBps"], "pinned D2H GB/s", d2h_limit["GBps"], higher_better=True)
     if torch_peer:
         line("torch peer copy GB/s (same run)", torch_peer["GBps"])
     if ws_in and torch:

@@ -232,7 +232,10 @@ Status GpuReceiver::Commit(const util::Deadline& deadline) {
 
 Status GpuReceiver::Release() {
   Status result;
-  // Reverse order of creation; the queue first drains nothing new (no step is in flight).
+  // A cancelled or timed-out step's copies and kernels may still run: they end before anything
+  // they touch (staging, digests, the arena mapping the caller releases next) goes.
+  result.Update(queue_.Drain());
+  // Reverse order of creation.
   conversions_.Clear();
   digest_launches_.clear();
   result.Update(digests_device_.Close());

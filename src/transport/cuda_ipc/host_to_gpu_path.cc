@@ -109,6 +109,7 @@ Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
 }
 
 Status HostToGpuPath::Release() {
+  if (plan_ == nullptr) return Status::Ok();  // never prepared: no CUDA call at all
   Status result;
   // Reverse order of creation: nothing may still read the pinned arena when it is unpinned, so the
   // receiver (its stream, synchronized on close) goes first.

@@ -42,7 +42,7 @@ class HostToGpuPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
   Status Commit(const util::Deadline& deadline) { return receiver_.Commit(deadline); }
   int device() const { return receiver_.device(); }
-  bool pinned() const { return pinned_.registered(); }
+  bool pinned() const { return pinned_.pinned(); }
   std::string_view pageable_reason() const { return pageable_reason_; }
   Status Release();  // the receiver (stream, staging), the pin, the workers
 

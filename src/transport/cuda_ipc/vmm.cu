@@ -186,7 +186,14 @@ Result<HostRegistration> HostRegistration::Register(const void* data, uint64_t b
     }
     flags |= cudaHostRegisterReadOnly;
   }
-  WS_CUDART(cudaHostRegister(const_cast<void*>(data), bytes, flags), "cudaHostRegister");
+  cudaError_t e = cudaHostRegister(const_cast<void*>(data), bytes, flags);
+  if (e == cudaErrorHostMemoryAlreadyRegistered) {
+    // Pinned already (e.g. a torch tensor from pin_memory()): usable as is, and not ours to unpin.
+    (void)cudaGetLastError();
+    r.already_pinned_ = true;
+    return std::move(r);
+  }
+  if (e != cudaSuccess) return RuntimeError(e, "cudaHostRegister");
   r.data_ = const_cast<void*>(data);
   r.size_ = bytes;
   return std::move(r);
@@ -197,6 +204,7 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {
     if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    already_pinned_ = std::exchange(o.already_pinned_, false);
   }
   return *this;
 }
@@ -206,6 +214,7 @@ HostRegistration::~HostRegistration() {
 }
 
 Status HostRegistration::Close() {
+  already_pinned_ = false;
   if (data_ == nullptr) return Status::Ok();
   size_ = 0;
   WS_CUDART(cudaHostUnregister(std::exchange(data_, nullptr)), "cudaHostUnregister");

@@ -47,19 +47,22 @@ class HostRegistration {
  public:
   HostRegistration() = default;
   // `read_only`: the range is mapped PROT_READ (needs cudaHostRegisterReadOnly, which the device
-  // must support; Unavailable says so when it does not).
+  // must support; Unavailable says so when it does not). Memory pinned already (by the
+  // application) is accepted as it is: pinned(), not registered().
   static Result<HostRegistration> Register(const void* data, uint64_t bytes, bool read_only);
   HostRegistration(HostRegistration&& o) noexcept { *this = std::move(o); }
   HostRegistration& operator=(HostRegistration&& o) noexcept;
   ~HostRegistration();
 
-  bool registered() const { return data_ != nullptr; }
+  bool registered() const { return data_ != nullptr; }  // pinned here: Close unpins it
+  bool pinned() const { return registered() || already_pinned_; }
   uint64_t size() const { return size_; }
   Status Close();  // cudaHostUnregister; idempotent
 
  private:
   void* data_ = nullptr;
   uint64_t size_ = 0;
+  bool already_pinned_ = false;
 };
 
 // A peer's allocation mapped into this process for `device` (read-write access: copies may use

@@ -12,6 +12,7 @@
 
 #include "cuda/device.h"
 #include "transport/cuda_ipc/cuda_data_path.h"
+#include "transport/cuda_ipc/gpu_to_host_path.h"
 #include "transport/cuda_ipc/host_to_gpu_path.h"
 #include "transport/host_data_path.h"
 #include "transport/step_exchange.h"
@@ -69,6 +70,8 @@ class ShmHandle final : public TransferHandle {
   cuda_ipc::CudaDataPath gpu_path_;  // GPU arena
   cuda_ipc::HostToGpuPath host_to_gpu_;  // host arena, CUDA destinations
   bool to_gpu_ = false;                  // host_to_gpu_ is the data path
+  cuda_ipc::GpuToHostPath gpu_to_host_;  // GPU arena, host destinations
+  bool to_host_ = false;                 // gpu_to_host_ is the data path
   bool counted_ = false;       // ledger "handles"
   bool connected_ = false;
   util::UniqueFd arena_fd_;    // from the Welcome until Prepare maps or imports it
@@ -115,6 +118,21 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
       break;
     case wire::ArenaKind::kCudaMem:
       gpu_ = true;
+      // Host destinations: the copy engines of the arena's GPU write them; CUDA ones: cuda-ipc.
+      to_host_ = !destinations.empty() && !destinations[0].device.is_cuda();
+      if (to_host_) {
+        WS_RETURN_IF_ERROR(gpu::CudaAvailable().WithContext(
+            peer_ + " keeps its arena on cuda:" + std::to_string(welcome_.device) +
+            " and the destinations are in host memory"));
+        const int threads =
+            options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
+        WS_RETURN_IF_ERROR(gpu_to_host_
+                               .Prepare(arena_fd.get(), welcome_, &plan_, destinations,
+                                        options.mode, threads)
+                               .WithContext(peer_));
+        WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
+        break;
+      }
       WS_RETURN_IF_ERROR(
           gpu_path_
               .Prepare(arena_fd.get(), welcome_, &plan_, destinations, options.mode,
@@ -132,9 +150,18 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
                       << plan_.buckets.size() << " buckets, " << plan_.segments.size()
                       << " segments, " << welcome_.slot_count << " slots mapped ("
                       << welcome_.arena_bytes << " bytes"
-                      << (gpu_ ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
-                                     " into cuda:" + std::to_string(gpu_path_.device())
-                               : std::string())
+                      << (gpu_ && !to_host_
+                              ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
+                                    " into cuda:" + std::to_string(gpu_path_.device())
+                              : std::string())
+                      << (to_host_ ? ", GPU arena into host memory by the copy engines of cuda:" +
+                                         std::to_string(gpu_to_host_.device()) +
+                                         (gpu_to_host_.pinned()
+                                              ? std::string(", pinned")
+                                              : ", pageable (" +
+                                                    std::string(gpu_to_host_.pageable_reason()) +
+                                                    ")")
+                                   : std::string())
                       << (to_gpu_ ? ", host arena into cuda:" +
                                         std::to_string(host_to_gpu_.device()) +
                                         (host_to_gpu_.pinned()
@@ -144,7 +171,7 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
                                                    ")")
                                   : std::string())
                       << ")"
-                      << (gpu_ && !plan_.converted.empty()
+                      << (gpu_ && !to_host_ && !plan_.converted.empty()
                               ? "; " + std::to_string(plan_.converted.size()) +
                                     " conversions on cuda:" +
                                     std::to_string(gpu_path_.conversion_source_device() >= 0
@@ -196,7 +223,9 @@ Result<int64_t> ShmHandle::BeginStep(std::optional<int64_t> step, int64_t after_
 }
 
 Status ShmHandle::CopyStep(bool verify, const Deadline& deadline) {
-  if (gpu_) {
+  if (to_host_) {
+    WS_RETURN_IF_ERROR(gpu_to_host_.Copy(begin_.slot, deadline));
+  } else if (gpu_) {
     WS_RETURN_IF_ERROR(gpu_path_.Copy(begin_.slot, verify, deadline));
   } else if (to_gpu_) {
     WS_RETURN_IF_ERROR(host_to_gpu_.Copy(begin_.slot, verify, deadline));
@@ -226,12 +255,14 @@ Result<std::span<const uint64_t>> ShmHandle::EndStep(const Deadline& deadline) {
 
 Status ShmHandle::Verify(std::span<const uint64_t> digests, int64_t step,
                          const Deadline& deadline) {
+  if (to_host_) return gpu_to_host_.Verify(digests, step);
   if (gpu_) return gpu_path_.Verify(digests, step, deadline);
   if (to_gpu_) return host_to_gpu_.Verify(digests, step, deadline);
   return host_.Verify(digests, welcome_.digest_kind, step);
 }
 
 Status ShmHandle::Commit(const Deadline& deadline) {
+  if (to_host_) return gpu_to_host_.Commit();
   if (gpu_) return gpu_path_.Commit(deadline);
   if (to_gpu_) return host_to_gpu_.Commit(deadline);
   return host_.Commit();
@@ -244,6 +275,11 @@ Status ShmHandle::Release() {
     WS_LOG(WARN, "cuda-ipc") << "release: " << s;
     result.Update(s);
   }
+  if (Status s = gpu_to_host_.Release(); !s.ok()) {
+    WS_LOG(WARN, "cuda-ipc") << "release: " << s;
+    result.Update(s);
+  }
+  to_host_ = false;
   if (Status s = host_to_gpu_.Release(); !s.ok()) {  // unpins before the unmap below
     WS_LOG(WARN, "shm") << "release: " << s;
     result.Update(s);

@@ -1,0 +1,122 @@
+// A publisher of CUDA tensors (GPU arena, cuda:0, in a child process) and a subscriber whose
+// destinations are in host memory: the copy engines of the arena's GPU write the pinned landing
+// ranges (src/transport/cuda_ipc/gpu_to_host_path.*). Bit-exact round trips in both modes over
+// poisoned destinations, corruption caught on the CPU against the publisher's GPU digests with
+// nothing committed, and sleep/wake cycles that unpin and unmap back to the ledger's baseline.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_test_util.h"
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using testing::ChildProcess;
+using testing::SyntheticModel;
+
+constexpr int kTensors = 16;
+constexpr int64_t kElements = 100000;
+
+class GpuToHost : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override {
+    WS_SKIP_WITHOUT_GPU();
+    util::FailPoints::DisarmAll();
+    endpoint_ = testing::UniqueEndpoint("gputohost");
+    publisher_ = ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), endpoint_,
+                                      std::to_string(kTensors), std::to_string(kElements), "0"});
+    ASSERT_EQ(publisher_.ReadLine(60000), "ready " + endpoint_);
+  }
+  void TearDown() override { util::FailPoints::DisarmAll(); }
+
+  void Publish(int64_t step) {
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)), "ok " + std::to_string(step));
+  }
+  std::unique_ptr<Subscriber> Connect(bool verify) {
+    SubscriberOptions o;
+    o.endpoint = endpoint_;
+    o.mode = GetParam();
+    o.verify = verify;
+    o.timeout = std::chrono::milliseconds(10000);
+    auto s = Subscriber::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK((*s)->Register(dst_));
+    return std::move(s).value();
+  }
+  std::string Holds(int64_t step) {
+    std::string why;
+    return SyntheticModel::Holds(dst_, step, &why) ? "" : why;
+  }
+
+  SyntheticModel model_{kTensors, kElements};
+  std::vector<NamedTensor> like_ = model_.Tensors();
+  std::vector<std::vector<uint8_t>> storage_ = SyntheticModel::PoisonedStorage(like_);
+  std::vector<NamedTensor> dst_ = SyntheticModel::Views(like_, storage_);
+  std::string endpoint_;
+  ChildProcess publisher_;
+};
+
+TEST_P(GpuToHost, RoundTripIsBitExactStepAfterStep) {
+  testing::LogCapture log;
+  auto sub = Connect(/*verify=*/true);
+  for (int64_t step = 1; step <= 5; ++step) {
+    Publish(step);
+    auto r = sub->Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->verified);
+    EXPECT_EQ(r->step, step);
+    EXPECT_EQ(r->prepare_count, 1u);
+    EXPECT_EQ(Holds(step), "") << "step " << step;
+  }
+  EXPECT_TRUE(log.Contains("GPU arena into host memory by the copy engines of cuda:0, pinned"))
+      << "no prepare line saying the landing ranges were pinned";
+}
+
+TEST_P(GpuToHost, CorruptionIsCaughtAndNothingCommitted) {
+  auto sub = Connect(/*verify=*/true);
+  Publish(1);
+  ASSERT_TRUE(sub->Update().ok());
+  Publish(2);
+  util::FailPoints::Arm("subscriber.flip_received", util::FailAction::kFlip, 0, 1);
+  auto r = sub->Update();
+  ASSERT_STATUS_IS(kCorruption, r);
+  EXPECT_EQ(util::FailPoints::Hits("subscriber.flip_received"), 1);
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(sub->weights_valid());
+    EXPECT_EQ(Holds(1), "");
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  auto again = sub->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step, 2);
+  EXPECT_EQ(Holds(2), "");
+}
+
+TEST_P(GpuToHost, SleepAndWakeCyclesReturnToBaseline) {
+  auto sub = Connect(/*verify=*/false);
+  const LedgerSnapshot before = ReadLedger();
+  for (int64_t step = 1; step <= 20; ++step) {
+    Publish(step);
+    auto r = sub->Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
+    ASSERT_OK(sub->Sleep());
+    LedgerSnapshot now;
+    ASSERT_TRUE(testing::LedgerSettlesTo(before, &now))
+        << "after sleep " << step << ": " << now.ToString() << " vs " << before.ToString();
+  }
+  EXPECT_EQ(Holds(20), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuToHost,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return std::string(info.param == UpdateMode::kStaged ? "staged"
+                                                                                : "in_place");
+                         });
+
+}  // namespace
+}  // namespace weightsync
