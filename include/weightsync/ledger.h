@@ -14,6 +14,7 @@ struct LedgerSnapshot {
   int64_t mapped_bytes = 0;
   int64_t threads = 0;        // threads started and not yet joined
   int64_t staging_bytes = 0;  // shadow / staging buffers
+  int64_t pinned_bytes = 0;   // host memory page-locked for the copy engines (cudaHostRegister)
   int64_t handles = 0;        // prepared transfer handles
   int64_t connections = 0;    // live control connections (both roles)
   int64_t release_failures = 0;  // cumulative: cleanups that failed (and were logged)

@@ -16,6 +16,7 @@ nb::dict LedgerDict() {
   d["mapped_bytes"] = s.mapped_bytes;
   d["threads"] = s.threads;
   d["staging_bytes"] = s.staging_bytes;
+  d["pinned_bytes"] = s.pinned_bytes;
   d["handles"] = s.handles;
   d["connections"] = s.connections;
   d["release_failures"] = s.release_failures;

@@ -29,6 +29,7 @@ LedgerSnapshot ReadLedger() {
   s.mapped_bytes = get(LedgerItem::kMappedBytes);
   s.threads = get(LedgerItem::kThreads);
   s.staging_bytes = get(LedgerItem::kStagingBytes);
+  s.pinned_bytes = get(LedgerItem::kPinnedBytes);
   s.handles = get(LedgerItem::kHandles);
   s.connections = get(LedgerItem::kConnections);
   s.release_failures = get(LedgerItem::kReleaseFailures);
@@ -38,14 +39,16 @@ LedgerSnapshot ReadLedger() {
 bool LedgerSnapshot::SameLiveCounts(const LedgerSnapshot& o) const {
   return fds == o.fds && segments == o.segments && mappings == o.mappings &&
          mapped_bytes == o.mapped_bytes && threads == o.threads &&
-         staging_bytes == o.staging_bytes && handles == o.handles && connections == o.connections;
+         staging_bytes == o.staging_bytes && pinned_bytes == o.pinned_bytes && handles == o.handles &&
+         connections == o.connections;
 }
 
 std::string LedgerSnapshot::ToString() const {
   std::ostringstream os;
   os << "fds=" << fds << " segments=" << segments << " mappings=" << mappings
      << " mapped_bytes=" << mapped_bytes << " threads=" << threads
-     << " staging_bytes=" << staging_bytes << " handles=" << handles
+     << " staging_bytes=" << staging_bytes << " pinned_bytes=" << pinned_bytes
+     << " handles=" << handles
      << " connections=" << connections << " release_failures=" << release_failures;
   return os.str();
 }

@@ -13,6 +13,11 @@ int DefaultThreads() {
   return static_cast<int>(std::clamp<unsigned>(hw, 1, 4));
 }
 
+int HashThreads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hw, 1, 16));
+}
+
 WorkerPool::WorkerPool(int threads) {
   threads = std::max(threads, 1);
   workers_.reserve(threads - 1);

@@ -46,5 +46,8 @@ class WorkerPool {
 
 // Threads to use when the option says 0.
 int DefaultThreads();
+// Threads for hashing on the CPU while (or after) a copy engine moves the bytes: hashing is
+// compute-bound where copying is memory-bound, so up to 16 instead of 4.
+int HashThreads();
 
 }  // namespace weightsync::util

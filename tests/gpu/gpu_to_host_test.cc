@@ -103,6 +103,8 @@ TEST_P(GpuToHost, SleepAndWakeCyclesReturnToBaseline) {
     auto r = sub->Update();
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
+    // Prepared: the landing (or source) memory is pinned and the ledger counts it.
+    ASSERT_GT(ReadLedger().pinned_bytes, before.pinned_bytes) << "step " << step;
     ASSERT_OK(sub->Sleep());
     LedgerSnapshot now;
     ASSERT_TRUE(testing::LedgerSettlesTo(before, &now))

@@ -87,6 +87,65 @@ TEST_P(HostToGpu, CorruptionOnTheGpuIsCaughtAndNothingCommitted) {
   EXPECT_EQ(Holds(2), "");
 }
 
+// The first hop: the arena's bytes as this process read them do not match the publisher's digests
+// (a fail point flips one of the hashes taken during the copy). Nothing is committed.
+TEST_P(HostToGpu, ArenaBytesNotMatchingThePublishersDigestsAreCaught) {
+  auto sub = pair_.ConnectWith(dst_, GetParam(), /*verify=*/true);
+  pair_.Publish(1);
+  ASSERT_TRUE(sub->Update().ok());
+  pair_.Publish(2);
+  util::FailPoints::Arm("shm.arena_digest_flip", util::FailAction::kFlip, 0, 1);
+  auto r = sub->Update();
+  ASSERT_STATUS_IS(kCorruption, r);
+  EXPECT_NE(r.status().message().find("as read from the publisher's arena"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_EQ(Holds(1), "");
+  }
+}
+
+// Arena-allocated host tensors (Publisher::Allocate: no copy at publish) reach the GPU too; their
+// bytes come from the arena's direct region, not a slot.
+TEST_P(HostToGpu, ArenaAllocatedTensorsReachTheGpu) {
+  PublisherOptions po;
+  po.endpoint = testing::UniqueEndpoint("h2darena");
+  auto pub = Publisher::Create(po);
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  auto w = (*pub)->Allocate("w", DType::kFloat32, {256, 64});
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto b = (*pub)->Allocate("b", DType::kBFloat16, {64});
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<gpu::DeviceBuffer> keep;
+  std::vector<NamedTensor> like = {{"w", {nullptr, DType::kFloat32, {256, 64}}},
+                                   {"b", {nullptr, DType::kBFloat16, {64}}}};
+  auto dst = PoisonedDestinations(like, device_, &keep);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  SubscriberOptions so;
+  so.endpoint = (*pub)->endpoint();
+  so.mode = GetParam();
+  so.verify = true;
+  auto sub = Subscriber::Create(so);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ASSERT_OK((*sub)->Register(*dst));
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK((*pub)->BeginWrite());
+    auto* pw = static_cast<float*>(w->data);
+    for (int i = 0; i < 256 * 64; ++i) pw[i] = step * 1000.0f + i;
+    auto* pb = static_cast<uint16_t*>(b->data);
+    for (int i = 0; i < 64; ++i) pb[i] = static_cast<uint16_t>(step * 100 + i);
+    ASSERT_TRUE((*pub)->Publish(step).ok());
+    auto r = (*sub)->Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->verified);
+    auto got_w = gpu::testing::Download<float>((*dst)[0].view.data, 256 * 64);
+    auto got_b = gpu::testing::Download<uint16_t>((*dst)[1].view.data, 64);
+    ASSERT_TRUE(got_w.ok() && got_b.ok());
+    for (int i = 0; i < 256 * 64; ++i) ASSERT_EQ((*got_w)[i], step * 1000.0f + i) << i;
+    for (int i = 0; i < 64; ++i) ASSERT_EQ((*got_b)[i], step * 100 + i) << i;
+  }
+}
+
 // Each Sleep unpins and unmaps (the ledger's mappings return to where they were); each wake-up
 // prepares, pins and delivers again.
 TEST_P(HostToGpu, SleepAndWakeCyclesReturnToBaseline) {
@@ -98,6 +157,8 @@ TEST_P(HostToGpu, SleepAndWakeCyclesReturnToBaseline) {
     auto r = sub->Update();
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
+    // Prepared: the landing (or source) memory is pinned and the ledger counts it.
+    ASSERT_GT(ReadLedger().pinned_bytes, before.pinned_bytes) << "step " << step;
     ASSERT_OK(sub->Sleep());
     LedgerSnapshot now;
     ASSERT_TRUE(testing::LedgerSettlesTo(before, &now))

@@ -388,6 +388,9 @@ Status CudaDataPath::Copy(uint32_t slot, bool verify, const util::Deadline& dead
 
 Status CudaDataPath::Release() {
   Status result;
+  // Nothing in flight on this device's stream either (a cancelled step): its conversions use the
+  // job tables freed with the batches below.
+  result.Update(receiver_.queue().Drain());
   // Reverse order of creation: the publisher-GPU queue (drained: its kernels write the
   // destinations), the receiver (digests, staging, stream), then the mapping.
   if (source_device_ >= 0) {

@@ -119,6 +119,7 @@ Status GpuToHostPath::Release() {
   pins_.clear();
   result.Update(host_.Release());
   result.Update(arena_.Close());
+  pageable_reason_.clear();
   welcome_ = nullptr;
   plan_ = nullptr;
   device_ = -1;

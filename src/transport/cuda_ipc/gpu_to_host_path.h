@@ -4,8 +4,9 @@
 // a copy stream there, a HostDataPath for where the bytes land (the host staging buffer in staged
 // mode, the destinations in place, the landing buffer of tensors converted at commit), and those
 // landing ranges pinned (cudaHostRegister, page-aligned and merged), so each step is one batch of
-// asynchronous device-to-host copies at the link's DMA rate. Ranges that cannot be pinned make the
-// copies read pageable memory instead (logged; still correct, slower). Verify checks the landed
+// asynchronous device-to-host copies at the link's DMA rate. If any range cannot be pinned (the
+// device refuses, or someone else registered part of it: pins are never shared) none is, and the
+// copies go through the driver (logged; correct; as fast only where the memory is pinned anyway). Verify checks the landed
 // bytes on the CPU against the publisher's GPU digests (the CPU implementation of that digest);
 // conversions run at commit with the CPU implementations of the GPU transforms.
 #pragma once

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/gpu_digest_reference.h"
+#include "util/fail_point.h"
 #include "util/hash.h"
 #include "util/logging.h"
 
@@ -16,6 +17,8 @@ Status HostToGpuPath::Prepare(const uint8_t* arena, const wire::Welcome& welcome
   plan_ = plan;
   arena_ = arena;
   welcome_ = &welcome;
+  names_.clear();
+  for (const plan::Destination& d : destinations) names_.push_back(d.spec.name);
   ScopedDevice restore;
   WS_RETURN_IF_ERROR(SetDevice(device));
   // Pinned once: the copy engines read the published slots directly (read-only, like the mapping).
@@ -88,6 +91,11 @@ Status HostToGpuPath::Copy(uint32_t slot, bool verify, const util::Deadline& dea
 
 Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
                              const util::Deadline& deadline) {
+  // Test hook: the arena's bytes as read here differ from what was published.
+  if (util::FailPoints::Check("shm.arena_digest_flip").action == util::FailAction::kFlip &&
+      !published_kind_.empty()) {
+    published_kind_[published_kind_.size() / 2] ^= 1;
+  }
   // First hop: what the publisher published, as this process read it from the arena.
   size_t bad = 0, first = plan_->segments.size();
   for (size_t i = 0; i < plan_->segments.size(); ++i) {
@@ -98,14 +106,24 @@ Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
   }
   if (bad > 0) {
     const plan::Segment& s = plan_->segments[first];
-    return Status::Corruption("step ", step, ": the arena's bytes [", s.src_offset, ", ",
-                              s.src_offset + s.bytes, ") of segment ", s.digest_index,
-                              " do not match the publisher's digest; ", bad,
-                              " corrupt segment(s) in all; nothing committed");
+    return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
+                              s.converted ? "published bytes [" : "bytes [", s.dst_offset, ", ",
+                              s.dst_offset + s.bytes, ") (segment ", s.digest_index,
+                              ") as read from the publisher's arena do not match its digest; ",
+                              bad, " corrupt segment(s) in all; nothing committed");
   }
-  // Second hop: what landed on the GPU, against the same source bytes.
+  // Second hop: what landed on the GPU, against the same source bytes (hashed here with the GPU
+  // digest while they were copied).
   ScopedDevice restore;
-  return receiver_.Verify(gpu_kind_, step, deadline);
+  Status s = receiver_.Verify(gpu_kind_, step, deadline);
+  if (s.ok()) return s;  // the success path builds no string
+  return s.WithContext("the copy to cuda:" + std::to_string(receiver_.device()) +
+                       " checked against this process's hash of the arena");
+}
+
+Status HostToGpuPath::Commit(const util::Deadline& deadline) {
+  ScopedDevice restore;
+  return receiver_.Commit(deadline);
 }
 
 Status HostToGpuPath::Release() {
@@ -121,6 +139,10 @@ Status HostToGpuPath::Release() {
   result.Update(pinned_.Close());
   workers_.reset();
   plan_ = nullptr;
+  arena_ = nullptr;
+  welcome_ = nullptr;
+  pageable_reason_.clear();
+  names_.clear();
   return result;
 }
 

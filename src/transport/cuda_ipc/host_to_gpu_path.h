@@ -40,9 +40,9 @@ class HostToGpuPath {
   Status Copy(uint32_t slot, bool verify, const util::Deadline& deadline);
   // `digests`: the publisher's (its Welcome's digest kind), by digest index.
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
-  Status Commit(const util::Deadline& deadline) { return receiver_.Commit(deadline); }
+  Status Commit(const util::Deadline& deadline);
   int device() const { return receiver_.device(); }
-  bool pinned() const { return pinned_.pinned(); }
+  bool pinned() const { return pageable_reason_.empty(); }
   std::string_view pageable_reason() const { return pageable_reason_; }
   Status Release();  // the receiver (stream, staging), the pin, the workers
 
@@ -55,6 +55,7 @@ class HostToGpuPath {
   GpuReceiver receiver_;
   HostRegistration pinned_;
   std::string pageable_reason_;  // why the copies read pageable memory ("" when pinned)
+  std::vector<std::string> names_;  // destination names, for errors
   std::unique_ptr<util::WorkerPool> workers_;
   // Per slot, prepared: every planned tensor's (dst, src, size).
   struct Batch {

@@ -39,6 +39,8 @@ struct Driver {
   decltype(&cuMemGetAllocationPropertiesFromHandle) MemGetAllocationPropertiesFromHandle = nullptr;
   decltype(&cuMemGetAccess) MemGetAccess = nullptr;
   decltype(&cuPointerGetAttribute) PointerGetAttribute = nullptr;
+  decltype(&cuDeviceGet) DeviceGet = nullptr;
+  decltype(&cuDevicePrimaryCtxGetState) DevicePrimaryCtxGetState = nullptr;
   Status status;
 };
 
@@ -74,6 +76,8 @@ const Driver& GetDriver() {
     s.Update(Load("cuMemGetAllocationPropertiesFromHandle", &d.MemGetAllocationPropertiesFromHandle));
     s.Update(Load("cuMemGetAccess", &d.MemGetAccess));
     s.Update(Load("cuPointerGetAttribute", &d.PointerGetAttribute));
+    s.Update(Load("cuDeviceGet", &d.DeviceGet));
+    s.Update(Load("cuDevicePrimaryCtxGetState", &d.DevicePrimaryCtxGetState));
     d.status = s;
   });
   return d;
@@ -188,14 +192,17 @@ Result<HostRegistration> HostRegistration::Register(const void* data, uint64_t b
   }
   cudaError_t e = cudaHostRegister(const_cast<void*>(data), bytes, flags);
   if (e == cudaErrorHostMemoryAlreadyRegistered) {
-    // Pinned already (e.g. a torch tensor from pin_memory()): usable as is, and not ours to unpin.
+    // Some of it is pinned by someone else (the application, another handle). Not ours to rely
+    // on: they may unpin it while our copies run, and the rest of the range is not pinned.
     (void)cudaGetLastError();
-    r.already_pinned_ = true;
-    return std::move(r);
+    return Status::Unavailable("host memory at ", data, " (", bytes,
+                               " bytes) is already registered with CUDA, at least in part, by "
+                               "the application or another handle");
   }
   if (e != cudaSuccess) return RuntimeError(e, "cudaHostRegister");
   r.data_ = const_cast<void*>(data);
   r.size_ = bytes;
+  LedgerAdd(LedgerItem::kPinnedBytes, static_cast<int64_t>(bytes));
   return std::move(r);
 }
 
@@ -204,7 +211,6 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {
     if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
-    already_pinned_ = std::exchange(o.already_pinned_, false);
   }
   return *this;
 }
@@ -214,9 +220,8 @@ HostRegistration::~HostRegistration() {
 }
 
 Status HostRegistration::Close() {
-  already_pinned_ = false;
   if (data_ == nullptr) return Status::Ok();
-  size_ = 0;
+  LedgerAdd(LedgerItem::kPinnedBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
   WS_CUDART(cudaHostUnregister(std::exchange(data_, nullptr)), "cudaHostUnregister");
   return Status::Ok();
 }
@@ -235,7 +240,22 @@ ScopedDevice::ScopedDevice() {
 }
 
 ScopedDevice::~ScopedDevice() {
-  if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess) (void)cudaGetLastError();
+  if (saved_ < 0) return;
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now == saved_) return;
+  // Making a device current creates its primary context (hundreds of MiB of its memory). A caller
+  // whose device has none never used it (cudaGetDevice's default of 0, say): giving it "back" would
+  // cost that memory for nothing, so the caller is left on the device the work ran on.
+  const Driver& d = GetDriver();
+  CUdevice dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (!d.status.ok() || d.DeviceGet(&dev, saved_) != CUDA_SUCCESS ||
+      d.DevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active == 0) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (cudaSetDevice(saved_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 Status EnablePeerAccess(int device, int peer) {

@@ -47,22 +47,21 @@ class HostRegistration {
  public:
   HostRegistration() = default;
   // `read_only`: the range is mapped PROT_READ (needs cudaHostRegisterReadOnly, which the device
-  // must support; Unavailable says so when it does not). Memory pinned already (by the
-  // application) is accepted as it is: pinned(), not registered().
+  // must support; Unavailable says so when it does not). Memory already registered, even in part
+  // (by the application or another handle), is Unavailable too: pins are never shared, so nobody
+  // unpins memory another's copies still read. Zero bytes: an empty registration.
   static Result<HostRegistration> Register(const void* data, uint64_t bytes, bool read_only);
   HostRegistration(HostRegistration&& o) noexcept { *this = std::move(o); }
   HostRegistration& operator=(HostRegistration&& o) noexcept;
   ~HostRegistration();
 
-  bool registered() const { return data_ != nullptr; }  // pinned here: Close unpins it
-  bool pinned() const { return registered() || already_pinned_; }
+  bool registered() const { return data_ != nullptr; }
   uint64_t size() const { return size_; }
   Status Close();  // cudaHostUnregister; idempotent
 
  private:
   void* data_ = nullptr;
   uint64_t size_ = 0;
-  bool already_pinned_ = false;
 };
 
 // A peer's allocation mapped into this process for `device` (read-write access: copies may use
@@ -136,7 +135,8 @@ Status EnablePeerAccess(int device, int peer);
 // cuMem mapping whose owner granted it read-write access. False, not an error, when it may not.
 Result<bool> DeviceCanWrite(int device, const void* ptr, uint64_t bytes);
 // Restores the calling thread's current device when it goes out of scope (code that moves between
-// devices must not leave the caller on another one, e.g. the publisher's GPU).
+// devices must not leave the caller on another one, e.g. the publisher's GPU) — unless that device
+// has no CUDA context yet (the caller never used it): restoring would create one.
 class ScopedDevice {
  public:
   ScopedDevice();

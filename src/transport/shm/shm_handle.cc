@@ -56,6 +56,12 @@ class ShmHandle final : public TransferHandle {
   Status Release() override;
 
  private:
+  // Workers of the host ↔ GPU paths, where the copy engines move the bytes and the CPU only
+  // hashes (verify) and commits: more of them when verifying by default (docs/gpu.md).
+  int HashingThreads() const {
+    if (options_.copy_threads > 0) return options_.copy_threads;
+    return options_.verify ? util::HashThreads() : util::DefaultThreads();
+  }
   Status PrepareHost(util::UniqueFd arena_fd, const std::vector<plan::Destination>& destinations,
                      UpdateMode mode);
 
@@ -124,11 +130,9 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
         WS_RETURN_IF_ERROR(gpu::CudaAvailable().WithContext(
             peer_ + " keeps its arena on cuda:" + std::to_string(welcome_.device) +
             " and the destinations are in host memory"));
-        const int threads =
-            options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
         WS_RETURN_IF_ERROR(gpu_to_host_
                                .Prepare(arena_fd.get(), welcome_, &plan_, destinations,
-                                        options.mode, threads)
+                                        options.mode, HashingThreads())
                                .WithContext(peer_));
         WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
         break;
@@ -204,7 +208,8 @@ Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
   WS_RETURN_IF_ERROR(arena_fd.Close());
   int threads = options_.copy_threads > 0 ? options_.copy_threads : util::DefaultThreads();
   if (to_gpu_) {
-    return host_to_gpu_.Prepare(mapping_.data(), welcome_, &plan_, destinations, mode, threads)
+    return host_to_gpu_
+        .Prepare(mapping_.data(), welcome_, &plan_, destinations, mode, HashingThreads())
         .WithContext(peer_);
   }
   threads = std::min<int>(threads, std::max<size_t>(plan_.buckets.size(), 1));
