@@ -42,7 +42,9 @@ class Publisher {
   Result<TensorView> Allocate(const std::string& name, DType dtype,
                               const std::vector<int64_t>& shape);
   Status BeginWrite();
-  // Makes `step` the latest version. Steps must increase.
+  // Makes `step` the latest version. Steps must increase. CUDA tensors are copied on a stream of
+  // the publisher's own: the kernels that wrote them must have finished (synchronize the stream
+  // or device they ran on first, e.g. torch.cuda.synchronize() after optimizer.step()).
   Result<PublishStats> Publish(int64_t step);
   int64_t latest_step() const;  // -1 before the first Publish
   const Manifest& manifest() const;
