@@ -294,36 +294,44 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   fclose(child.out);
 }
 
-// The PCIe limit the host ↔ GPU rows are held to: one 2 GiB copy-engine transfer between pinned
-// host memory and the GPU whose copy engines weightsync uses (`to_device`: host → --dst, else
-// --src → host), timed like the peer copy.
-void PinnedHostCopyLimit(const Args& a, bool to_device) {
-  const uint64_t n = 2ull << 30;
-  std::vector<uint8_t> host(n, 0x3C);
-  const int device = to_device ? a.dst : a.src;  // where weightsync's copy engines run
-  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("device", s);
-  auto pin = ws::transport::cuda_ipc::HostRegistration::Register(host.data(), n, false);
-  if (!pin.ok()) Die("pin", pin.status());
-  auto dev = ws::gpu::DeviceBuffer::Allocate(n);
-  if (!dev.ok()) Die("allocate", dev.status());
+// Times one `n`-byte copy-engine transfer on `device` (12 runs, the first 2 discarded: host wall
+// time around the copy and its event wait) and prints its median as the JSON figure `what`.
+void PrintCopyLimit(const char* what, int device, void* dst, const void* src, uint64_t n) {
   auto q = ws::transport::cuda_ipc::CopyQueue::Create(device);
   if (!q.ok()) Die("queue", q.status());
   ws::util::Deadline forever(std::chrono::milliseconds(60000));
   std::vector<double> times;
   for (int i = 0; i < 12; ++i) {
     auto t0 = Clock::now();
-    (void)(to_device ? q->Enqueue(dev->data(), host.data(), n)
-                     : q->Enqueue(host.data(), dev->data(), n));
+    (void)q->Enqueue(dst, src, n);
     if (auto s = q->Wait(forever); !s.ok()) Die("copy", s);
     if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   double med = Median(times);
-  std::printf("{\"what\": \"%s\", \"bytes\": %llu, \"median_s\": %.6f, \"GBps\": %.3f}\n",
-              to_device ? "pinned_h2d_limit" : "pinned_d2h_limit",
+  std::printf("{\"what\": \"%s\", \"bytes\": %llu, \"median_s\": %.6f, \"GBps\": %.3f}\n", what,
               static_cast<unsigned long long>(n), med, n / med / 1e9);
   std::fflush(stdout);
 }
 
+// The PCIe limit the host ↔ GPU rows are held to: one 2 GiB transfer between pinned host memory
+// and the GPU whose copy engines weightsync uses (`to_device`: host → --dst, else --src → host).
+void PinnedHostCopyLimit(const Args& a, bool to_device) {
+  const uint64_t n = 2ull << 30;
+  std::vector<uint8_t> host(n, 0x3C);
+  const int device = to_device ? a.dst : a.src;
+  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("device", s);
+  auto pin = ws::transport::cuda_ipc::HostRegistration::Register(host.data(), n, false);
+  if (!pin.ok()) Die("pin", pin.status());
+  auto dev = ws::gpu::DeviceBuffer::Allocate(n);
+  if (!dev.ok()) Die("allocate", dev.status());
+  if (to_device) {
+    PrintCopyLimit("pinned_h2d_limit", device, dev->data(), host.data(), n);
+  } else {
+    PrintCopyLimit("pinned_d2h_limit", device, host.data(), dev->data(), n);
+  }
+}
+
+// The NVLink limit: one 2 GiB transfer --src → --dst.
 void PeerCopyLimit(const Args& a) {
   const uint64_t n = 2ull << 30;
   if (auto s = ws::transport::cuda_ipc::SetDevice(a.src); !s.ok()) Die("device", s);
@@ -335,21 +343,7 @@ void PeerCopyLimit(const Args& a) {
   if (a.src != a.dst) {
     if (auto s = ws::transport::cuda_ipc::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
   }
-  auto q = ws::transport::cuda_ipc::CopyQueue::Create(a.dst);
-  if (!q.ok()) Die("queue", q.status());
-  ws::util::Deadline forever(std::chrono::milliseconds(60000));
-  std::vector<double> times;
-  for (int i = 0; i < 12; ++i) {
-    auto t0 = Clock::now();
-    (void)q->Enqueue(dst->data(), src->data(), n);
-    if (auto s = q->Wait(forever); !s.ok()) Die("copy", s);
-    if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  double med = Median(times);
-  std::printf("{\"what\": \"peer_copy_limit\", \"bytes\": %llu, \"median_s\": %.6f, "
-              "\"GBps\": %.3f}\n",
-              static_cast<unsigned long long>(n), med, n / med / 1e9);
-  std::fflush(stdout);
+  PrintCopyLimit("peer_copy_limit", a.dst, dst->data(), src->data(), n);
 }
 
 }  // namespace

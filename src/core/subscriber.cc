@@ -33,13 +33,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // the publisher's); a call that may touch a GPU gives the caller its own device back on return.
 class CallerDevice {
  public:
-  explicit CallerDevice(const std::vector<plan::Destination>& destinations) {
-    for (const plan::Destination& d : destinations) {
-      if (d.device.is_cuda()) {
-        saved_.emplace();
-        return;
-      }
-    }
+  explicit CallerDevice(bool gpu) {
+    if (gpu) saved_.emplace();
   }
 
  private:
@@ -64,6 +59,7 @@ struct Subscriber::Impl {
   std::string sources_text;  // "local://a" or "local://a, local://b" for error context
   std::vector<Source> sources;
   std::vector<plan::Destination> destinations;
+  bool cuda_destinations = false;  // any destination on a GPU (set by Register)
 
   // The prepared state: the sources that deliver something (each with its transfer handle:
   // connection, mappings, plan, staging, workers) and, with several, one thread per source so
@@ -184,6 +180,8 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
     dests.push_back({spec, static_cast<uint8_t*>(all[i].view.data), all[i].view.device});
   }
   d.destinations = std::move(dests);
+  d.cuda_destinations = std::any_of(d.destinations.begin(), d.destinations.end(),
+                                    [](const plan::Destination& x) { return x.device.is_cuda(); });
   return Status::Ok();
 }
 
@@ -328,7 +326,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("another update is in flight on this subscriber");
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  CallerDevice caller_device(d.destinations);
+  CallerDevice caller_device(d.cuda_destinations);
   if (d.destinations.empty()) {
     return Status::FailedPrecondition("Update() before Register(): no destination tensors");
   }
@@ -426,7 +424,7 @@ Status Subscriber::Sleep() {
   Impl& d = *impl_;
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
-  CallerDevice caller_device(d.destinations);
+  CallerDevice caller_device(d.cuda_destinations);
   return d.ReleaseHandles("sleep");
 }
 
@@ -437,7 +435,7 @@ Status Subscriber::Close() {
   std::lock_guard<std::mutex> lock(d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;
-  CallerDevice caller_device(d.destinations);
+  CallerDevice caller_device(d.cuda_destinations);
   return d.ReleaseHandles("close");
 }
 

@@ -50,9 +50,12 @@ void HostDataPath::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct
   workers_->Run(static_cast<uint32_t>(plan_->buckets.size()), &HostDataPath::CopyBucket, this);
 }
 
+uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes) {
+  return kind == wire::DigestKind::kXxh3 ? util::Hash64(data, bytes) : gpu::GpuDigest(data, bytes);
+}
+
 uint64_t HostDataPath::Digest(const plan::Segment& s) const {
-  return digest_kind_ == wire::DigestKind::kXxh3 ? util::Hash64(ReceivedBytes(s), s.bytes)
-                                                 : gpu::GpuDigest(ReceivedBytes(s), s.bytes);
+  return HostDigest(digest_kind_, ReceivedBytes(s), s.bytes);
 }
 
 void HostDataPath::VerifySegment(void* context, uint32_t index) {

@@ -19,6 +19,10 @@
 
 namespace weightsync::transport {
 
+// A segment's digest computed on the CPU with the publisher's digest kind (xxh3, or the CPU
+// implementation of the GPU digest).
+uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes);
+
 class HostDataPath {
  public:
   // Allocates the shadow (staged mode) or the landing buffer of converted tensors (in place) and

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,25 @@ inline bool DestinationsHold(const std::vector<NamedTensor>& dst,
   }
   return weightsync::testing::SyntheticModel::Holds(
       weightsync::testing::SyntheticModel::Views(like, host), step, why);
+}
+
+// Updates `sub` to steps 1..`steps` (`publish(step)` first makes each available), with a Sleep after
+// each: every update prepares again and pins host memory (the ledger's pinned_bytes rises above
+// `before`), every Sleep returns the ledger to `before`. Call through ASSERT_NO_FATAL_FAILURE.
+inline void SleepWakeCyclesPinAndReturnToBaseline(Subscriber& sub, int64_t steps,
+                                                  const LedgerSnapshot& before,
+                                                  const std::function<void(int64_t)>& publish) {
+  for (int64_t step = 1; step <= steps; ++step) {
+    publish(step);
+    auto r = sub.Update();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
+    ASSERT_GT(ReadLedger().pinned_bytes, before.pinned_bytes) << "step " << step;
+    ASSERT_OK(sub.Sleep());
+    LedgerSnapshot now;
+    ASSERT_TRUE(weightsync::testing::LedgerSettlesTo(before, &now))
+        << "after sleep " << step << ": " << now.ToString() << " vs " << before.ToString();
+  }
 }
 
 }  // namespace weightsync::gpu::testing

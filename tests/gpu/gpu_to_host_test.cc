@@ -98,18 +98,8 @@ TEST_P(GpuToHost, CorruptionIsCaughtAndNothingCommitted) {
 TEST_P(GpuToHost, SleepAndWakeCyclesReturnToBaseline) {
   auto sub = Connect(/*verify=*/false);
   const LedgerSnapshot before = ReadLedger();
-  for (int64_t step = 1; step <= 20; ++step) {
-    Publish(step);
-    auto r = sub->Update();
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
-    // Prepared: the landing (or source) memory is pinned and the ledger counts it.
-    ASSERT_GT(ReadLedger().pinned_bytes, before.pinned_bytes) << "step " << step;
-    ASSERT_OK(sub->Sleep());
-    LedgerSnapshot now;
-    ASSERT_TRUE(testing::LedgerSettlesTo(before, &now))
-        << "after sleep " << step << ": " << now.ToString() << " vs " << before.ToString();
-  }
+  ASSERT_NO_FATAL_FAILURE(gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(
+      *sub, 20, before, [&](int64_t step) { Publish(step); }));
   EXPECT_EQ(Holds(20), "");
 }
 

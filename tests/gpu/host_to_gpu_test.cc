@@ -152,18 +152,10 @@ TEST_P(HostToGpu, SleepAndWakeCyclesReturnToBaseline) {
   auto sub = pair_.ConnectWith(dst_, GetParam(), /*verify=*/false);
   pair_.Publish(1);  // the publisher's arena and copy threads exist from here on
   const LedgerSnapshot before = ReadLedger();
-  for (int64_t step = 1; step <= 20; ++step) {
-    if (step > 1) pair_.Publish(step);
-    auto r = sub->Update();
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->prepare_count, static_cast<uint64_t>(step));
-    // Prepared: the landing (or source) memory is pinned and the ledger counts it.
-    ASSERT_GT(ReadLedger().pinned_bytes, before.pinned_bytes) << "step " << step;
-    ASSERT_OK(sub->Sleep());
-    LedgerSnapshot now;
-    ASSERT_TRUE(testing::LedgerSettlesTo(before, &now))
-        << "after sleep " << step << ": " << now.ToString() << " vs " << before.ToString();
-  }
+  ASSERT_NO_FATAL_FAILURE(gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(
+      *sub, 20, before, [&](int64_t step) {
+        if (step > 1) pair_.Publish(step);
+      }));
   EXPECT_EQ(Holds(20), "");
 }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "cuda/gpu_digest_reference.h"
+#include "transport/host_data_path.h"
 #include "util/fail_point.h"
-#include "util/hash.h"
 #include "util/logging.h"
 
 namespace weightsync::transport::cuda_ipc {
@@ -61,9 +61,7 @@ void HostToGpuPath::HashSegment(void* context, uint32_t index) {
                             ? self->slot_base_
                             : self->arena_ + self->welcome_->direct_offset) +
                        s.src_offset;
-  self->published_kind_[index] = self->welcome_->digest_kind == wire::DigestKind::kXxh3
-                                     ? util::Hash64(src, s.bytes)
-                                     : gpu::GpuDigest(src, s.bytes);
+  self->published_kind_[index] = HostDigest(self->welcome_->digest_kind, src, s.bytes);
   self->gpu_kind_[s.digest_index] = gpu::GpuDigest(src, s.bytes);
 }
 

@@ -62,6 +62,8 @@ class ShmHandle final : public TransferHandle {
     if (options_.copy_threads > 0) return options_.copy_threads;
     return options_.verify ? util::HashThreads() : util::DefaultThreads();
   }
+  std::string DataPathText() const;    // for the prepare log line
+  std::string ConversionText() const;  // likewise
   Status PrepareHost(util::UniqueFd arena_fd, const std::vector<plan::Destination>& destinations,
                      UpdateMode mode);
 
@@ -153,40 +155,42 @@ Status ShmHandle::Prepare(const std::vector<plan::Destination>& destinations,
                       << plan_.tensors.size() << " tensors, " << plan_.total_bytes << " bytes, "
                       << plan_.buckets.size() << " buckets, " << plan_.segments.size()
                       << " segments, " << welcome_.slot_count << " slots mapped ("
-                      << welcome_.arena_bytes << " bytes"
-                      << (gpu_ && !to_host_
-                              ? ", GPU arena from cuda:" + std::to_string(welcome_.device) +
-                                    " into cuda:" + std::to_string(gpu_path_.device())
-                              : std::string())
-                      << (to_host_ ? ", GPU arena into host memory by the copy engines of cuda:" +
-                                         std::to_string(gpu_to_host_.device()) +
-                                         (gpu_to_host_.pinned()
-                                              ? std::string(", pinned")
-                                              : ", pageable (" +
-                                                    std::string(gpu_to_host_.pageable_reason()) +
-                                                    ")")
-                                   : std::string())
-                      << (to_gpu_ ? ", host arena into cuda:" +
-                                        std::to_string(host_to_gpu_.device()) +
-                                        (host_to_gpu_.pinned()
-                                             ? std::string(" from pinned memory")
-                                             : " from pageable memory (" +
-                                                   std::string(host_to_gpu_.pageable_reason()) +
-                                                   ")")
-                                  : std::string())
-                      << ")"
-                      << (gpu_ && !to_host_ && !plan_.converted.empty()
-                              ? "; " + std::to_string(plan_.converted.size()) +
-                                    " conversions on cuda:" +
-                                    std::to_string(gpu_path_.conversion_source_device() >= 0
-                                                       ? gpu_path_.conversion_source_device()
-                                                       : gpu_path_.device()) +
-                                    (gpu_path_.conversion_source_device() >= 0
-                                         ? " (the publisher's GPU: only converted bytes cross the "
-                                           "link)"
-                                         : "")
-                              : std::string());
+                      << welcome_.arena_bytes << " bytes" << DataPathText() << ")"
+                      << ConversionText();
   return Status::Ok();
+}
+
+// ", GPU arena from cuda:0 into cuda:1" and the like: which data path the prepare line describes.
+std::string ShmHandle::DataPathText() const {
+  auto pinned = [](bool yes, std::string_view reason, const char* pinned_text,
+                   const char* pageable_text) {
+    return yes ? std::string(pinned_text)
+               : std::string(pageable_text) + " (" + std::string(reason) + ")";
+  };
+  if (to_host_) {
+    return ", GPU arena into host memory by the copy engines of cuda:" +
+           std::to_string(gpu_to_host_.device()) +
+           pinned(gpu_to_host_.pinned(), gpu_to_host_.pageable_reason(), ", pinned", ", pageable");
+  }
+  if (gpu_) {
+    return ", GPU arena from cuda:" + std::to_string(welcome_.device) + " into cuda:" +
+           std::to_string(gpu_path_.device());
+  }
+  if (to_gpu_) {
+    return ", host arena into cuda:" + std::to_string(host_to_gpu_.device()) +
+           pinned(host_to_gpu_.pinned(), host_to_gpu_.pageable_reason(), " from pinned memory",
+                  " from pageable memory");
+  }
+  return "";
+}
+
+// "; 12 conversions on cuda:0 (the publisher's GPU: ...)" over cuda-ipc; empty otherwise.
+std::string ShmHandle::ConversionText() const {
+  if (!gpu_ || to_host_ || plan_.converted.empty()) return "";
+  const int at = gpu_path_.conversion_source_device();
+  return "; " + std::to_string(plan_.converted.size()) + " conversions on cuda:" +
+         std::to_string(at >= 0 ? at : gpu_path_.device()) +
+         (at >= 0 ? " (the publisher's GPU: only converted bytes cross the link)" : "");
 }
 
 Status ShmHandle::PrepareHost(util::UniqueFd arena_fd,
