@@ -97,6 +97,7 @@ TEST_P(HostToGpu, ArenaBytesNotMatchingThePublishersDigestsAreCaught) {
   util::FailPoints::Arm("shm.arena_digest_flip", util::FailAction::kFlip, 0, 1);
   auto r = sub->Update();
   ASSERT_STATUS_IS(kCorruption, r);
+  EXPECT_EQ(util::FailPoints::Hits("shm.arena_digest_flip"), 1);
   EXPECT_NE(r.status().message().find("as read from the publisher's arena"), std::string::npos)
       << r.status();
   EXPECT_EQ(sub->committed_step(), 1);
