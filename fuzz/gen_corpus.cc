@@ -66,6 +66,7 @@ wire::Welcome MakeWelcome(const std::vector<TensorSpec>& specs, uint64_t segment
                           bool all_in_slot, bool all_direct) {
   wire::Welcome w;
   w.session_id = 0x1234;
+  w.lineage = "run-1";
   uint64_t direct = 0, slot = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     wire::TensorPlacement p;

@@ -46,8 +46,31 @@ struct PublisherOptions {
   // Accepted connections at once; further ones are refused with a logged reason.
   int max_connections = 64;
   // Deadline for a Publish() that must wait for readers to release a slot, and for any single
-  // control-frame read or write on a connection.
+  // control-frame read or write on a connection. Waiting for a step and for a subscriber reading
+  // it is bounded by that subscriber's own timeout instead.
   std::chrono::milliseconds timeout{10000};
+  // The line of versions this publisher continues: 1..64 characters of [A-Za-z0-9._:-], e.g. a
+  // training run's name. Empty: a new random lineage for every Publisher::Create. Subscribers
+  // tell versions apart by (lineage, publisher session, step), never by step alone: after a
+  // restart they apply the new session's latest step even if its number is one they hold
+  // (SubscriberOptions::lineage_policy says what else they accept).
+  std::string lineage;
+  // ≥ 0: this publisher resumes `lineage` from that step (the checkpoint it restored); steps it
+  // publishes must be greater. Requires `lineage`. -1: a fresh start.
+  int64_t resume_from_step = -1;
+};
+
+// What a subscriber does when a publisher's session changes (it restarted, or another publisher
+// took the endpoint) while it holds a version of the previous session.
+enum class LineagePolicy : uint8_t {
+  // Follow the publisher: its latest step replaces the committed version whatever its number
+  // (a trainer resumed from step 4 republishing step 5 is applied). Logged; UpdateStats::
+  // lineage_changed says so.
+  kFollow,
+  // Steps only move forward across restarts: a restart of the same lineage is applied once it
+  // publishes a step newer than the committed one, and a different lineage is refused with
+  // FailedPrecondition, until an update asks for it (UpdateOptions::accept_new_lineage).
+  kStrict,
 };
 
 struct SubscriberOptions {
@@ -95,6 +118,8 @@ struct SubscriberOptions {
   // bytes across the link. The prepare log line says where they run and, after a failed attempt,
   // why not on the publisher's GPU.
   bool convert_on_publisher_gpu = false;
+  // See LineagePolicy.
+  LineagePolicy lineage_policy = LineagePolicy::kFollow;
 };
 
 }  // namespace weightsync

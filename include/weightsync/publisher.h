@@ -26,7 +26,7 @@ namespace weightsync {
 
 struct PublishStats {
   int64_t step = -1;
-  uint64_t bytes_copied = 0;  // 0 for arena-allocated tensors
+  uint64_t bytes_copied = 0;  // bytes copied into the arena (0 for arena-allocated tensors)
   double seconds = 0;
   double gbps = 0;
 };
@@ -50,6 +50,8 @@ class Publisher {
   const Manifest& manifest() const;
   // The endpoint subscribers connect to (for tcp://HOST:0, with the port actually bound).
   const std::string& endpoint() const;
+  // PublisherOptions::lineage, or the random one chosen at Create when none was given.
+  const std::string& lineage() const;
   // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
   Status Close();
 

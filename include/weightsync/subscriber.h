@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "weightsync/manifest.h"
@@ -23,6 +24,9 @@ namespace weightsync {
 struct UpdateOptions {
   std::optional<int64_t> step;  // nullopt: the latest published step
   std::optional<bool> verify;   // nullopt: SubscriberOptions::verify
+  // LineagePolicy::kStrict: this update follows the publisher into a new lineage (or a restart
+  // whose steps are not newer) instead of refusing it. No effect under kFollow.
+  bool accept_new_lineage = false;
 };
 
 class Subscriber {
@@ -41,7 +45,7 @@ class Subscriber {
   // SubscriberOptions.timeout.
   Result<Manifest> PublishedManifest();
   Result<UpdateStats> Update(const UpdateOptions& options = {});
-  Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{step, std::nullopt}); }
+  Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{.step = step}); }
   // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.
   Status Sleep();
   Status Close();
@@ -51,6 +55,9 @@ class Subscriber {
   Status Cancel();
 
   int64_t committed_step() const;  // -1 before the first successful update
+  // The lineage of the committed version (of the first publisher, with several); empty before
+  // the first successful update.
+  std::string committed_lineage() const;
   // False after a failed in_place update, until the next successful one.
   bool weights_valid() const;
 

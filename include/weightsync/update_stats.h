@@ -1,9 +1,23 @@
 // UpdateStats: what one Subscriber::Update() did, returned on success.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 
 namespace weightsync {
+
+// A lineage name (PublisherOptions::lineage, at most 64 characters) held inline, so that
+// returning it with every update allocates nothing.
+struct LineageName {
+  std::array<char, 65> chars{};  // NUL-terminated
+  std::string_view view() const { return chars.data(); }
+  void Assign(std::string_view name) {
+    const size_t n = name.size() < chars.size() - 1 ? name.size() : chars.size() - 1;
+    for (size_t i = 0; i < n; ++i) chars[i] = name[i];
+    chars[n] = '\0';
+  }
+};
 
 struct UpdateStats {
   int64_t step = -1;             // version now committed
@@ -21,6 +35,11 @@ struct UpdateStats {
   uint64_t prepare_count = 0;    // transfer handles prepared by this subscriber so far
   bool verified = false;         // every segment matched its digest
   bool up_to_date = false;       // the latest step was already committed; nothing moved
+  // The lineage of the committed version (of the first publisher, with several).
+  LineageName lineage;
+  // This update replaced a version of another publisher session: the publisher restarted (same
+  // lineage, e.g. resumed from a checkpoint) or a new lineage took over. Logged as well.
+  bool lineage_changed = false;
 };
 
 }  // namespace weightsync

@@ -71,8 +71,11 @@ void BindPublisher(nb::module_& m) {
       .def(
           "__init__",
           [](PyPublisher* self, const std::string& endpoint, int slots, double timeout,
-             uint64_t segment_bytes, int copy_threads, int max_connections) {
+             uint64_t segment_bytes, int copy_threads, int max_connections,
+             const std::string& lineage, int64_t resume_from_step) {
             PublisherOptions o;
+            o.lineage = lineage;
+            o.resume_from_step = resume_from_step;
             o.endpoint = endpoint;
             o.slots = slots;
             o.timeout = TimeoutArg(timeout, "timeout");
@@ -89,9 +92,14 @@ void BindPublisher(nb::module_& m) {
             self->endpoint = endpoint;
           },
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
-          "copy_threads"_a = 0, "max_connections"_a = 64,
+          "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
+          "resume_from_step"_a = -1,
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
-          "publish() waiting for a free slot and every control-frame read or write.")
+          "publish() waiting for a free slot and every control-frame read or write.\n"
+          "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
+          "random one per start). resume_from_step: the step of `lineage` this trainer resumed\n"
+          "from (its checkpoint); it publishes later steps only. Subscribers tell versions apart\n"
+          "by (lineage, publisher session, step), so a restart is never taken for up to date.")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes) {
@@ -143,6 +151,9 @@ void BindPublisher(nb::module_& m) {
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")
       .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
+      .def_prop_ro(
+          "lineage", [](PyPublisher& self) { return self.publisher->lineage(); },
+          "The lineage this publisher serves (given, or chosen at random when none was).")
       .def("__repr__",
            [](PyPublisher& self) {
              return "Publisher('" + self.endpoint +

@@ -115,6 +115,14 @@ UpdateMode ModeArg(const std::string& mode) {
   return UpdateMode::kStaged;
 }
 
+LineagePolicy LineagePolicyArg(const std::string& policy) {
+  if (policy == "follow") return LineagePolicy::kFollow;
+  if (policy == "strict") return LineagePolicy::kStrict;
+  ThrowIfError(
+      Status::InvalidArgument("lineage_policy '", policy, "': expected 'follow' or 'strict'"));
+  return LineagePolicy::kFollow;
+}
+
 MatchPolicy PolicyArg(const std::string& policy) {
   if (policy == "strict") return MatchPolicy::kStrict;
   if (policy == "subset") return MatchPolicy::kSubset;
@@ -205,15 +213,17 @@ struct PySubscriber {
     (void)SettleAbandoned();
   }
 
-  UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify) {
-    if (closed) return ThrowIfError(subscriber->Update(UpdateOptions{step, verify}));  // its error
+  UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify,
+                     bool accept_new_lineage = false) {
+    const UpdateOptions options{step, verify, accept_new_lineage};
+    if (closed) return ThrowIfError(subscriber->Update(options));  // its error
     WaitingScope scope(this);
     if (!worker) worker = std::make_unique<UpdateWorker>(subscriber.get());
     if (auto previous = SettleAbandoned();
         previous && previous->ok() && step && (*previous)->step == *step) {
       return **previous;  // the interrupted call committed exactly what is asked for now
     }
-    worker->Submit(UpdateOptions{step, verify});
+    worker->Submit(options);
     try {
       WaitInterruptibly();
     } catch (nb::python_error&) {
@@ -264,13 +274,25 @@ void BindSubscriber(nb::module_& m) {
       .def_ro("verified", &UpdateStats::verified, "Every segment matched its digest.")
       .def_ro("up_to_date", &UpdateStats::up_to_date,
               "The latest step was already committed; nothing moved.")
+      .def_prop_ro(
+          "lineage",
+          [](const UpdateStats& s) {
+            std::string_view v = s.lineage.view();
+            return nb::str(v.data(), v.size());
+          },
+          "The publisher's lineage of the committed version (PublisherOptions.lineage).")
+      .def_ro("lineage_changed", &UpdateStats::lineage_changed,
+              "This update replaced a version of another publisher session (a restarted\n"
+              "trainer, or a new lineage).")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
                ", tensors=" + std::to_string(s.tensors) + ", seconds=" + std::to_string(s.seconds) +
                ", gbps=" + std::to_string(s.gbps) + ", handle_created=" + b(s.handle_created) +
                ", prepare_count=" + std::to_string(s.prepare_count) +
-               ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ")";
+               ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) +
+               ", lineage='" + std::string(s.lineage.view()) +
+               "', lineage_changed=" + b(s.lineage_changed) + ")";
       });
 
   nb::class_<PySubscriber>(
@@ -281,7 +303,7 @@ void BindSubscriber(nb::module_& m) {
           "__init__",
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
-             bool convert_dtypes, bool convert_on_publisher_gpu) {
+             bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
@@ -305,6 +327,7 @@ void BindSubscriber(nb::module_& m) {
             o.copy_threads = copy_threads;
             o.convert_dtypes = convert_dtypes;
             o.convert_on_publisher_gpu = convert_on_publisher_gpu;
+            o.lineage_policy = LineagePolicyArg(lineage_policy);
             std::unique_ptr<Subscriber> s = ThrowIfError(Subscriber::Create(o));
             new (self) PySubscriber();
             self->subscriber = std::move(s);
@@ -312,11 +335,12 @@ void BindSubscriber(nb::module_& m) {
           },
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
           "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
-          "convert_on_publisher_gpu"_a = false,
+          "convert_on_publisher_gpu"_a = false, "lineage_policy"_a = "follow",
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
-                  "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False) -> None"),
+                  "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
+                  "lineage_policy: typing.Literal['follow', 'strict'] = 'follow') -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -329,7 +353,11 @@ void BindSubscriber(nb::module_& m) {
           "float32/float16/bfloat16; bfloat16 -> float8_e4m3fn with block scales in NAME +\n"
           "'_scale_inv'); see docs/gpu.md. convert_on_publisher_gpu: in place over cuda-ipc,\n"
           "run those conversions on the publisher's GPU when this process can use it (only\n"
-          "the converted bytes cross the link; costs a CUDA context and SM time on that GPU).")
+          "the converted bytes cross the link; costs a CUDA context and SM time on that GPU).\n"
+          "lineage_policy: after the publisher restarts (a new session), 'follow' applies its\n"
+          "latest step whatever its number; 'strict' applies a restart of the same lineage only\n"
+          "once its steps pass the committed one and refuses another lineage (FailedPrecondition)\n"
+          "until update(accept_new_lineage=True).")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {
@@ -376,9 +404,12 @@ void BindSubscriber(nb::module_& m) {
           "Creates a zero-filled destination the Subscriber owns and registers it; returns its\n"
           "NumPy view (the same object receive() yields every step).")
       .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
+           "accept_new_lineage"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
            "the step is published, up to `timeout`; the GIL is released meanwhile and Ctrl-C\n"
-           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind).")
+           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind).\n"
+           "accept_new_lineage: with lineage_policy='strict', follow the publisher into a new\n"
+           "lineage (or a restart whose steps are not newer) instead of refusing it.")
       .def(
           "receive",
           [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify) {
@@ -426,6 +457,9 @@ void BindSubscriber(nb::module_& m) {
       .def_prop_ro(
           "weights_valid", [](PySubscriber& self) { return self.subscriber->weights_valid(); },
           "False after a failed in_place update, until the next successful one.")
+      .def_prop_ro(
+          "committed_lineage", [](PySubscriber& self) { return self.subscriber->committed_lineage(); },
+          "The publisher's lineage of the committed version ('' before the first update).")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
       .def("__repr__",
            [](PySubscriber& self) {

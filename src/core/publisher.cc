@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -30,6 +31,18 @@ namespace {
 // Address space reserved for arena-allocated tensors and slots; only what is used is committed.
 constexpr uint64_t kDefaultReserve = 1ull << 40;
 constexpr auto kWaitSlice = std::chrono::milliseconds(50);
+
+uint64_t RandomU64() {
+  std::random_device random;
+  return random() | (uint64_t{random()} << 32);
+}
+
+// "a3f9c2e41b7d0c55": a fresh lineage for a publisher that names none.
+std::string RandomLineage() {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(RandomU64()));
+  return text;
+}
 }  // namespace
 
 struct Publisher::Impl final : transport::VersionSource {
@@ -63,7 +76,8 @@ struct Publisher::Impl final : transport::VersionSource {
     uint32_t digest = 0;
   };
   std::vector<Task> tasks;
-  wire::Welcome welcome;
+  uint64_t copy_bytes = 0;  // bytes one Publish copies (registered tensors), from the tasks
+  wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -127,8 +141,25 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   if (options.max_connections < 1) {
     return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
   }
+  if (options.resume_from_step < -1) {
+    return Status::InvalidArgument("PublisherOptions.resume_from_step = ",
+                                   options.resume_from_step, ": must be ≥ 0, or -1 for none");
+  }
+  if (options.resume_from_step >= 0 && options.lineage.empty()) {
+    return Status::InvalidArgument(
+        "PublisherOptions.resume_from_step = ", options.resume_from_step,
+        " needs PublisherOptions.lineage: the lineage it resumes");
+  }
+  if (!options.lineage.empty()) {
+    WS_RETURN_IF_ERROR(wire::CheckLineage(options.lineage).WithContext("PublisherOptions"));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // A new session per Create: subscribers never take this publisher's step N for a step N of an
+  // earlier one (a restarted trainer), even under the same lineage.
+  impl->welcome.session_id = RandomU64();
+  impl->welcome.lineage = options.lineage.empty() ? RandomLineage() : options.lineage;
+  impl->welcome.resumed_from = options.resume_from_step;
   WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
   WS_ASSIGN_OR_RETURN(impl->arena, Arena::Create(impl->endpoint.name, kDefaultReserve));
   if (impl->endpoint.kind == transport::Endpoint::Kind::kTcp) {
@@ -146,6 +177,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
                         ShmServer::Start(impl->endpoint, server_options, impl.get()));
     impl->bound_endpoint = impl->endpoint.ToString();
   }
+  WS_LOG(INFO, "publisher") << impl->bound_endpoint << " serves lineage '" << impl->welcome.lineage
+                            << "'"
+                            << (options.resume_from_step >= 0
+                                    ? " resumed from step " +
+                                          std::to_string(options.resume_from_step)
+                                    : std::string(options.lineage.empty() ? " (new)" : ""));
   return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
 }
 
@@ -224,15 +261,19 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
   return TensorView{d.arena->base() + offset, dtype, shape};
 }
 
+// Builds everything a Publish needs. Idempotent: a failed Freeze keeps nothing it built (the
+// arena's own Freeze may stay done), so a retried Publish freezes again from scratch and copies
+// each tensor once.
 Status Publisher::Impl::Freeze() {
   const bool gpu = cuda_device >= 0;
   const uint64_t segment_bytes =
       options.segment_bytes > 0 ? options.segment_bytes : (gpu ? 64ull << 20 : 8ull << 20);
-  welcome.session_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   welcome.slot_count = static_cast<uint32_t>(options.slots);
   welcome.segment_bytes = segment_bytes;
   welcome.tensors = placements;
 
+  std::vector<Task> new_tasks;
+  uint64_t new_copy_bytes = 0;
   uint32_t digest = 0;
   for (size_t i = 0; i < placements.size(); ++i) {
     const auto& p = placements[i];
@@ -243,27 +284,29 @@ Status Publisher::Impl::Freeze() {
       t.arena_offset = p.offset + off;
       t.src = sources[i].data != nullptr ? sources[i].data + off : nullptr;
       t.digest = digest++;
-      tasks.push_back(t);
+      if (t.src != nullptr) new_copy_bytes += t.bytes;
+      new_tasks.push_back(t);
     }
   }
+  std::unique_ptr<transport::cuda_ipc::GpuArena> new_gpu_arena;
   if (gpu) {
     std::vector<transport::cuda_ipc::GpuArena::Copy> copies;
     for (size_t i = 0; i < placements.size(); ++i) {
       copies.push_back({sources[i].data, placements[i].offset, placements[i].spec.nbytes});
     }
     std::vector<transport::cuda_ipc::GpuArena::Segment> segments;
-    for (const Task& t : tasks) segments.push_back({t.arena_offset, t.bytes, t.digest});
-    WS_ASSIGN_OR_RETURN(gpu_arena, transport::cuda_ipc::GpuArena::Create(
-                                       cuda_device, slot_used, welcome.slot_count,
-                                       std::move(copies), std::move(segments), digest));
+    for (const Task& t : new_tasks) segments.push_back({t.arena_offset, t.bytes, t.digest});
+    WS_ASSIGN_OR_RETURN(new_gpu_arena, transport::cuda_ipc::GpuArena::Create(
+                                           cuda_device, slot_used, welcome.slot_count,
+                                           std::move(copies), std::move(segments), digest));
     welcome.arena_kind = wire::ArenaKind::kCudaMem;
     welcome.device = cuda_device;
     welcome.digest_kind = wire::DigestKind::kGpu64;
-    welcome.arena_bytes = gpu_arena->arena_bytes();
+    welcome.arena_bytes = new_gpu_arena->arena_bytes();
     welcome.direct_offset = 0;
     welcome.direct_bytes = 0;
     welcome.slots_offset = 0;
-    welcome.slot_bytes = gpu_arena->slot_bytes();
+    welcome.slot_bytes = new_gpu_arena->slot_bytes();
   } else {
     WS_RETURN_IF_ERROR(arena->Freeze(slot_used, welcome.slot_count));
     welcome.arena_bytes = arena->arena_bytes();
@@ -273,10 +316,14 @@ Status Publisher::Impl::Freeze() {
     welcome.slot_bytes = arena->slot_bytes();
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
-  versions.resize(options.slots);
-  for (auto& v : versions) v.digests.assign(digest, 0);
+  WS_FAIL_POINT_RETURN("publisher.freeze");
   int threads = options.copy_threads > 0 ? options.copy_threads : util::DefaultThreads();
   workers = std::make_unique<util::WorkerPool>(threads);
+  versions.resize(options.slots);
+  for (auto& v : versions) v.digests.assign(digest, 0);
+  tasks = std::move(new_tasks);
+  copy_bytes = gpu ? registered_bytes : new_copy_bytes;
+  gpu_arena = std::move(new_gpu_arena);
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << placements.size()
                             << " tensors, " << manifest.total_bytes() << " bytes ("
                             << welcome.direct_bytes << " arena-allocated), " << options.slots
@@ -329,6 +376,11 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
     if (step <= d.latest_step) {
       return Status::InvalidArgument("steps must increase: step ", step, " after step ",
                                      d.latest_step);
+    }
+    if (step <= d.options.resume_from_step) {
+      return Status::InvalidArgument("step ", step, " is not after step ",
+                                     d.options.resume_from_step, ", which this publisher resumes "
+                                     "lineage '", d.welcome.lineage, "' from");
     }
     if (d.placements.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
@@ -387,7 +439,7 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
   }
   d.cv.notify_all();
   stats.step = step;
-  stats.bytes_copied = d.registered_bytes;
+  stats.bytes_copied = d.copy_bytes;
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
@@ -401,7 +453,7 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
     if (closed) return Status::Unavailable("publisher closed");
     if (give_up()) return Status::PeerLost("subscriber left before the first publish");
     if (deadline.expired()) {
-      return Status::Timeout("no version published within ", options.timeout.count(), " ms");
+      return Status::Timeout("no version published while the subscriber waited");
     }
     cv.wait_for(lock, kWaitSlice);
   }
@@ -448,7 +500,7 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
     if (deadline.expired()) {
       return Status::Timeout("step ", request.step < 0 ? std::string("latest")
                                                        : std::to_string(request.step),
-                             " not available within ", options.timeout.count(),
+                             " not available within the subscriber's wait of ", request.wait_ms,
                              " ms (latest is ", latest_step, ")");
     }
     cv.wait_for(lock, kWaitSlice);
@@ -474,6 +526,8 @@ int64_t Publisher::latest_step() const {
 const Manifest& Publisher::manifest() const { return impl_->manifest; }
 
 const std::string& Publisher::endpoint() const { return impl_->bound_endpoint; }
+
+const std::string& Publisher::lineage() const { return impl_->welcome.lineage; }
 
 Status Publisher::Close() {
   Impl& d = *impl_;

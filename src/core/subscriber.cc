@@ -52,6 +52,19 @@ struct Source {
   std::vector<plan::Destination> share;
   std::span<const uint64_t> digests;  // from EndStep, valid until the next BeginStep
   Status status;                      // of the last per-source phase run on the pool
+  // The publisher's identity and layout, from connecting (valid while `handle` lives).
+  const wire::Welcome* welcome = nullptr;
+  // Whose version this source last delivered into a committed update: its session and lineage.
+  uint64_t committed_session = 0;
+  std::string committed_lineage;
+};
+
+// What the committed version is to the publishers now prepared.
+enum class Held : uint8_t {
+  kNothing,       // nothing committed yet
+  kSameSession,   // a version of these very publisher sessions: steps compare
+  kRestarted,     // a version of an earlier session of the same lineage (a restarted trainer)
+  kOtherLineage,  // a version of another lineage
 };
 
 struct Subscriber::Impl {
@@ -70,8 +83,12 @@ struct Subscriber::Impl {
 
   std::mutex update_mu;  // one update at a time; held for the whole update
   std::atomic<bool> cancel{false};  // set by Cancel(), cleared when an update starts
-  int64_t committed = -1;
-  bool valid = true;
+  // Written under update_mu; atomic because committed_step()/weights_valid() read them from any
+  // thread (e.g. Python while its worker thread updates).
+  std::atomic<int64_t> committed{-1};
+  std::atomic<bool> valid{true};
+  mutable std::mutex lineage_mu;
+  std::string committed_lineage;  // guarded by lineage_mu; the first active source's
   bool closed = false;
   uint64_t prepare_count = 0;
 
@@ -81,7 +98,11 @@ struct Subscriber::Impl {
   }
   Status Prepare(const Deadline& deadline);
   Status PrepareShares(const Deadline& deadline);
-  Result<int64_t> BeginStep(std::optional<int64_t> step, const Deadline& deadline);
+  Held HeldVersion() const;
+  Status CheckLineage(Held held, const UpdateOptions& update) const;
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after,
+                            const Deadline& deadline);
+  void RecordCommitted(int64_t step);
 
   // Runs fn(source) for every active source, concurrently when there are several, and combines
   // the results. Allocates nothing on success.
@@ -233,6 +254,7 @@ Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
       result.Update(sources.size() > 1 ? s.WithContext(it->name) : s);
     }
     it->handle.reset();
+    it->welcome = nullptr;
     it->share.clear();
   }
   prepared = false;
@@ -247,6 +269,7 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline) {
     WS_ASSIGN_OR_RETURN(source.handle, transport::NewTransferHandle(source.endpoint, options));
   }
   if (sources.size() == 1) {
+    WS_ASSIGN_OR_RETURN(sources[0].welcome, sources[0].handle->Connect(deadline));
     WS_RETURN_IF_ERROR(sources[0].handle->Prepare(
         destinations, {options.policy, options.mode, Convert()}, deadline));
     active.push_back(&sources[0]);
@@ -265,6 +288,7 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
   for (Source& source : sources) {
     Result<const wire::Welcome*> welcome = source.handle->Connect(deadline);
     if (!welcome.ok()) return welcome.status().WithContext(source.name);
+    source.welcome = *welcome;
     manifests.push_back({source.name, *welcome});
   }
   WS_ASSIGN_OR_RETURN(plan::Schedule schedule,
@@ -298,16 +322,48 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
   });
 }
 
+Held Subscriber::Impl::HeldVersion() const {
+  if (committed.load(std::memory_order_relaxed) < 0) return Held::kNothing;
+  bool same_session = true, same_lineage = true;
+  for (const Source* source : active) {
+    same_session = same_session && source->welcome->session_id == source->committed_session;
+    same_lineage = same_lineage && source->welcome->lineage == source->committed_lineage;
+  }
+  if (same_session) return Held::kSameSession;
+  return same_lineage ? Held::kRestarted : Held::kOtherLineage;
+}
+
+// LineagePolicy::kStrict refuses another lineage (the handle stays prepared: nothing is wrong
+// with it). A restart of the same lineage is checked by its step number, in Update().
+Status Subscriber::Impl::CheckLineage(Held held, const UpdateOptions& update) const {
+  if (held != Held::kOtherLineage || options.lineage_policy != LineagePolicy::kStrict ||
+      update.accept_new_lineage) {
+    return Status::Ok();
+  }
+  std::string serving;
+  for (const Source* source : active) {
+    if (source->welcome->lineage == source->committed_lineage) continue;
+    serving = source->name + " serves lineage '" + source->welcome->lineage + "' (committed: '" +
+              source->committed_lineage + "')";
+    break;
+  }
+  return Status::FailedPrecondition(
+      serving, ", committed step ", committed.load(std::memory_order_relaxed),
+      ": the strict lineage policy refuses a lineage change; update with accept_new_lineage to "
+      "follow it");
+}
+
 // Every active source must serve the same step. "Latest" is the first source's latest; the others
-// are asked for exactly that step (waiting, within the deadline, for one that is behind).
-Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step,
+// are asked for exactly that step (waiting, within the deadline, for one that is behind). `after`:
+// the committed step where it is a step of these publishers' sessions, else -1.
+Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step, int64_t after,
                                             const Deadline& deadline) {
   Source& lead = *active[0];
-  Result<int64_t> got = lead.handle->BeginStep(step, committed, deadline);
+  Result<int64_t> got = lead.handle->BeginStep(step, after, deadline);
   if (!got.ok() || active.size() == 1) return got;
-  if (*got == committed) return got;  // up to date: nothing pinned anywhere
+  if (*got == after) return got;  // up to date: nothing pinned anywhere
   for (size_t i = 1; i < active.size(); ++i) {
-    Result<int64_t> other = active[i]->handle->BeginStep(*got, committed, deadline);
+    Result<int64_t> other = active[i]->handle->BeginStep(*got, after, deadline);
     if (!other.ok()) {
       return other.status().WithContext(active[i]->name + " (publishers out of step? " +
                                         lead.name + " offered step " + std::to_string(*got) + ")");
@@ -320,6 +376,16 @@ Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step,
   return got;
 }
 
+void Subscriber::Impl::RecordCommitted(int64_t step) {
+  for (Source* source : active) {
+    source->committed_session = source->welcome->session_id;
+    source->committed_lineage = source->welcome->lineage;
+  }
+  committed.store(step, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(lineage_mu);
+  committed_lineage = active[0]->welcome->lineage;  // SSO or reused capacity: no allocation
+}
+
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   Impl& d = *impl_;
   auto t0 = Clock::now();
@@ -330,11 +396,6 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   if (d.destinations.empty()) {
     return Status::FailedPrecondition("Update() before Register(): no destination tensors");
   }
-  if (update.step && *update.step <= d.committed) {
-    return Status::FailedPrecondition("step ", *update.step,
-                                      " is not newer than the committed step ", d.committed,
-                                      " (steps only move forward)");
-  }
   const bool verify = update.verify.value_or(d.options.verify);
   d.cancel.store(false, std::memory_order_release);
   Deadline deadline(d.options.timeout, &d.cancel);
@@ -344,7 +405,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
 
   // Any failure from here on destroys the handle; the next update prepares a new one.
   auto fail = [&](const Status& s) -> Status {
-    if (touched_destinations) d.valid = false;
+    if (touched_destinations) d.valid.store(false, std::memory_order_relaxed);
     (void)d.ReleaseHandles("update failed");
     Status out = s.WithContext("update to step " + step_text + " from " + d.sources_text);
     if (touched_destinations) {
@@ -364,17 +425,55 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   }
   stats.prepare_count = d.prepare_count;
 
+  // Steps compare only within one publisher session: after a restart the committed step number
+  // says nothing about what the new session's step of that number holds.
+  const int64_t committed = d.committed.load(std::memory_order_relaxed);
+  const Held held = d.HeldVersion();
+  const bool strict = d.options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
+  const int64_t after =
+      held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed : -1;
+  // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
+  if (Status s = d.CheckLineage(held, update); !s.ok()) {
+    return s.WithContext("update to step " + step_text + " from " + d.sources_text);
+  }
+  if (update.step && *update.step <= after) {
+    return Status::FailedPrecondition("step ", *update.step,
+                                      " is not newer than the committed step ", after,
+                                      " (steps only move forward)");
+  }
+
   auto t_wait = Clock::now();
-  Result<int64_t> step = d.BeginStep(update.step, deadline);
+  Result<int64_t> step = d.BeginStep(update.step, after, deadline);
   if (!step.ok()) return fail(step.status());
   auto t_copy = Clock::now();
   stats.wait_seconds = Seconds(t_wait, t_copy);
   stats.step = *step;
   step_text = std::to_string(*step);
-  if (*step == d.committed) {
+  stats.lineage.Assign(d.active[0]->welcome->lineage);
+  if (*step == after) {
+    if (held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
+      return Status::FailedPrecondition(
+          "update from ", d.sources_text, ": the publisher restarted lineage '",
+          d.active[0]->welcome->lineage, "' and its latest step ", *step,
+          " is not newer than the committed step ", committed,
+          " of its previous session; the strict lineage policy waits for a newer step (or "
+          "update with accept_new_lineage)");
+    }
     stats.up_to_date = true;
     stats.seconds = Seconds(t0, Clock::now());
     return stats;
+  }
+  if (held == Held::kRestarted || held == Held::kOtherLineage) {
+    const wire::Welcome& now = *d.active[0]->welcome;
+    WS_LOG(WARN, "subscriber")
+        << d.sources_text << ": "
+        << (held == Held::kRestarted ? "publisher restarted lineage '" + now.lineage + "'"
+                                     : "new lineage '" + now.lineage + "'")
+        << (now.resumed_from >= 0 ? " resumed from step " + std::to_string(now.resumed_from)
+                                  : std::string())
+        << ": its step " << *step << " replaces committed step " << committed << " of lineage '"
+        << d.active[0]->committed_lineage << "'";
+    stats.lineage_changed = true;
   }
 
   const bool staged = d.options.mode == UpdateMode::kStaged;
@@ -409,8 +508,8 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   if (!s.ok()) return fail(s);
   auto t_end = Clock::now();
   stats.commit_seconds = Seconds(t_commit, t_end);
-  d.committed = *step;
-  d.valid = true;
+  d.RecordCommitted(*step);
+  d.valid.store(true, std::memory_order_relaxed);
   for (const Source* src : d.active) {
     stats.bytes += src->handle->plan().total_bytes;
     stats.tensors += src->handle->plan().tensors.size();
@@ -445,7 +544,13 @@ Status Subscriber::Cancel() {
   return Status::Ok();
 }
 
-int64_t Subscriber::committed_step() const { return impl_->committed; }
-bool Subscriber::weights_valid() const { return impl_->valid; }
+int64_t Subscriber::committed_step() const {
+  return impl_->committed.load(std::memory_order_relaxed);
+}
+bool Subscriber::weights_valid() const { return impl_->valid.load(std::memory_order_relaxed); }
+std::string Subscriber::committed_lineage() const {
+  std::lock_guard<std::mutex> lock(impl_->lineage_mu);
+  return impl_->committed_lineage;
+}
 
 }  // namespace weightsync

@@ -46,8 +46,12 @@ Status PlanConversion(const TensorSpec& src, const std::vector<Destination>& des
                                    " (subscriber) do not fit ", elements, " elements");
   }
   if (t->transform != Transform::kQuantizeFp8) return Status::Ok();
+  // rows = the product of every dimension but the last, also when the last is 0 (a [256, 0]
+  // tensor has 256 rows of nothing: scales [2, 0]), so the scale shape follows the documented rule
+  // for every shape.
   t->cols = src.shape.empty() ? 1 : src.shape.back();
-  t->rows = t->cols == 0 ? 0 : static_cast<int64_t>(elements) / t->cols;
+  t->rows = 1;
+  for (size_t i = 0; i + 1 < src.shape.size(); ++i) t->rows *= src.shape[i];
   const std::string scale_name = src.name + convert.scale_suffix;
   auto it = by_name.find(scale_name);
   const std::vector<int64_t> want{(t->rows + 127) / 128, (t->cols + 127) / 128};

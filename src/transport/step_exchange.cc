@@ -1,11 +1,20 @@
 #include "transport/step_exchange.h"
 
+#include <unistd.h>
+
 namespace weightsync::transport {
+
+wire::Hello SubscriberHello(const util::Deadline& deadline) {
+  return wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber,
+                     static_cast<uint32_t>(::getpid()),
+                     static_cast<uint64_t>(deadline.RemainingMs())};
+}
 
 Result<int64_t> RequestStep(wire::Channel& channel, const std::string& peer,
                             std::optional<int64_t> step, int64_t after_step,
                             wire::StepBegin* begin, const util::Deadline& deadline) {
-  wire::UpdateRequest req{step.value_or(-1), after_step};
+  wire::UpdateRequest req{step.value_or(-1), after_step,
+                          static_cast<uint64_t>(deadline.RemainingMs())};
   WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
   WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepBegin, begin, deadline));
   if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing

@@ -15,6 +15,10 @@
 
 namespace weightsync::transport {
 
+// The subscriber's Hello: this protocol version, its pid, and how long it waits for the
+// publisher's layout (the time left of `deadline`).
+wire::Hello SubscriberHello(const util::Deadline& deadline);
+
 // Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
 // offered; `after_step` means up to date.
 Result<int64_t> RequestStep(wire::Channel& channel, const std::string& peer,

@@ -206,13 +206,14 @@ Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlace
 
 }  // namespace
 
-// ---- Hello: u16 protocol_version, u8 role, u32 pid ----
+// ---- Hello: u16 protocol_version, u8 role, u32 pid, u64 wait_ms ----
 
 void Encode(const Hello& m, std::vector<uint8_t>* out) {
   Writer w(out);
   w.U16(m.protocol_version);
   w.U8(static_cast<uint8_t>(m.role));
   w.U32(m.pid);
+  w.U64(m.wait_ms);
 }
 
 Status Decode(std::span<const uint8_t> payload, Hello* m) {
@@ -227,6 +228,7 @@ Status Decode(std::span<const uint8_t> payload, Hello* m) {
   }
   m->role = static_cast<Role>(role);
   WS_ASSIGN_OR_RETURN(m->pid, r.U32("pid"));
+  WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
   return r.ExpectEnd();
 }
 
@@ -245,6 +247,8 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
   w.U8(static_cast<uint8_t>(m.arena_kind));
   w.U32(static_cast<uint32_t>(m.device));
   w.U8(static_cast<uint8_t>(m.digest_kind));
+  w.String(m.lineage);
+  w.I64(m.resumed_from);
   // The publisher's manifest was validated at Register(), so counts, names and ndim fit their
   // wire widths here.
   w.U32(static_cast<uint32_t>(m.tensors.size()));
@@ -290,6 +294,15 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
                                  ", expected 0..1");
   }
   m->digest_kind = static_cast<DigestKind>(digest_kind);
+  WS_ASSIGN_OR_RETURN(m->lineage, r.String("lineage", kMaxLineageBytes));
+  if (Status s = CheckLineage(m->lineage); !s.ok()) {
+    return Status::ProtocolError(kWelcomeWhat, ": ", s.message());
+  }
+  WS_ASSIGN_OR_RETURN(m->resumed_from, r.I64("resumed_from"));
+  if (m->resumed_from < -1) {
+    return Status::ProtocolError(kWelcomeWhat, ": resumed_from ", m->resumed_from,
+                                 ", expected >= -1");
+  }
   WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("tensor count", kMaxTensors, kMinTensorBytes));
 
   m->tensors.clear();
@@ -311,7 +324,7 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   return r.ExpectEnd();
 }
 
-// ---- UpdateRequest: i64 step, i64 after_step ----
+// ---- UpdateRequest: i64 step, i64 after_step, u64 wait_ms ----
 // Step values carry meaning only against the publisher's state (latest, held versions), so the
 // receiver validates them, not the decoder.
 
@@ -319,12 +332,14 @@ void Encode(const UpdateRequest& m, std::vector<uint8_t>* out) {
   Writer w(out);
   w.I64(m.step);
   w.I64(m.after_step);
+  w.U64(m.wait_ms);
 }
 
 Status Decode(std::span<const uint8_t> payload, UpdateRequest* m) {
   Reader r(payload, kUpdateRequestWhat);
   WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
   WS_ASSIGN_OR_RETURN(m->after_step, r.I64("after_step"));
+  WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
   return r.ExpectEnd();
 }
 
@@ -404,6 +419,22 @@ Status Decode(std::span<const uint8_t> payload, ErrorMessage* m) {
   m->code = static_cast<StatusCode>(code);
   WS_ASSIGN_OR_RETURN(m->message, r.String("message", kMaxErrorMessageBytes));
   return r.ExpectEnd();
+}
+
+Status CheckLineage(std::string_view lineage) {
+  if (lineage.empty() || lineage.size() > kMaxLineageBytes) {
+    return Status::InvalidArgument("lineage of ", lineage.size(), " bytes; expected 1..",
+                                   kMaxLineageBytes);
+  }
+  for (char c : lineage) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) {
+      return Status::InvalidArgument("lineage ", Quote(lineage),
+                                     " has a character outside [A-Za-z0-9._:-]");
+    }
+  }
+  return Status::Ok();
 }
 
 Status ToStatus(const ErrorMessage& m) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weightsync/manifest.h"
@@ -20,6 +21,9 @@ struct Hello {
   uint16_t protocol_version = 0;
   Role role = Role::kSubscriber;
   uint32_t pid = 0;
+  // How long the subscriber waits for the publisher's layout (its first Publish): the publisher
+  // waits that long, not for a timeout of its own (see UpdateRequest::wait_ms).
+  uint64_t wait_ms = 0;
 };
 
 // Where each published tensor lies in the arena.
@@ -46,8 +50,17 @@ enum class DigestKind : uint8_t {
   kGpu64 = 1,  // the GPU digest of src/cuda/gpu_digest_reference.h
 };
 
+// A publisher's lineage name (PublisherOptions::lineage): 1..kMaxLineageBytes of [A-Za-z0-9._:-],
+// so it is safe to log and to compare byte for byte.
+inline constexpr uint32_t kMaxLineageBytes = 64;
+
 struct Welcome {
+  // Identity of the versions this publisher serves: (lineage, session_id, step). session_id is
+  // random per Publisher::Create, so a restarted trainer is a new session even under the same
+  // lineage and step numbers; a subscriber reports "up to date" only within one session.
   uint64_t session_id = 0;
+  std::string lineage;       // 1..kMaxLineageBytes, see above
+  int64_t resumed_from = -1; // ≥ 0: this session continues `lineage` from that step
   uint64_t arena_bytes = 0;    // size of the memfd passed with this frame
   uint64_t direct_offset = 0;  // start of the direct region in the arena
   uint64_t direct_bytes = 0;
@@ -64,8 +77,16 @@ inline constexpr uint32_t kMaxSlots = 64;
 
 struct UpdateRequest {
   int64_t step = -1;        // -1: latest
-  int64_t after_step = -1;  // the subscriber's committed step (-1: none)
+  // The subscriber's committed step of this publisher session (-1: it holds none of this
+  // session's versions, e.g. after the publisher restarted): equal to the latest means
+  // "up to date".
+  int64_t after_step = -1;
+  // How long the subscriber waits for this step (its own remaining deadline): the publisher
+  // waits for the step, and for the subscriber to finish reading it, that long and not less.
+  uint64_t wait_ms = 0;
 };
+// The longest wait a publisher honours for one step (a day): bounds a pinned slot.
+inline constexpr uint64_t kMaxWaitMs = 24ull * 3600 * 1000;
 
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 struct StepBegin {
@@ -111,5 +132,8 @@ Status Decode(std::span<const uint8_t> payload, ErrorMessage* m);
 
 // ErrorMessage → Status with the peer's code and "peer: " + message. Unknown codes → ProtocolError.
 Status ToStatus(const ErrorMessage& m);
+
+// Ok if `lineage` is a valid lineage name (see kMaxLineageBytes); InvalidArgument saying why.
+Status CheckLineage(std::string_view lineage);
 
 }  // namespace weightsync::wire

@@ -104,6 +104,27 @@ TEST(ConvertPlan, Fp8QuantizationFindsItsScaleDestination) {
   EXPECT_FALSE(t.e8m0_scales);
 }
 
+TEST(ConvertPlan, Fp8ScalesOfAnEmptyLastDimensionFollowTheRowRule) {
+  // rows = the product of every dimension but the last, whatever the last is: a [256, 0] tensor
+  // has 256 rows of no columns, so its scales are [ceil(256/128), 0] = [2, 0].
+  auto w = Publishes({Spec("w", DType::kBFloat16, {256, 0})});
+  auto p = BuildPlan(w,
+                     Registers({Spec("w", DType::kFloat8E4M3FN, {256, 0}),
+                                Spec("w_scale_inv", DType::kFloat32, {2, 0})}),
+                     MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->tensors[0].rows, 256);
+  EXPECT_EQ(p->tensors[0].cols, 0);
+  p = BuildPlan(w,
+                Registers({Spec("w", DType::kFloat8E4M3FN, {256, 0}),
+                           Spec("w_scale_inv", DType::kFloat32, {0, 0})}),
+                MatchPolicy::kStrict, 1 << 20, kOn);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("has shape [0, 0]; 128x128 blocks of [256, 0] need [2, 0]"),
+            std::string::npos)
+      << p.status();
+}
+
 TEST(ConvertPlan, E8M0ScalesAreRecognised) {
   auto w = Publishes({Spec("w", DType::kBFloat16, {128, 256})});
   auto p = BuildPlan(w,

@@ -70,6 +70,8 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
   EXPECT_EQ(a.arena_kind, b.arena_kind);
   EXPECT_EQ(a.device, b.device);
   EXPECT_EQ(a.digest_kind, b.digest_kind);
+  EXPECT_EQ(a.lineage, b.lineage);
+  EXPECT_EQ(a.resumed_from, b.resumed_from);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) {
     SCOPED_TRACE("tensor " + std::to_string(i));
@@ -95,6 +97,8 @@ Welcome BaseWelcome() {
   w.arena_kind = ArenaKind::kCudaMem;  // non-default values prove the fields round-trip
   w.device = 1;
   w.digest_kind = DigestKind::kGpu64;
+  w.lineage = "run-7.b:c_D";
+  w.resumed_from = 41;
   return w;
 }
 
@@ -133,6 +137,8 @@ struct RawWelcome {
   uint8_t arena_kind = 0;
   uint32_t device = 0xFFFFFFFFu;
   uint8_t digest_kind = 0;
+  std::string lineage = "run";
+  int64_t resumed_from = -1;
   std::optional<uint32_t> count;  // tensors.size() unless set
   std::vector<RawTensor> tensors;
 };
@@ -146,6 +152,8 @@ std::vector<uint8_t> EncodeRaw(const RawWelcome& raw) {
   w.U8(raw.arena_kind);
   w.U32(raw.device);
   w.U8(raw.digest_kind);
+  w.String(raw.lineage);
+  w.I64(raw.resumed_from);
   w.U32(raw.count.value_or(static_cast<uint32_t>(raw.tensors.size())));
   for (const RawTensor& t : raw.tensors) {
     w.String(t.name);
@@ -241,13 +249,17 @@ TEST(WireHelloTest, RoundTrip) {
   h.protocol_version = 1;
   h.role = Role::kSubscriber;
   h.pid = 0xFEDCBA98u;
+  h.wait_ms = 0x0102;
   const std::vector<uint8_t> bytes = EncodeOf(h);
-  EXPECT_EQ(bytes, (std::vector<uint8_t>{1, 0, 1, 0x98, 0xBA, 0xDC, 0xFE}));
+  EXPECT_EQ(bytes, (std::vector<uint8_t>{1, 0, 1, 0x98, 0xBA, 0xDC, 0xFE, 2, 1, 0, 0, 0, 0, 0, 0}));
   Hello out;
   ASSERT_OK(Decode(bytes, &out));
   EXPECT_EQ(out.protocol_version, 1);
   EXPECT_EQ(out.role, Role::kSubscriber);
   EXPECT_EQ(out.pid, 0xFEDCBA98u);
+  EXPECT_EQ(out.wait_ms, 0x0102u);
+  ExpectEveryPrefixRejected<Hello>(bytes);
+  ExpectTrailingByteRejected<Hello>(bytes);
 }
 
 TEST(WireHelloTest, OtherProtocolVersionDecodes) {
@@ -394,7 +406,7 @@ TEST(WireWelcomeTest, HugeTensorCountRejectedBeforeAllocating) {
   const std::vector<uint8_t> bytes = EncodeRaw(raw);
   EXPECT_TRUE(IsProtocolError(Decode(bytes, &out),
                               {"welcome: tensor count 100 needs at least 2200 bytes, only " +
-                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - 4) + " left"}));
+                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - (2 + 3) - 8 - 4) + " left"}));
 }
 
 TEST(WireWelcomeTest, NameLimits) {
@@ -418,6 +430,35 @@ TEST(WireWelcomeTest, DuplicateNamesRejected) {
   Welcome out;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
                               {"welcome: tensor 3 'b' duplicates the name of tensor 1"}));
+}
+
+TEST(WireWelcomeTest, LineageMustBeANameOfAllowedCharacters) {
+  Welcome out;
+  for (std::string bad : {std::string(), std::string(kMaxLineageBytes + 1, 'x'),
+                          std::string("run 1"), std::string("r\xff"), std::string("a/b")}) {
+    SCOPED_TRACE("lineage '" + bad + "'");
+    RawWelcome raw;
+    raw.lineage = bad;
+    EXPECT_EQ(Decode(EncodeRaw(raw), &out).code(), StatusCode::kProtocolError);
+  }
+  RawWelcome raw;
+  raw.lineage = std::string(kMaxLineageBytes, 'z');
+  ASSERT_OK(Decode(EncodeRaw(raw), &out));
+  EXPECT_EQ(out.lineage, raw.lineage);
+  raw.lineage = "a b";
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
+                              {"welcome: lineage 'a b' has a character outside [A-Za-z0-9._:-]"}));
+}
+
+TEST(WireWelcomeTest, ResumedFromBelowMinusOneRejected) {
+  RawWelcome raw;
+  raw.resumed_from = -2;
+  Welcome out;
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
+                              {"welcome: resumed_from -2, expected >= -1"}));
+  raw.resumed_from = 0;
+  ASSERT_OK(Decode(EncodeRaw(raw), &out));
+  EXPECT_EQ(out.resumed_from, 0);
 }
 
 TEST(WireWelcomeTest, UnknownDTypeRejected) {
@@ -573,13 +614,14 @@ TEST(WireWelcomeTest, FuzzNeverCrashes) {
 TEST(WireUpdateRequestTest, RoundTripAndStrictness) {
   for (auto [step, after] :
        {std::pair<int64_t, int64_t>{-1, -1}, {0, -1}, {INT64_MAX, 7}, {INT64_MIN, INT64_MIN}}) {
-    UpdateRequest in{step, after};
+    UpdateRequest in{step, after, static_cast<uint64_t>(after) * 3};
     const std::vector<uint8_t> bytes = EncodeOf(in);
-    EXPECT_EQ(bytes.size(), 16u);
+    EXPECT_EQ(bytes.size(), 24u);
     UpdateRequest out;
     ASSERT_OK(Decode(bytes, &out));
     EXPECT_EQ(out.step, step);
     EXPECT_EQ(out.after_step, after);
+    EXPECT_EQ(out.wait_ms, static_cast<uint64_t>(after) * 3);
     ExpectEveryPrefixRejected<UpdateRequest>(bytes);
     ExpectTrailingByteRejected<UpdateRequest>(bytes);
   }

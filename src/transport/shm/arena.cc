@@ -111,6 +111,15 @@ Result<uint64_t> Arena::AllocateDirect(uint64_t bytes) {
 }
 
 Status Arena::Freeze(uint64_t slot_bytes, uint32_t slot_count) {
+  // Sealed already (a Publish that froze the arena failed later and is retried): the same layout
+  // is nothing to do; sealing twice would fail.
+  if (frozen_) {
+    if (slot_bytes_ == RoundUp(slot_bytes, kPage) && slot_count_ == slot_count) {
+      return Status::Ok();
+    }
+    return Status::FailedPrecondition("arena '", name_, "' is sealed with ", slot_count_,
+                                      " slots of ", slot_bytes_, " bytes");
+  }
   slots_offset_ = RoundUp(direct_used_, kPage);
   slot_bytes_ = RoundUp(slot_bytes, kPage);
   uint64_t total;
@@ -123,6 +132,7 @@ Status Arena::Freeze(uint64_t slot_bytes, uint32_t slot_count) {
     return Status::FromErrno(errno, "sealing arena '" + name_ + "'");
   }
   frozen_ = true;
+  slot_count_ = slot_count;
   return Status::Ok();
 }
 

@@ -47,6 +47,7 @@ class Arena {
   uint64_t direct_used_ = 0;
   uint64_t slots_offset_ = 0;
   uint64_t slot_bytes_ = 0;
+  uint32_t slot_count_ = 0;
   bool frozen_ = false;
 };
 

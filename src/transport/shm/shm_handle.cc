@@ -101,9 +101,7 @@ Result<const wire::Welcome*> ShmHandle::Connect(const Deadline& deadline) {
   channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_);
   LedgerAdd(LedgerItem::kConnections, 1);
 
-  wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
-                    static_cast<uint32_t>(::getpid())};
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
   WS_RETURN_IF_ERROR(
       channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline, &arena_fd_));
   if (!arena_fd_.valid()) {

@@ -174,8 +174,10 @@ Status ShmServer::ServeOrError(Connection* conn) {
   wire::Channel ch(util::UniqueFd(::dup(conn->fd.get())),
                    "subscriber connection " + std::to_string(conn->id));
   auto give_up = [&] { return stopping_.load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke(); };
+  // Every session this side ends is ended with an error frame that says why (a departed peer
+  // cannot read one).
   auto fail = [&](Status s) {
-    if (s.code() != StatusCode::kPeerLost && s.code() != StatusCode::kTimeout) {
+    if (s.code() != StatusCode::kPeerLost) {
       std::string msg = s.message().substr(0, wire::kMaxErrorMessageBytes);
       (void)ch.Send(wire::FrameType::kError, wire::ErrorMessage{s.code(), msg},
                     Deadline(std::chrono::milliseconds(200)));
@@ -191,7 +193,7 @@ Status ShmServer::ServeOrError(Connection* conn) {
                                            hello.protocol_version, ", publisher speaks ",
                                            wire::kProtocolVersion));
   }
-  auto layout = source_->WaitLayout(Deadline(options_.timeout), give_up);
+  auto layout = source_->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up);
   if (!layout.ok()) return fail(layout.status());
   s = ch.Send(wire::FrameType::kWelcome, *layout->first, Deadline(options_.timeout),
               layout->second);
@@ -207,9 +209,13 @@ Status ShmServer::ServeOrError(Connection* conn) {
     if (r == 0 || (r < 0 && errno == EINTR)) continue;
     s = ch.ReceiveExpect(wire::FrameType::kUpdateRequest, &request, Deadline(options_.timeout));
     if (!s.ok()) return fail(s);
-    auto begin = source_->Acquire(request, Deadline(options_.timeout), give_up);
+    // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
+    // pinned for it, our deadline bounds its reading (a stalled reader loses the version).
+    auto begin = source_->Acquire(request, PeerWaitDeadline(request.wait_ms), give_up);
     if (!begin.ok()) return fail(begin.status());
-    s = ch.Send(wire::FrameType::kStepBegin, *begin, Deadline(options_.timeout));
+    s = ch.Send(wire::FrameType::kStepBegin,
+                AsOffered(*begin, request, layout->first->slot_count),
+                Deadline(options_.timeout));
     if (begin->step == request.after_step) {
       if (!s.ok()) return s;
       continue;  // up to date: nothing pinned

@@ -124,9 +124,7 @@ Result<const wire::Welcome*> TcpHandle::Connect(const Deadline& deadline) {
   LedgerAdd(LedgerItem::kConnections, 1);
   WS_RETURN_IF_ERROR(Authenticate(token_, deadline));
 
-  wire::Hello hello{wire::kProtocolVersion, wire::Role::kSubscriber,
-                    static_cast<uint32_t>(::getpid())};
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, hello, deadline));
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
   connected_ = true;

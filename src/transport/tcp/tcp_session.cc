@@ -82,7 +82,9 @@ Result<std::unique_ptr<nccl::NcclSender>> SetUpNccl(wire::Channel& ch, const Ses
   return sender;
 }
 
-Status Serve(wire::Channel& ch, const SessionConfig& config) {
+// `streaming` is true while a step's bytes are on the connection: an error frame sent then would
+// land in the middle of the subscriber's data.
+Status Serve(wire::Channel& ch, const SessionConfig& config, bool* streaming) {
   auto give_up = [&] {
     return config.stopping->load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke();
   };
@@ -93,7 +95,8 @@ Status Serve(wire::Channel& ch, const SessionConfig& config) {
                                       hello.protocol_version, ", publisher speaks ",
                                       wire::kProtocolVersion);
   }
-  WS_ASSIGN_OR_RETURN(auto layout, config.source->WaitLayout(Deadline(config.timeout), give_up));
+  WS_ASSIGN_OR_RETURN(auto layout,
+                      config.source->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up));
   const wire::Welcome& welcome = *layout.first;
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
@@ -123,9 +126,13 @@ Status Serve(wire::Channel& ch, const SessionConfig& config) {
     int r = ::poll(&p, 1, kPollSliceMs);
     if (r == 0 || (r < 0 && errno == EINTR)) continue;
     WS_RETURN_IF_ERROR(ReceiveUpdateRequest(ch, config, sender != nullptr, &request));
+    // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
+    // pinned for it, our deadline bounds sending it (a stalled reader loses the version).
     WS_ASSIGN_OR_RETURN(wire::StepBegin begin,
-                        config.source->Acquire(request, Deadline(config.timeout), give_up));
-    Status s = ch.Send(wire::FrameType::kStepBegin, begin, Deadline(config.timeout));
+                        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms),
+                                               give_up));
+    Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
+                       Deadline(config.timeout));
     if (begin.step == request.after_step) {
       WS_RETURN_IF_ERROR(s);
       continue;  // up to date: nothing pinned
@@ -145,6 +152,7 @@ Status Serve(wire::Channel& ch, const SessionConfig& config) {
       s = ch.WriteAll(parts, Deadline(config.timeout));
     }
     config.source->Unpin(begin, &end);
+    *streaming = !s.ok();
     WS_RETURN_IF_ERROR(s);
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
   }
@@ -155,18 +163,20 @@ Status Serve(wire::Channel& ch, const SessionConfig& config) {
 
 void RunSession(int fd, const SessionConfig& config) {
   wire::Channel ch(util::UniqueFd(::dup(fd)), "subscriber " + config.peer);
-  Status s = Serve(ch, config);
+  bool streaming = false;
+  Status s = Serve(ch, config, &streaming);
   if (s.ok() || config.stopping->load(std::memory_order_acquire)) return;
   if (s.code() == StatusCode::kPeerLost) {
     WS_LOG(DEBUG, "tcp") << "session with " << config.peer << " ended: " << s;
     return;
   }
   WS_LOG(WARN, "tcp") << "session with " << config.peer << " closed: " << s;
-  if (s.code() != StatusCode::kTimeout) {
-    (void)ch.Send(wire::FrameType::kError,
-                  wire::ErrorMessage{s.code(), s.message().substr(0, wire::kMaxErrorMessageBytes)},
-                  Deadline(std::chrono::milliseconds(200)));
-  }
+  // A session this side ends is ended with an error frame that says why, unless it ended in the
+  // middle of a step's bytes (the subscriber then sees the connection close mid-data).
+  if (streaming) return;
+  (void)ch.Send(wire::FrameType::kError,
+                wire::ErrorMessage{s.code(), s.message().substr(0, wire::kMaxErrorMessageBytes)},
+                Deadline(std::chrono::milliseconds(200)));
 }
 
 }  // namespace weightsync::transport::tcp

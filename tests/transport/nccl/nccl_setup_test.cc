@@ -120,6 +120,7 @@ class FakeGpuPublisher {
     if (!ch.ReceiveExpect(wire::FrameType::kHello, &hello, deadline).ok()) return;
     wire::Welcome w;
     w.session_id = 7;
+    w.lineage = "fake";
     w.arena_bytes = 4u << 20;
     w.slots_offset = 0;
     w.slot_bytes = 2u << 20;
