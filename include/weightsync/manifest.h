@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "weightsync/dtype.h"
@@ -27,18 +28,26 @@ struct TensorSpec {
 class Manifest {
  public:
   // Validates names (non-empty, unique, ≤ kMaxNameBytes), dims (≤ kMaxDims, ≥ 0) and byte sizes
-  // (overflow-checked). One error lists every problem found.
+  // (overflow-checked), and fills each nbytes. One error lists every problem found.
   static Result<Manifest> Build(std::vector<TensorSpec> specs);
   static Result<Manifest> FromTensors(const std::vector<NamedTensor>& tensors);
+
+  // Validates `specs` as Build does, their names also against the tensors already here, and
+  // appends them: the cost is that of the new tensors only, so registering n tensors one call at
+  // a time costs O(n) in all. On error nothing changes.
+  Status Append(std::vector<TensorSpec> specs);
+  // Removes the last `count` tensors (undoes an Append).
+  void RemoveLast(size_t count);
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   size_t size() const { return tensors_.size(); }
   uint64_t total_bytes() const { return total_bytes_; }
-  // Index of `name`, or -1.
+  // Index of `name`, or -1. O(1).
   int64_t Find(const std::string& name) const;
 
  private:
   std::vector<TensorSpec> tensors_;
+  std::unordered_map<std::string, uint32_t> index_;  // name → position in tensors_
   uint64_t total_bytes_ = 0;
 };
 

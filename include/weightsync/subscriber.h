@@ -35,8 +35,16 @@ class Subscriber {
   static Result<std::unique_ptr<Subscriber>> Create(const SubscriberOptions& options);
   ~Subscriber();
 
-  // Registers destination tensors (before the first update, or after Sleep()).
+  // Registers destination tensors (before the first update, or after Sleep() or a failed
+  // update). A name registered before takes the new memory (an engine that freed and re-allocated
+  // its weights); the next update then writes every destination, even if the step is the one
+  // committed. Destinations must not share memory, except exact aliases — the same address,
+  // dtype and shape under two names (tied weights) — which are written once per step.
+  // InvalidArgument names the problem; nothing is registered then.
   Status Register(const std::vector<NamedTensor>& tensors);
+  // Forgets the named destinations (same conditions as Register). NotFound lists unknown names;
+  // nothing is removed then.
+  Status Unregister(const std::vector<std::string>& names);
   // What the publishers publish (name, dtype, shape), read over a short-lived connection to each
   // without preparing anything, so an engine that allocates its own buffers can mirror them
   // before registering. With several publishers: the union, each name once; InvalidArgument

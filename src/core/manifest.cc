@@ -1,28 +1,37 @@
 #include "weightsync/manifest.h"
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_set>
 
 namespace weightsync {
 
 Result<Manifest> Manifest::Build(std::vector<TensorSpec> specs) {
-  std::vector<std::string> problems;
-  if (specs.size() > kMaxTensors) {
-    return Status::InvalidArgument("manifest: ", specs.size(), " tensors exceed the limit of ",
-                                   kMaxTensors);
-  }
-  std::unordered_set<std::string> seen;
   Manifest m;
+  WS_RETURN_IF_ERROR(m.Append(std::move(specs)));
+  return m;
+}
+
+Status Manifest::Append(std::vector<TensorSpec> specs) {
+  std::vector<std::string> problems;
+  const size_t base = tensors_.size();
+  if (specs.size() > kMaxTensors - std::min<size_t>(base, kMaxTensors)) {
+    return Status::InvalidArgument("manifest: ", base + specs.size(),
+                                   " tensors exceed the limit of ", kMaxTensors);
+  }
+  std::unordered_set<std::string_view> seen;  // names of this call
+  seen.reserve(specs.size());
+  uint64_t total = total_bytes_;
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorSpec& s = specs[i];
-    const std::string who = "tensor " + std::to_string(i) + " '" + s.name + "'";
-    if (s.name.empty()) problems.push_back("tensor " + std::to_string(i) + ": empty name");
+    const std::string who = "tensor " + std::to_string(base + i) + " '" + s.name + "'";
+    if (s.name.empty()) problems.push_back("tensor " + std::to_string(base + i) + ": empty name");
     if (s.name.size() > kMaxNameBytes) {
-      problems.push_back("tensor " + std::to_string(i) + ": name of " +
+      problems.push_back("tensor " + std::to_string(base + i) + ": name of " +
                          std::to_string(s.name.size()) + " bytes exceeds " +
                          std::to_string(kMaxNameBytes));
     }
-    if (!s.name.empty() && !seen.insert(s.name).second) {
+    if (!s.name.empty() && (!seen.insert(s.name).second || index_.count(s.name) > 0)) {
       problems.push_back(who + ": duplicate name");
     }
     if (!IsValidDType(static_cast<uint8_t>(s.dtype))) {
@@ -42,7 +51,7 @@ Result<Manifest> Manifest::Build(std::vector<TensorSpec> specs) {
       continue;
     }
     s.nbytes = *bytes;
-    if (__builtin_add_overflow(m.total_bytes_, s.nbytes, &m.total_bytes_)) {
+    if (__builtin_add_overflow(total, s.nbytes, &total)) {
       problems.push_back(who + ": total manifest bytes overflow");
     }
   }
@@ -52,8 +61,26 @@ Result<Manifest> Manifest::Build(std::vector<TensorSpec> specs) {
     for (const auto& p : problems) os << "\n  " << p;
     return Status::InvalidArgument(os.str());
   }
-  m.tensors_ = std::move(specs);
-  return m;
+  // Grown geometrically: reserving exactly base + new per call would copy the whole manifest on
+  // every call of a one-tensor-at-a-time loop.
+  if (tensors_.capacity() < base + specs.size()) {
+    tensors_.reserve(std::max(base + specs.size(), 2 * tensors_.capacity()));
+  }
+  for (TensorSpec& s : specs) {
+    index_.emplace(s.name, static_cast<uint32_t>(tensors_.size()));
+    tensors_.push_back(std::move(s));
+  }
+  total_bytes_ = total;
+  return Status::Ok();
+}
+
+void Manifest::RemoveLast(size_t count) {
+  count = std::min(count, tensors_.size());
+  for (size_t i = 0; i < count; ++i) {
+    total_bytes_ -= tensors_.back().nbytes;
+    index_.erase(tensors_.back().name);
+    tensors_.pop_back();
+  }
 }
 
 Result<Manifest> Manifest::FromTensors(const std::vector<NamedTensor>& tensors) {
@@ -64,10 +91,8 @@ Result<Manifest> Manifest::FromTensors(const std::vector<NamedTensor>& tensors) 
 }
 
 int64_t Manifest::Find(const std::string& name) const {
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    if (tensors_[i].name == name) return static_cast<int64_t>(i);
-  }
-  return -1;
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
 }  // namespace weightsync

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <unordered_map>
 
 #include "plan/plan.h"
 #include "transport/cuda_ipc/gpu_arena.h"
@@ -59,10 +60,13 @@ struct Publisher::Impl final : transport::VersionSource {
   // Registration (before the first Publish), in manifest order.
   struct Source {
     const uint8_t* data = nullptr;  // caller memory (registered) or nullptr (allocated)
+    // ≥ 0: the same memory, dtype and shape as registered tensor `alias_of` (tied weights, e.g. an
+    // embedding that is also the output projection): published once, under both names.
+    int64_t alias_of = -1;
   };
-  std::vector<TensorSpec> specs;
   std::vector<wire::TensorPlacement> placements;
   std::vector<Source> sources;
+  std::unordered_map<const uint8_t*, size_t> registered_at;  // data → first tensor registered there
   uint64_t slot_used = 0;         // slot bytes including alignment padding
   uint64_t registered_bytes = 0;  // bytes of registered (copied) tensors
   Manifest manifest;
@@ -76,6 +80,8 @@ struct Publisher::Impl final : transport::VersionSource {
     uint32_t digest = 0;
   };
   std::vector<Task> tasks;
+  // Digests of tied tensors' second names: copied from the first name's after hashing.
+  std::vector<std::pair<uint32_t, uint32_t>> digest_copies;
   uint64_t copy_bytes = 0;  // bytes one Publish copies (registered tensors), from the tasks
   wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
 
@@ -195,10 +201,10 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
     if (d.frozen) return Status::FailedPrecondition("Register() after the first Publish()");
   }
   // One memory kind per publisher: host tensors, or tensors of one CUDA device.
-  int device = d.specs.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
-                                      ? -1
-                                      : tensors[0].view.device.index)
-                               : d.cuda_device;
+  int device = d.placements.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
+                                           ? -1
+                                           : tensors[0].view.device.index)
+                                    : d.cuda_device;
   for (const auto& t : tensors) {
     int here = t.view.device.is_cuda() ? t.view.device.index : -1;
     if (here != device) {
@@ -211,26 +217,42 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   if (device >= 0 && d.arena->direct_bytes() > 0) {
     return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
   }
-  std::vector<TensorSpec> all = d.specs;
-  for (const auto& t : tensors) {
-    all.push_back({t.name, t.view.dtype, t.view.shape, 0});
-    if (t.view.data == nullptr) {
-      WS_ASSIGN_OR_RETURN(uint64_t n, t.view.NumBytes());
-      if (n > 0) return Status::InvalidArgument("tensor '", t.name, "': null data pointer");
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back({t.name, t.view.dtype, t.view.shape, 0});
+  // Validates the new tensors, their names also against earlier registrations: O(new tensors).
+  const size_t first = d.manifest.size();
+  WS_RETURN_IF_ERROR(d.manifest.Append(std::move(specs)));
+  for (size_t i = first; i < d.manifest.size(); ++i) {
+    const TensorSpec& spec = d.manifest.tensors()[i];
+    if (tensors[i - first].view.data == nullptr && spec.nbytes > 0) {
+      d.manifest.RemoveLast(d.manifest.size() - first);
+      return Status::InvalidArgument("tensor '", spec.name, "': null data pointer");
     }
   }
-  // Validates the whole set (duplicates against earlier registrations included).
-  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::Build(all));
-  for (size_t i = d.specs.size(); i < all.size(); ++i) {
-    const TensorSpec& spec = m.tensors()[i];
-    d.slot_used = (d.slot_used + 63) / 64 * 64;
-    d.placements.push_back({spec, wire::Region::kSlot, d.slot_used});
-    d.sources.push_back({static_cast<const uint8_t*>(tensors[i - d.specs.size()].view.data)});
-    d.slot_used += spec.nbytes;
-    d.registered_bytes += spec.nbytes;
+  for (size_t i = first; i < d.manifest.size(); ++i) {
+    const TensorSpec& spec = d.manifest.tensors()[i];
+    const auto* data = static_cast<const uint8_t*>(tensors[i - first].view.data);
+    // Tied weights: a tensor registered again under another name is copied once.
+    int64_t alias = -1;
+    if (spec.nbytes > 0) {
+      auto [it, fresh] = d.registered_at.emplace(data, i);
+      const TensorSpec& earlier = d.manifest.tensors()[fresh ? i : it->second];
+      if (!fresh && earlier.nbytes == spec.nbytes && earlier.dtype == spec.dtype &&
+          earlier.shape == spec.shape) {
+        alias = static_cast<int64_t>(it->second);
+      }
+    }
+    if (alias >= 0) {
+      d.placements.push_back({spec, wire::Region::kSlot, d.placements[alias].offset});
+    } else {
+      d.slot_used = (d.slot_used + 63) / 64 * 64;
+      d.placements.push_back({spec, wire::Region::kSlot, d.slot_used});
+      d.slot_used += spec.nbytes;
+      d.registered_bytes += spec.nbytes;
+    }
+    d.sources.push_back({data, alias});
   }
-  d.specs = m.tensors();
-  d.manifest = std::move(m);
   d.cuda_device = device;
   return Status::Ok();
 }
@@ -249,16 +271,16 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
                                 d.cuda_device, "): arena-allocated GPU tensors are not supported "
                                 "yet; register the tensors instead");
   }
-  std::vector<TensorSpec> all = d.specs;
-  all.push_back({name, dtype, shape, 0});
-  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::Build(all));
-  const TensorSpec& spec = m.tensors().back();
-  WS_ASSIGN_OR_RETURN(uint64_t offset, d.arena->AllocateDirect(spec.nbytes));
-  d.placements.push_back({spec, wire::Region::kDirect, offset});
+  WS_RETURN_IF_ERROR(d.manifest.Append({{name, dtype, shape, 0}}));
+  const TensorSpec& spec = d.manifest.tensors().back();
+  Result<uint64_t> offset = d.arena->AllocateDirect(spec.nbytes);
+  if (!offset.ok()) {
+    d.manifest.RemoveLast(1);  // a failed Allocate leaves nothing behind
+    return offset.status();
+  }
+  d.placements.push_back({spec, wire::Region::kDirect, *offset});
   d.sources.push_back({nullptr});
-  d.specs = m.tensors();
-  d.manifest = std::move(m);
-  return TensorView{d.arena->base() + offset, dtype, shape};
+  return TensorView{d.arena->base() + *offset, dtype, shape};
 }
 
 // Builds everything a Publish needs. Idempotent: a failed Freeze keeps nothing it built (the
@@ -273,10 +295,21 @@ Status Publisher::Impl::Freeze() {
   welcome.tensors = placements;
 
   std::vector<Task> new_tasks;
+  std::vector<std::pair<uint32_t, uint32_t>> new_digest_copies;  // (alias digest, primary's)
+  std::vector<uint32_t> first_digest(placements.size());
   uint64_t new_copy_bytes = 0;
   uint32_t digest = 0;
   for (size_t i = 0; i < placements.size(); ++i) {
     const auto& p = placements[i];
+    first_digest[i] = digest;
+    if (sources[i].alias_of >= 0) {
+      // Published once: the alias's digests are its original's, segment for segment.
+      const uint32_t original = first_digest[sources[i].alias_of];
+      for (uint64_t off = 0, k = 0; off < p.spec.nbytes; off += segment_bytes, ++k) {
+        new_digest_copies.emplace_back(digest++, original + static_cast<uint32_t>(k));
+      }
+      continue;
+    }
     for (uint64_t off = 0; off < p.spec.nbytes; off += segment_bytes) {
       Task t;
       t.bytes = std::min(segment_bytes, p.spec.nbytes - off);
@@ -292,6 +325,7 @@ Status Publisher::Impl::Freeze() {
   if (gpu) {
     std::vector<transport::cuda_ipc::GpuArena::Copy> copies;
     for (size_t i = 0; i < placements.size(); ++i) {
+      if (sources[i].alias_of >= 0) continue;
       copies.push_back({sources[i].data, placements[i].offset, placements[i].spec.nbytes});
     }
     std::vector<transport::cuda_ipc::GpuArena::Segment> segments;
@@ -322,6 +356,7 @@ Status Publisher::Impl::Freeze() {
   versions.resize(options.slots);
   for (auto& v : versions) v.digests.assign(digest, 0);
   tasks = std::move(new_tasks);
+  digest_copies = std::move(new_digest_copies);
   copy_bytes = gpu ? registered_bytes : new_copy_bytes;
   gpu_arena = std::move(new_gpu_arena);
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << placements.size()
@@ -422,6 +457,8 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
     Impl::PublishJob job{&d, k};
     d.workers->Run(static_cast<uint32_t>(d.tasks.size()), &Impl::RunTask, &job);
   }
+  std::vector<uint64_t>& digests = d.versions[k].digests;
+  for (auto [alias, original] : d.digest_copies) digests[alias] = digests[original];
   PublishStats stats;
   {
     std::lock_guard<std::mutex> lock(d.mu);

@@ -8,7 +8,9 @@
 #include <span>
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 
+#include "core/destination_set.h"
 #include "plan/plan.h"
 #include "plan/schedule.h"
 #include "transport/cuda_ipc/vmm.h"
@@ -71,8 +73,10 @@ struct Subscriber::Impl {
   SubscriberOptions options;
   std::string sources_text;  // "local://a" or "local://a, local://b" for error context
   std::vector<Source> sources;
-  std::vector<plan::Destination> destinations;
-  bool cuda_destinations = false;  // any destination on a GPU (set by Register)
+  core::DestinationSet registered;  // what Register/Unregister left
+  // The registration changed since the last commit: the destinations do not all hold the
+  // committed version, so the next update moves every byte even if the step is the same.
+  bool registration_changed = false;
 
   // The prepared state: the sources that deliver something (each with its transfer handle:
   // connection, mappings, plan, staging, workers) and, with several, one thread per source so
@@ -96,6 +100,7 @@ struct Subscriber::Impl {
   plan::ConvertOptions Convert() const {
     return {options.convert_dtypes, options.fp8_scale_suffix, options.convert_on_publisher_gpu};
   }
+  Status CheckCanRegister(const char* what) const;
   Status Prepare(const Deadline& deadline);
   Status PrepareShares(const Deadline& deadline);
   Held HeldVersion() const;
@@ -176,33 +181,34 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
 
+// Registration changes only while nothing points at the destinations (before the first update,
+// after Sleep() or a failed update).
+Status Subscriber::Impl::CheckCanRegister(const char* what) const {
+  if (closed) return Status::FailedPrecondition("subscriber is closed");
+  if (prepared) {
+    return Status::FailedPrecondition(
+        what, " while prepared: call Sleep() first so no mapping points at old memory");
+  }
+  return Status::Ok();
+}
+
 Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   Impl& d = *impl_;
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Register() during an update");
-  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  if (d.prepared) {
-    return Status::FailedPrecondition(
-        "Register() while prepared: call Sleep() first so no mapping points at old memory");
-  }
-  std::vector<NamedTensor> all;
-  for (const auto& dst : d.destinations) {
-    all.push_back(
-        {dst.spec.name, TensorView{dst.data, dst.spec.dtype, dst.spec.shape, dst.device}});
-  }
-  all.insert(all.end(), tensors.begin(), tensors.end());
-  WS_ASSIGN_OR_RETURN(Manifest m, Manifest::FromTensors(all));
-  std::vector<plan::Destination> dests;
-  for (size_t i = 0; i < all.size(); ++i) {
-    const TensorSpec& spec = m.tensors()[i];
-    if (all[i].view.data == nullptr && spec.nbytes > 0) {
-      return Status::InvalidArgument("tensor '", spec.name, "': null data pointer");
-    }
-    dests.push_back({spec, static_cast<uint8_t*>(all[i].view.data), all[i].view.device});
-  }
-  d.destinations = std::move(dests);
-  d.cuda_destinations = std::any_of(d.destinations.begin(), d.destinations.end(),
-                                    [](const plan::Destination& x) { return x.device.is_cuda(); });
+  WS_RETURN_IF_ERROR(d.CheckCanRegister("Register()"));
+  WS_RETURN_IF_ERROR(d.registered.Add(tensors));
+  d.registration_changed = true;
+  return Status::Ok();
+}
+
+Status Subscriber::Unregister(const std::vector<std::string>& names) {
+  Impl& d = *impl_;
+  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return Status::Busy("Unregister() during an update");
+  WS_RETURN_IF_ERROR(d.CheckCanRegister("Unregister()"));
+  WS_RETURN_IF_ERROR(d.registered.Remove(names));
+  d.registration_changed = true;
   return Status::Ok();
 }
 
@@ -271,7 +277,7 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline) {
   if (sources.size() == 1) {
     WS_ASSIGN_OR_RETURN(sources[0].welcome, sources[0].handle->Connect(deadline));
     WS_RETURN_IF_ERROR(sources[0].handle->Prepare(
-        destinations, {options.policy, options.mode, Convert()}, deadline));
+        registered.destinations(), {options.policy, options.mode, Convert()}, deadline));
     active.push_back(&sources[0]);
   } else {
     WS_RETURN_IF_ERROR(PrepareShares(deadline));
@@ -292,7 +298,8 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     manifests.push_back({source.name, *welcome});
   }
   WS_ASSIGN_OR_RETURN(plan::Schedule schedule,
-                      plan::AssignSources(manifests, destinations, options.policy, Convert()));
+                      plan::AssignSources(manifests, registered.destinations(), options.policy,
+                                          Convert()));
   std::ostringstream line;
   line << "schedule over " << sources.size() << " publishers:";
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -308,7 +315,15 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
       source.handle.reset();
       continue;
     }
-    for (uint32_t d : schedule.destinations[i]) source.share.push_back(destinations[d]);
+    // The share's plan indexes into the share: tied destinations point at their share index.
+    std::unordered_map<uint32_t, uint32_t> share_index;
+    for (uint32_t d : schedule.destinations[i]) {
+      share_index.emplace(d, static_cast<uint32_t>(source.share.size()));
+      source.share.push_back(registered.destinations()[d]);
+    }
+    for (plan::Destination& dst : source.share) {
+      if (dst.alias_of != plan::kNoDestination) dst.alias_of = share_index.at(dst.alias_of);
+    }
     active.push_back(&source);
   }
   WS_LOG(INFO, "subscriber") << line.str();
@@ -323,7 +338,7 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
 }
 
 Held Subscriber::Impl::HeldVersion() const {
-  if (committed.load(std::memory_order_relaxed) < 0) return Held::kNothing;
+  if (committed.load(std::memory_order_relaxed) < 0 || registration_changed) return Held::kNothing;
   bool same_session = true, same_lineage = true;
   for (const Source* source : active) {
     same_session = same_session && source->welcome->session_id == source->committed_session;
@@ -382,6 +397,7 @@ void Subscriber::Impl::RecordCommitted(int64_t step) {
     source->committed_lineage = source->welcome->lineage;
   }
   committed.store(step, std::memory_order_relaxed);
+  registration_changed = false;
   std::lock_guard<std::mutex> lock(lineage_mu);
   committed_lineage = active[0]->welcome->lineage;  // SSO or reused capacity: no allocation
 }
@@ -392,8 +408,8 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("another update is in flight on this subscriber");
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  CallerDevice caller_device(d.cuda_destinations);
-  if (d.destinations.empty()) {
+  CallerDevice caller_device(d.registered.any_cuda());
+  if (d.registered.empty()) {
     return Status::FailedPrecondition("Update() before Register(): no destination tensors");
   }
   const bool verify = update.verify.value_or(d.options.verify);
@@ -523,7 +539,7 @@ Status Subscriber::Sleep() {
   Impl& d = *impl_;
   std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
   if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
-  CallerDevice caller_device(d.cuda_destinations);
+  CallerDevice caller_device(d.registered.any_cuda());
   return d.ReleaseHandles("sleep");
 }
 
@@ -534,7 +550,7 @@ Status Subscriber::Close() {
   std::lock_guard<std::mutex> lock(d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;
-  CallerDevice caller_device(d.cuda_destinations);
+  CallerDevice caller_device(d.registered.any_cuda());
   return d.ReleaseHandles("close");
 }
 

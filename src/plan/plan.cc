@@ -300,6 +300,16 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     const uint32_t d = it->second;
     const TensorSpec& dst = destinations[d].spec;
     matched[d] = true;
+    if (destinations[d].alias_of != kNoDestination) {
+      // Written through the tensor it aliases; only checked against what is published here.
+      if (src.dtype != dst.dtype || src.shape != dst.shape) {
+        mismatches.Add("tensor '", src.name, "': publisher ", DTypeName(src.dtype), " ",
+                       ShapeString(src.shape), ", subscriber ", DTypeName(dst.dtype), " ",
+                       ShapeString(dst.shape), " (tied to '",
+                       destinations[destinations[d].alias_of].spec.name, "')");
+      }
+      continue;
+    }
     published_into[d] = true;
     PlannedTensor t;
     t.publisher_index = i;
@@ -368,7 +378,7 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
       mismatches.Add("tensor '", destinations[d].spec.name, "': published, but it is also where "
                      "the fp8 scales of '", welcome.tensors[scale_of[d]].spec.name, "' go");
     }
-    if (matched[d]) continue;
+    if (matched[d] || destinations[d].alias_of != kNoDestination) continue;
     const std::string& name = destinations[d].spec.name;
     const uint32_t first = by_name.at(name);
     if (first != d) {

@@ -15,11 +15,17 @@
 
 namespace weightsync::plan {
 
+inline constexpr uint32_t kNoDestination = 0xFFFFFFFFu;
+
 // One registered destination tensor on the subscriber side.
 struct Destination {
   TensorSpec spec;
   uint8_t* data = nullptr;
   Device device;  // host or a CUDA device; the transport decides what it can reach
+  // An index into the same destination list: this tensor is the same memory, dtype and shape as
+  // that one (tied weights). It is never written itself — writing the other writes it — so a
+  // step moves its bytes once; where its name is published it must still match.
+  uint32_t alias_of = kNoDestination;
 };
 
 // How a planned tensor's published bytes become its destination's (SubscriberOptions::
@@ -41,8 +47,6 @@ struct ConvertOptions {
   // (SubscriberOptions::convert_on_publisher_gpu).
   bool on_publisher_gpu = false;
 };
-
-inline constexpr uint32_t kNoDestination = 0xFFFFFFFFu;
 
 // A contiguous byte range of one tensor, ≤ segment_bytes, covered by one publisher digest.
 struct Segment {

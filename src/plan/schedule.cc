@@ -74,6 +74,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     }
   }
   for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (destinations[d].alias_of != kNoDestination) continue;  // goes with the tensor it aliases
     if (holders[d].empty() && scale_base[d] == kNoDestination) {
       bool reported = false;  // a holder with the wrong dtype/shape was already listed above
       for (const auto& s : sources) {
@@ -106,6 +107,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   };
   std::vector<uint32_t> shared;  // destinations with a choice of source
   for (uint32_t d = 0; d < destinations.size(); ++d) {
+    if (destinations[d].alias_of != kNoDestination) continue;  // placed below
     if (holders[d].size() == 1) assign(d, holders[d][0]);
     if (holders[d].size() > 1) shared.push_back(d);  // none: a scale destination, placed below
   }
@@ -123,6 +125,11 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     // Computed on the subscriber from its tensor's bytes, so nothing crosses a link for it.
     if (scale_base[d] != kNoDestination) schedule.destinations[source_of[scale_base[d]]].push_back(d);
+    // Tied to another destination: with it, so the share's plan knows it is covered.
+    const uint32_t original = destinations[d].alias_of;
+    if (original != kNoDestination && source_of[original] != kNoDestination) {
+      schedule.destinations[source_of[original]].push_back(d);
+    }
   }
   for (auto& list : schedule.destinations) std::sort(list.begin(), list.end());
   return schedule;

@@ -10,7 +10,8 @@
 //    ties go to the publisher listed first, so the schedule is deterministic;
 //  - strict policy: every published name must be registered and every registered name published
 //    by at least one; subset policy: only the latter;
-//  - every holder of a registered tensor must agree with the destination on dtype and shape.
+//  - every holder of a registered tensor must agree with the destination on dtype and shape;
+//  - a destination tied to another (Destination::alias_of) goes with that one and moves nothing.
 // One InvalidArgument lists every problem found.
 #pragma once
 
