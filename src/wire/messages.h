@@ -21,6 +21,7 @@ struct Hello {
   Role role = Role::kSubscriber;
   uint32_t pid = 0;
 };
+inline constexpr uint32_t kHelloBytes = 2 + 1 + 4;  // its encoded payload, always
 
 // Where each published tensor lies in the arena.
 enum class Region : uint8_t {
@@ -91,6 +92,8 @@ struct ErrorMessage {
   std::string message;  // ≤ kMaxErrorMessageBytes
 };
 inline constexpr uint32_t kMaxErrorMessageBytes = 4096;
+// The largest encoded ErrorMessage: u8 code, u16 length, the message.
+inline constexpr uint32_t kMaxErrorBytes = 1 + 2 + kMaxErrorMessageBytes;
 
 void Encode(const Hello& m, std::vector<uint8_t>* out);
 void Encode(const Welcome& m, std::vector<uint8_t>* out);

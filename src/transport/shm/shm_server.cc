@@ -14,6 +14,7 @@
 #include "util/logging.h"
 #include "util/thread.h"
 #include "wire/channel.h"
+#include "wire/handshake.h"
 
 namespace weightsync::transport::shm {
 namespace {
@@ -190,8 +191,11 @@ void ShmServer::Serve(Connection* conn) {
 Status ShmServer::ServeOrError(Connection* conn) {
   // The channel borrows the fd: Close() (not this thread) owns closing it, so a shutdown from
   // Close() always targets a live descriptor.
+  // Handshake-sized frames only until the Hello is decoded: a peer that has sent nothing valid
+  // yet must not make us reserve a full-size frame buffer with one 24-byte header.
   wire::Channel ch(util::UniqueFd(::dup(conn->fd.get())),
-                   "subscriber connection " + std::to_string(conn->id));
+                   "subscriber connection " + std::to_string(conn->id),
+                   wire::kMaxHandshakePayloadBytes);
   auto give_up = [&] { return stopping_.load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke(); };
   auto fail = [&](Status s) {
     if (s.code() != StatusCode::kPeerLost && s.code() != StatusCode::kTimeout) {
@@ -205,6 +209,8 @@ Status ShmServer::ServeOrError(Connection* conn) {
   wire::Hello hello;
   Status s = ch.ReceiveExpect(wire::FrameType::kHello, &hello, Deadline(options_.timeout));
   if (!s.ok()) return fail(s.WithContext("handshake"));
+  // Same uid (SO_PEERCRED at accept) and speaking our protocol: full-size frames from here on.
+  ch.set_max_payload(wire::kMaxPayloadBytes);
   if (hello.protocol_version != wire::kProtocolVersion) {
     return fail(Status::FailedPrecondition("subscriber speaks protocol version ",
                                            hello.protocol_version, ", publisher speaks ",
