@@ -34,6 +34,9 @@ struct PublishStats {
 class Publisher {
  public:
   // Binds the endpoint and starts serving. Fails with AlreadyExists if a live publisher serves it.
+  // A local:// endpoint belongs to the publisher holding the flock on its lock file (NAME.sock.lock
+  // beside the socket) until Close(): of publishers starting together exactly one wins, and a
+  // socket left by a publisher that died is replaced (see docs/security.md).
   static Result<std::unique_ptr<Publisher>> Create(const PublisherOptions& options);
   ~Publisher();  // Close(), logging any failure
 

@@ -100,6 +100,7 @@ Result<Endpoint> ParseEndpoint(const std::string& text) {
   Endpoint e;
   e.name = name;
   e.socket_path = SocketDir() + "/" + name + ".sock";
+  e.lock_path = e.socket_path + ".lock";
   if (e.socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
     return Status::InvalidArgument("endpoint '", text, "': socket path '", e.socket_path,
                                    "' is longer than ", sizeof(sockaddr_un::sun_path) - 1,

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,7 +13,15 @@
 namespace weightsync::wire {
 
 Channel::Channel(util::UniqueFd fd, std::string peer, uint32_t max_payload)
-    : fd_(std::move(fd)), peer_(std::move(peer)), max_payload_(max_payload) {}
+    : fd_(std::move(fd)), peer_(std::move(peer)) {
+  set_max_payload(max_payload);
+}
+
+void Channel::set_max_payload(uint32_t max_payload) {
+  // The header's length field is checked against the format's cap too; keeping ours within it
+  // keeps the send-side check meaningful.
+  max_payload_ = std::min(max_payload, kMaxPayloadBytes);
+}
 
 namespace {
 

@@ -20,8 +20,18 @@ namespace weightsync::wire {
 
 class Channel {
  public:
-  // `peer` names the other side in error messages ("publisher local://m").
+  // `peer` names the other side in error messages ("publisher local://m"). `max_payload` is the
+  // largest payload sent or accepted; see set_max_payload().
   Channel(util::UniqueFd fd, std::string peer, uint32_t max_payload = kMaxPayloadBytes);
+
+  // Lowers or raises the payload cap (never above kMaxPayloadBytes) for the frames that follow.
+  // A received header claiming more is refused (ProtocolError naming the frame type, the length
+  // and the cap) before any of its payload is read or buffer allocated for it. A channel whose
+  // peer is not authenticated yet is created with kMaxHandshakePayloadBytes (wire/handshake.h)
+  // and raised to kMaxPayloadBytes at the one point where the peer has proven itself: a state of
+  // the channel rather than an argument of each receive, so no handshake receive can forget it.
+  void set_max_payload(uint32_t max_payload);
+  uint32_t max_payload() const { return max_payload_; }
 
   // Encodes `message` (a struct from messages.h) and sends it.
   template <typename Message>

@@ -17,6 +17,7 @@
 // connection (src/transport/nccl/).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -49,6 +50,19 @@ struct Auth {
 struct AuthOk {
   Mac mac{};
 };
+
+// Encoded payload sizes, fixed for each message.
+inline constexpr uint32_t kChallengeBytes = 2 + 8 + kNonceBytes + 1;
+inline constexpr uint32_t kAuthBytes = 1 + kNonceBytes + kMacBytes;
+inline constexpr uint32_t kAuthOkBytes = kMacBytes;
+
+// The payload cap of a channel whose peer is not authenticated yet: the largest frame a peer may
+// send before that — Hello (shm), Challenge, Auth, AuthOk (tcp), or an Error frame standing in
+// for any of them (a publisher's "connection cap reached", "authentication failed"). Until then a
+// header claiming more is refused from the header alone, so a stranger cannot make us reserve a
+// full-size frame buffer (kMaxPayloadBytes) with 24 bytes. The Error frame sets the bound.
+inline constexpr uint32_t kMaxHandshakePayloadBytes =
+    std::max({kHelloBytes, kChallengeBytes, kAuthBytes, kAuthOkBytes, kMaxErrorBytes});
 
 // Publisher tensor indices (into Welcome::tensors) the subscriber's plan reads, strictly
 // increasing. The publisher streams exactly these tensors' bytes, in this order, every step.

@@ -25,6 +25,7 @@ struct Hello {
   // waits that long, not for a timeout of its own (see UpdateRequest::wait_ms).
   uint64_t wait_ms = 0;
 };
+inline constexpr uint32_t kHelloBytes = 2 + 1 + 4;  // its encoded payload, always
 
 // Where each published tensor lies in the arena.
 enum class Region : uint8_t {
@@ -112,6 +113,8 @@ struct ErrorMessage {
   std::string message;  // ≤ kMaxErrorMessageBytes
 };
 inline constexpr uint32_t kMaxErrorMessageBytes = 4096;
+// The largest encoded ErrorMessage: u8 code, u16 length, the message.
+inline constexpr uint32_t kMaxErrorBytes = 1 + 2 + kMaxErrorMessageBytes;
 
 void Encode(const Hello& m, std::vector<uint8_t>* out);
 void Encode(const Welcome& m, std::vector<uint8_t>* out);

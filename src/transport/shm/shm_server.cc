@@ -14,6 +14,7 @@
 #include "util/logging.h"
 #include "util/thread.h"
 #include "wire/channel.h"
+#include "wire/handshake.h"
 
 namespace weightsync::transport::shm {
 namespace {
@@ -24,10 +25,32 @@ using util::LedgerItem;
 
 constexpr int kPollSliceMs = 50;
 
-// True when a live process accepts on `path`.
+// True when a live process accepts on `path`. A socket whose endpoint lock we hold can only be
+// live if a publisher of a build older than the lock serves it: that one took no lock, so its
+// socket answering is the only sign of it, and it must not lose its endpoint to us.
 bool SomeoneListens(const std::string& path) {
   auto fd = ConnectUnix(path, Deadline(std::chrono::milliseconds(0)));
   return fd.ok();
+}
+
+// Clears the socket path for bind(). Only the holder of the endpoint's lock may call it: holding
+// the lock, a socket file left there belongs to an owner that is gone.
+Status RemoveStaleSocket(const Endpoint& endpoint) {
+  struct stat st;
+  if (::lstat(endpoint.socket_path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return Status::FromErrno(errno, "stat '" + endpoint.socket_path + "'");
+  }
+  if (SomeoneListens(endpoint.socket_path)) {
+    return Status::AlreadyExists("endpoint ", endpoint.ToString(),
+                                 " is already served by a live publisher (", endpoint.socket_path,
+                                 ")");
+  }
+  WS_LOG(INFO, "shm") << "replacing stale socket " << endpoint.socket_path;
+  if (::unlink(endpoint.socket_path.c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "unlink stale socket '" + endpoint.socket_path + "'");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -36,7 +59,13 @@ Result<std::unique_ptr<ShmServer>> ShmServer::Start(const Endpoint& endpoint,
                                                     const ServerOptions& options,
                                                     VersionSource* source) {
   WS_RETURN_IF_ERROR(EnsureSocketDir(endpoint));
-  int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Ownership first, the socket file second. Any failure below gives the endpoint back (the
+  // lock's destructor releases it); a socket file this leaves behind is stale for the next owner.
+  WS_ASSIGN_OR_RETURN(std::unique_ptr<EndpointLock> lock, EndpointLock::Acquire(endpoint));
+  WS_RETURN_IF_ERROR(RemoveStaleSocket(endpoint));
+  // Non-blocking: the accept loop polls first, and Close() wakes that poll with shutdown(), after
+  // which a blocking accept() could wait for a connection that never comes.
+  int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (raw < 0) return Status::FromErrno(errno, "socket");
   util::UniqueFd fd(raw);
   sockaddr_un addr{};
@@ -46,25 +75,13 @@ Result<std::unique_ptr<ShmServer>> ShmServer::Start(const Endpoint& endpoint,
   mode_t old_umask = ::umask(0177);
   int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   int err = errno;
-  if (rc != 0 && err == EADDRINUSE) {
-    if (SomeoneListens(endpoint.socket_path)) {
-      ::umask(old_umask);
-      return Status::AlreadyExists("endpoint local://", endpoint.name,
-                                   " is already served by a live publisher (",
-                                   endpoint.socket_path, ")");
-    }
-    // A publisher that died left its socket file; nobody listens, so it is safe to replace.
-    WS_LOG(INFO, "shm") << "replacing stale socket " << endpoint.socket_path;
-    ::unlink(endpoint.socket_path.c_str());
-    rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    err = errno;
-  }
   ::umask(old_umask);
   if (rc != 0) return Status::FromErrno(err, "bind '" + endpoint.socket_path + "'");
   if (::listen(fd.get(), 128) != 0) {
     return Status::FromErrno(errno, "listen '" + endpoint.socket_path + "'");
   }
-  std::unique_ptr<ShmServer> server(new ShmServer(endpoint, options, source, std::move(fd)));
+  std::unique_ptr<ShmServer> server(
+      new ShmServer(endpoint, options, source, std::move(lock), std::move(fd)));
   WS_RETURN_IF_ERROR(util::StartThread(&server->accept_thread_, "shm accept",
                                        [s = server.get()] { s->AcceptLoop(); }));
   LedgerAdd(LedgerItem::kThreads, 1);
@@ -72,8 +89,11 @@ Result<std::unique_ptr<ShmServer>> ShmServer::Start(const Endpoint& endpoint,
 }
 
 ShmServer::ShmServer(Endpoint endpoint, ServerOptions options, VersionSource* source,
-                     util::UniqueFd fd)
-    : endpoint_(std::move(endpoint)), options_(options), source_(source),
+                     std::unique_ptr<EndpointLock> lock, util::UniqueFd fd)
+    : endpoint_(std::move(endpoint)),
+      options_(options),
+      source_(source),
+      lock_(std::move(lock)),
       listen_fd_(std::move(fd)) {}
 
 ShmServer::~ShmServer() {
@@ -171,8 +191,11 @@ void ShmServer::Serve(Connection* conn) {
 Status ShmServer::ServeOrError(Connection* conn) {
   // The channel borrows the fd: Close() (not this thread) owns closing it, so a shutdown from
   // Close() always targets a live descriptor.
+  // Handshake-sized frames only until the Hello is decoded: a peer that has sent nothing valid
+  // yet must not make us reserve a full-size frame buffer with one 24-byte header.
   wire::Channel ch(util::UniqueFd(::dup(conn->fd.get())),
-                   "subscriber connection " + std::to_string(conn->id));
+                   "subscriber connection " + std::to_string(conn->id),
+                   wire::kMaxHandshakePayloadBytes);
   auto give_up = [&] { return stopping_.load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke(); };
   // Every session this side ends is ended with an error frame that says why (a departed peer
   // cannot read one).
@@ -188,6 +211,8 @@ Status ShmServer::ServeOrError(Connection* conn) {
   wire::Hello hello;
   Status s = ch.ReceiveExpect(wire::FrameType::kHello, &hello, Deadline(options_.timeout));
   if (!s.ok()) return fail(s.WithContext("handshake"));
+  // Same uid (SO_PEERCRED at accept) and speaking our protocol: full-size frames from here on.
+  ch.set_max_payload(wire::kMaxPayloadBytes);
   if (hello.protocol_version != wire::kProtocolVersion) {
     return fail(Status::FailedPrecondition("subscriber speaks protocol version ",
                                            hello.protocol_version, ", publisher speaks ",
@@ -240,12 +265,17 @@ Status ShmServer::Close() {
   if (closed_) return Status::Ok();
   closed_ = true;
   stopping_.store(true, std::memory_order_release);
+  // Wakes the accept loop's poll now rather than at the end of its slice: a publisher that
+  // closes and one that takes the endpoint over should not wait on each other.
+  if (listen_fd_.valid()) ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) {
     accept_thread_.join();
     LedgerAdd(LedgerItem::kThreads, -1);
   }
   ReapFinished(true);
   Status result;
+  // The socket file is ours to remove by name: nobody else can have bound one at this path
+  // while we hold the endpoint's lock.
   if (::unlink(endpoint_.socket_path.c_str()) != 0 && errno != ENOENT) {
     Status s = Status::FromErrno(errno, "unlink '" + endpoint_.socket_path + "'");
     WS_LOG(WARN, "shm") << "release: " << s;
@@ -255,6 +285,8 @@ Status ShmServer::Close() {
     WS_LOG(WARN, "shm") << "release: listening socket: " << s;
     result.Update(s);
   }
+  // Last: once the lock is gone, a successor may bind the path.
+  if (lock_) result.Update(lock_->Release());  // logs each failure itself
   return result;
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "transport/endpoint.h"
+#include "transport/shm/endpoint_lock.h"
 #include "transport/version_source.h"
 #include "util/deadline.h"
 #include "util/unique_fd.h"
@@ -28,13 +29,14 @@ struct ServerOptions {
 
 class ShmServer {
  public:
-  // Binds `endpoint` (AlreadyExists if a live publisher serves it; a stale socket file is
-  // replaced) and starts accepting.
+  // Takes ownership of `endpoint` (its EndpointLock; AlreadyExists if a live publisher holds it),
+  // binds its socket (a socket file left by a dead owner is replaced) and starts accepting.
   static Result<std::unique_ptr<ShmServer>> Start(const Endpoint& endpoint,
                                                   const ServerOptions& options,
                                                   VersionSource* source);
   ~ShmServer();
-  // Stops accepting, closes every connection, joins every thread, unlinks the socket.
+  // Stops accepting, closes every connection, joins every thread, unlinks the socket, then gives
+  // up the endpoint (EndpointLock::Release).
   Status Close();
   int active_connections() const { return active_.load(std::memory_order_relaxed); }
 
@@ -45,7 +47,8 @@ class ShmServer {
     std::atomic<bool> done{false};
     int id = 0;
   };
-  ShmServer(Endpoint endpoint, ServerOptions options, VersionSource* source, util::UniqueFd fd);
+  ShmServer(Endpoint endpoint, ServerOptions options, VersionSource* source,
+            std::unique_ptr<EndpointLock> lock, util::UniqueFd fd);
   void AcceptLoop();
   void Serve(Connection* conn);
   Status ServeOrError(Connection* conn);
@@ -54,6 +57,7 @@ class ShmServer {
   Endpoint endpoint_;
   ServerOptions options_;
   VersionSource* source_;
+  std::unique_ptr<EndpointLock> lock_;  // held from before the bind until after the unlink
   util::UniqueFd listen_fd_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> active_{0};

@@ -109,6 +109,9 @@ Status TcpHandle::Authenticate(const std::string& token, const Deadline& deadlin
   if (!wire::MacEquals(expected, ok.mac)) {
     return Status::Unauthenticated(peer_, " failed to prove it holds the token");
   }
+  // The publisher has proven itself (or, without a token, loopback is all the proof there is):
+  // the Welcome and step frames may be full-size.
+  channel_->set_max_payload(wire::kMaxPayloadBytes);
   return Status::Ok();
 }
 
@@ -120,7 +123,10 @@ Result<const wire::Welcome*> TcpHandle::Connect(const Deadline& deadline) {
   WS_FAIL_POINT_RETURN("tcp.prepare");
   WS_ASSIGN_OR_RETURN(token_, util::LoadToken(options_.token, options_.token_file));
   WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ConnectTcp(endpoint_, deadline));
-  channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_);
+  // Handshake-sized frames only until Authenticate() has checked the publisher's MAC: an
+  // impostor must not make us reserve a full-size frame buffer with one 24-byte header.
+  channel_ = std::make_unique<wire::Channel>(std::move(fd), peer_,
+                                             wire::kMaxHandshakePayloadBytes);
   LedgerAdd(LedgerItem::kConnections, 1);
   WS_RETURN_IF_ERROR(Authenticate(token_, deadline));
 

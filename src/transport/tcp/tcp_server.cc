@@ -27,8 +27,11 @@ using asio::ip::tcp;
 using util::LedgerAdd;
 using util::LedgerItem;
 
-// Largest handshake frame a peer may send before it is authenticated.
+// Largest handshake frame a peer may send before it is authenticated. Tighter than
+// wire::kMaxHandshakePayloadBytes: the only frame a subscriber sends here is Auth (a subscriber
+// never answers a Challenge with an Error frame).
 constexpr uint32_t kMaxHandshakePayload = 256;
+static_assert(wire::kAuthBytes <= kMaxHandshakePayload);
 // Client nonces remembered to refuse a replayed Auth (beyond what fresh server nonces give).
 constexpr size_t kRememberedNonces = 4096;
 

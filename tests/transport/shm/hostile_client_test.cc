@@ -15,6 +15,7 @@
 #include "util/hash.h"
 #include "wire/channel.h"
 #include "wire/frame.h"
+#include "wire/handshake.h"
 #include "wire/messages.h"
 
 namespace weightsync {
@@ -27,7 +28,7 @@ using util::Deadline;
 class HostileClient : public ::testing::Test {
  protected:
   void SetUp() override {
-    pair_.timeout = std::chrono::milliseconds(500);
+    pair_.timeout = publisher_timeout_;
     pair_.Start();
     pair_.Publish(1);
     sub_ = pair_.Connect();
@@ -94,9 +95,16 @@ class HostileClient : public ::testing::Test {
     EXPECT_TRUE(SyntheticModel::Holds(pair_.dst, step, &why)) << why;
   }
 
+  std::chrono::milliseconds publisher_timeout_{500};
   LocalPair pair_;
   std::unique_ptr<Subscriber> sub_;
   testing::LogCapture logs_;
+};
+
+// A publisher that gives a slow peer 10 s: what it refuses at once must not wait for a deadline.
+class HostileClientPatientPublisher : public HostileClient {
+ protected:
+  HostileClientPatientPublisher() { publisher_timeout_ = std::chrono::seconds(10); }
 };
 
 TEST_F(HostileClient, RandomBytes) {
@@ -199,6 +207,33 @@ TEST_F(HostileClient, CorruptChecksumAndBadPayloads) {
     std::string answer = Answer(std::move(fd));
     EXPECT_NE(answer.find("expected update_request"), std::string::npos) << answer;
   }
+  ExpectStillServing(2);
+}
+
+// Before its Hello is decoded a peer is owed no more than a handshake frame: a header claiming
+// the full frame limit is refused from the header alone, without waiting for (or allocating) the
+// 64 MiB it announces.
+TEST_F(HostileClientPatientPublisher, HelloClaimingTheFrameLimitIsRefusedAtTheHeader) {
+  util::UniqueFd fd = Dial();
+  std::vector<uint8_t> header = Frame(1, {});
+  const uint32_t claimed = wire::kMaxPayloadBytes;
+  std::memcpy(&header[8], &claimed, 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  SendRaw(fd.get(), header);  // and nothing else
+  wire::Channel ch(std::move(fd), "publisher");
+  const Deadline deadline(std::chrono::seconds(3));
+  auto frame = ch.Receive(deadline);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  ASSERT_EQ(frame->type, wire::FrameType::kError);
+  wire::ErrorMessage err;
+  ASSERT_OK(wire::Decode(ch.payload(), &err));
+  EXPECT_EQ(err.code, StatusCode::kProtocolError) << err.message;
+  const std::string limit = "frame header (hello): payload length " + std::to_string(claimed) +
+                            " exceeds limit " + std::to_string(wire::kMaxHandshakePayloadBytes);
+  EXPECT_NE(err.message.find(limit), std::string::npos) << err.message;
+  ASSERT_STATUS_IS(kPeerLost, ch.Receive(deadline));  // and the connection is closed
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2))
+      << "the refusal waited for something";
   ExpectStillServing(2);
 }
 

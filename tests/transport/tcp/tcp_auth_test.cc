@@ -3,6 +3,8 @@
 // pickle, wrong magic, oversized frames, wrong token, replayed nonces, half-open floods) — each
 // refused with a clear, logged reason while a legitimate subscriber keeps updating.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -230,6 +232,115 @@ TEST_F(TcpAuth, OversizedHandshakeFrameIsRefusedBeforeAllocating) {
   std::string answer = Answer(ch);
   EXPECT_TRUE(answer.find("exceeds limit") != std::string::npos || answer == "closed") << answer;
   ExpectLegitimateUpdate(2);
+}
+
+// A "publisher" that is only a listening socket on loopback: it accepts one connection, writes
+// `bytes` and then stays silent with the connection open until destroyed.
+class FakeTcpPublisher {
+ public:
+  explicit FakeTcpPublisher(std::vector<uint8_t> bytes) {
+    listen_ = util::UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(::listen(listen_.get(), 1), 0);
+    EXPECT_EQ(::getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, bytes = std::move(bytes)] {
+      pollfd p{listen_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10000) != 1) return;
+      conn_ = util::UniqueFd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      EXPECT_EQ(::send(conn_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+                static_cast<ssize_t>(bytes.size()));
+    });
+  }
+  ~FakeTcpPublisher() { thread_.join(); }
+  std::string endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+  static std::vector<uint8_t> Frame(wire::FrameType type, const std::vector<uint8_t>& payload) {
+    std::vector<uint8_t> out(wire::kHeaderBytes);
+    wire::EncodeHeader(type, payload, std::span<uint8_t, wire::kHeaderBytes>(out.data(),
+                                                                            wire::kHeaderBytes));
+    out.insert(out.end(), payload.begin(), payload.end());
+    return out;
+  }
+  // A header alone, announcing `claimed` payload bytes that never follow.
+  static std::vector<uint8_t> HeaderClaiming(wire::FrameType type, uint32_t claimed) {
+    std::vector<uint8_t> out = Frame(type, {});
+    for (int i = 0; i < 4; ++i) out[8 + i] = static_cast<uint8_t>(claimed >> (8 * i));
+    return out;
+  }
+
+ private:
+  util::UniqueFd listen_, conn_;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// A subscriber that gives its publisher 10 s, tried against `fake`: Update's result, and how long
+// it took.
+std::pair<Status, std::chrono::milliseconds> UpdateAgainst(const FakeTcpPublisher& fake,
+                                                           const std::vector<NamedTensor>& dst) {
+  SubscriberOptions o;
+  o.endpoint = fake.endpoint();
+  o.timeout = std::chrono::seconds(10);
+  auto sub = Subscriber::Create(o);
+  EXPECT_TRUE(sub.ok()) << sub.status();
+  if (!sub.ok()) return {sub.status(), {}};
+  EXPECT_OK((*sub)->Register(dst));
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = ToStatus((*sub)->Update());
+  return {s, std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - t0)};
+}
+
+// Until the publisher has proven it holds the token (AuthOk's MAC), it is owed no more than a
+// handshake frame: a header claiming the full frame limit is refused from the header alone,
+// instead of the subscriber reserving 64 MiB and waiting for them until its deadline.
+TEST_F(TcpAuth, ChallengeClaimingTheFrameLimitIsRefusedAtTheHeader) {
+  FakeTcpPublisher fake(
+      FakeTcpPublisher::HeaderClaiming(wire::FrameType::kChallenge, wire::kMaxPayloadBytes));
+  auto [s, elapsed] = UpdateAgainst(fake, Destinations());
+  ASSERT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  const std::string limit = "frame header (challenge): payload length " +
+                            std::to_string(wire::kMaxPayloadBytes) + " exceeds limit " +
+                            std::to_string(wire::kMaxHandshakePayloadBytes);
+  EXPECT_NE(s.message().find(limit), std::string::npos) << s;
+  EXPECT_LT(elapsed.count(), 2000) << "the refusal waited for something: " << s;
+}
+
+TEST_F(TcpAuth, AuthOkClaimingTheFrameLimitIsRefusedAtTheHeader) {
+  // A genuine-looking challenge (no token on either side), then an oversized AuthOk.
+  std::vector<uint8_t> challenge;
+  wire::Encode(wire::Challenge{wire::kProtocolVersion, 7, *wire::RandomNonce(), false},
+               &challenge);
+  std::vector<uint8_t> bytes = FakeTcpPublisher::Frame(wire::FrameType::kChallenge, challenge);
+  std::vector<uint8_t> header =
+      FakeTcpPublisher::HeaderClaiming(wire::FrameType::kAuthOk, wire::kMaxPayloadBytes);
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  FakeTcpPublisher fake(bytes);
+  auto [s, elapsed] = UpdateAgainst(fake, Destinations());
+  ASSERT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  const std::string limit = "frame header (auth_ok): payload length " +
+                            std::to_string(wire::kMaxPayloadBytes) + " exceeds limit " +
+                            std::to_string(wire::kMaxHandshakePayloadBytes);
+  EXPECT_NE(s.message().find(limit), std::string::npos) << s;
+  EXPECT_LT(elapsed.count(), 2000) << "the refusal waited for something: " << s;
+}
+
+// The handshake bound still lets through the longest Error frame a publisher may send instead of
+// a handshake frame, so its reason reaches the subscriber whole.
+TEST_F(TcpAuth, LongestErrorFrameDuringTheHandshakeArrivesWhole) {
+  const std::string reason(wire::kMaxErrorMessageBytes, 'r');
+  std::vector<uint8_t> error;
+  wire::Encode(wire::ErrorMessage{StatusCode::kResourceExhausted, reason}, &error);
+  ASSERT_EQ(error.size(), wire::kMaxErrorBytes);
+  FakeTcpPublisher fake(FakeTcpPublisher::Frame(wire::FrameType::kError, error));
+  auto [s, elapsed] = UpdateAgainst(fake, Destinations());
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find(reason), std::string::npos) << s;
 }
 
 TEST_F(TcpAuth, ReplayedAuthIsRefused) {
