@@ -25,7 +25,7 @@ struct Hello {
   // waits that long, not for a timeout of its own (see UpdateRequest::wait_ms).
   uint64_t wait_ms = 0;
 };
-inline constexpr uint32_t kHelloBytes = 2 + 1 + 4;  // its encoded payload, always
+inline constexpr uint32_t kHelloBytes = 2 + 1 + 4 + 8;  // its encoded payload, always
 
 // Where each published tensor lies in the arena.
 enum class Region : uint8_t {
