@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Downloads (does not install) the Debian packages the GPU machine needs to build weightsync into
+# .devdeps/, which travels with the working tree to that machine (it has no package registry):
+# `carry` it in the device call, and scripts/gpu_run.sh unpacks it under /tmp/ws-deps. docs/gpu.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .devdeps
+grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || {
+  mkdir -p "$(git rev-parse --git-dir)/info"
+  echo '/.devdeps/' >> "$(git rev-parse --git-dir)/info/exclude"
+}
+cd .devdeps
+apt-get download libxxhash-dev libxxhash0 libasio-dev libgtest-dev googletest libssl-dev libssl3 \
+  >/dev/null
+ls -1 *.deb
