@@ -2,20 +2,10 @@
 // these names next to the exception classes of weightsync/_errors.py.
 #include <nanobind/stl/string.h>
 
-#include <ios>
-
 #include "binding.h"
 
 namespace weightsync::python {
 namespace {
-
-// Some toolchains link the extension with their own static copy of libstdc++ (a separate GCC named
-// by $CXX, as on the GPU machine: docs/python.md). Since GCC 13 such a copy sets up its standard
-// streams and the classic locale only when something references std::cout & co.; without this
-// object the first number written to an ostream (a log line) dereferenced an uninitialised locale
-// facet and crashed the process at its first publish(). With a shared libstdc++ it is a no-op
-// (the initialisation is reference-counted).
-const std::ios_base::Init kStreamsInitialised;
 
 nb::dict LedgerDict() {
   LedgerSnapshot s = ReadLedger();
