@@ -17,9 +17,11 @@ using namespace nb::literals;
 struct PyPublisher {
   std::vector<nb::ndarray<>> sources;  // registered tensors; declared first, released last
   std::unique_ptr<Publisher> publisher;
-  std::string endpoint;
   int live_views = 0;              // arrays from allocate() still alive
   bool close_when_unused = false;  // __exit__ with live views: close when the last one dies
+
+  // The bound endpoint (tcp://HOST:0 reports the port it got).
+  const std::string& endpoint() const { return publisher->endpoint(); }
 
   Status Close() {
     nb::gil_scoped_release release;
@@ -40,7 +42,7 @@ void ReleaseView(void* p) noexcept {
     self->close_when_unused = false;
     if (Status s = self->Close(); !s.ok()) {
       PySys_WriteStderr("weightsync: Publisher(%s).close() after its last view: %s\n",
-                        self->endpoint.c_str(), s.ToString().c_str());
+                        self->endpoint().c_str(), s.ToString().c_str());
     }
   }
   Py_DECREF(owner->self_object);
@@ -89,7 +91,6 @@ void BindPublisher(nb::module_& m) {
             }
             new (self) PyPublisher();
             self->publisher = std::move(p);
-            self->endpoint = endpoint;
           },
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
           "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
@@ -150,13 +151,15 @@ void BindPublisher(nb::module_& m) {
       .def_prop_ro(
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")
-      .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
+      .def_prop_ro(
+          "endpoint", [](PyPublisher& self) { return self.endpoint(); },
+          "The endpoint subscribers connect to: for 'tcp://HOST:0', with the port bound.")
       .def_prop_ro(
           "lineage", [](PyPublisher& self) { return self.publisher->lineage(); },
           "The lineage this publisher serves (given, or chosen at random when none was).")
       .def("__repr__",
            [](PyPublisher& self) {
-             return "Publisher('" + self.endpoint +
+             return "Publisher('" + self.endpoint() +
                     "', latest_step=" + std::to_string(self.publisher->latest_step()) + ")";
            })
       .def_prop_ro(
@@ -170,7 +173,7 @@ void BindPublisher(nb::module_& m) {
           [](PyPublisher& self) {
             if (self.live_views > 0) {
               ThrowIfError(Status::FailedPrecondition(
-                  "Publisher(", self.endpoint, ").close(): ", self.live_views,
+                  "Publisher(", self.endpoint(), ").close(): ", self.live_views,
                   " array(s) returned by allocate() are still alive and point into the arena; "
                   "delete them first"));
             }

@@ -267,3 +267,18 @@ def test_raw_bits_last_dimension_rule(endpoint):
             sub.update()
             assert dst.tobytes() == src.tobytes()
 
+
+
+def test_publisher_endpoint_is_the_bound_one():
+    """A tcp://HOST:0 publisher reports the port it bound, which a subscriber can use."""
+    with weightsync.Publisher("tcp://127.0.0.1:0") as pub:
+        host, port = pub.endpoint.rsplit(":", 1)
+        assert host == "tcp://127.0.0.1" and int(port) > 0, pub.endpoint
+        assert pub.endpoint in repr(pub)
+        pub.register({"x": np.arange(4.0)})
+        pub.publish(1)
+        with weightsync.Subscriber(pub.endpoint) as sub:
+            dst = np.zeros(4)
+            sub.register({"x": dst})
+            sub.update()
+            assert (dst == np.arange(4.0)).all()
