@@ -60,8 +60,17 @@ struct ImportedTensor {
 // Never copies: a tensor that is not C-contiguous or not on the CPU is an InvalidArgument.
 std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable);
 
+// Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
+// Not a str: TypeError; a str with lone surrogates (no UTF-8 encoding): InvalidArgument.
+std::string Utf8Arg(nb::handle text, const char* what);
+// Text out: UTF-8 from C++ (names, lineages from a peer); bytes that are not UTF-8 come back as
+// surrogate escapes, as os.fsdecode() does, instead of failing the whole call.
+nb::str Utf8Out(std::string_view text);
+
 // A dtype argument: a name ("bfloat16", "bf16"), a NumPy dtype or scalar type, an ml_dtypes type.
 DType DTypeArg(nb::handle dtype);
+// An int or a sequence of ints (anything with __index__); each must fit in int64 (InvalidArgument
+// otherwise, naming it), a non-integer is a TypeError. Range rules are the C++ library's.
 std::vector<int64_t> ShapeArg(nb::handle shape);
 
 // A NumPy array over `data` (`dtype`, `shape`) whose base keeps `owner` alive. Element types NumPy

@@ -72,13 +72,13 @@ void BindPublisher(nb::module_& m) {
       "begin_write() before changing them). Register/allocate before the first publish().")
       .def(
           "__init__",
-          [](PyPublisher* self, const std::string& endpoint, int slots, double timeout,
-             uint64_t segment_bytes, int copy_threads, int max_connections,
-             const std::string& lineage, int64_t resume_from_step) {
+          [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
+             uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
+             int64_t resume_from_step) {
             PublisherOptions o;
-            o.lineage = lineage;
+            o.lineage = Utf8Arg(lineage, "lineage");
             o.resume_from_step = resume_from_step;
-            o.endpoint = endpoint;
+            o.endpoint = Utf8Arg(endpoint, "endpoint");
             o.slots = slots;
             o.timeout = TimeoutArg(timeout, "timeout");
             o.segment_bytes = segment_bytes;
@@ -95,6 +95,9 @@ void BindPublisher(nb::module_& m) {
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
           "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
           "resume_from_step"_a = -1,
+          nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
+                  "segment_bytes: int = 8388608, copy_threads: int = 0, max_connections: int = "
+                  "64, lineage: str = '', resume_from_step: int = -1) -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
@@ -120,7 +123,8 @@ void BindPublisher(nb::module_& m) {
           "for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
       .def(
           "allocate",
-          [](PyPublisher& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+          [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape) {
+            const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
             TensorView v = ThrowIfError(self.publisher->Allocate(name, dt, dims));
@@ -155,7 +159,7 @@ void BindPublisher(nb::module_& m) {
           "endpoint", [](PyPublisher& self) { return self.endpoint(); },
           "The endpoint subscribers connect to: for 'tcp://HOST:0', with the port bound.")
       .def_prop_ro(
-          "lineage", [](PyPublisher& self) { return self.publisher->lineage(); },
+          "lineage", [](PyPublisher& self) { return Utf8Out(self.publisher->lineage()); },
           "The lineage this publisher serves (given, or chosen at random when none was).")
       .def("__repr__",
            [](PyPublisher& self) {

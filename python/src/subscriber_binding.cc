@@ -276,10 +276,7 @@ void BindSubscriber(nb::module_& m) {
               "The latest step was already committed; nothing moved.")
       .def_prop_ro(
           "lineage",
-          [](const UpdateStats& s) {
-            std::string_view v = s.lineage.view();
-            return nb::str(v.data(), v.size());
-          },
+          [](const UpdateStats& s) { return Utf8Out(s.lineage.view()); },
           "The publisher's lineage of the committed version (PublisherOptions.lineage).")
       .def_ro("lineage_changed", &UpdateStats::lineage_changed,
               "This update replaced a version of another publisher session (a restarted\n"
@@ -307,7 +304,7 @@ void BindSubscriber(nb::module_& m) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
-              o.endpoint = nb::cast<std::string>(endpoint_arg);
+              o.endpoint = Utf8Arg(endpoint_arg, "endpoint");
               endpoint = o.endpoint;
             } else {
               // Several publishers (e.g. one per trainer rank), each holding part of the model.
@@ -315,7 +312,7 @@ void BindSubscriber(nb::module_& m) {
                 if (!nb::isinstance<nb::str>(item)) {
                   throw nb::type_error("endpoint: expected a str or a sequence of str");
                 }
-                o.endpoints.push_back(nb::cast<std::string>(item));
+                o.endpoints.push_back(Utf8Arg(item, "endpoint"));
                 endpoint += (endpoint.empty() ? "" : ", ") + o.endpoints.back();
               }
               if (o.endpoints.empty()) throw nb::value_error("endpoint: empty sequence");
@@ -378,8 +375,9 @@ void BindSubscriber(nb::module_& m) {
           "`dtypes` maps names to an element type for tensors passed as raw bits.")
       .def(
           "allocate",
-          [](PySubscriber& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+          [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape) {
             self.Settle();
+            const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
             {
@@ -458,7 +456,8 @@ void BindSubscriber(nb::module_& m) {
           "weights_valid", [](PySubscriber& self) { return self.subscriber->weights_valid(); },
           "False after a failed in_place update, until the next successful one.")
       .def_prop_ro(
-          "committed_lineage", [](PySubscriber& self) { return self.subscriber->committed_lineage(); },
+          "committed_lineage",
+          [](PySubscriber& self) { return Utf8Out(self.subscriber->committed_lineage()); },
           "The publisher's lineage of the committed version ('' before the first update).")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
       .def("__repr__",

@@ -29,17 +29,131 @@ bool IsMlDtypesBits(std::string_view name) {
          name == "float8_e8m0fnu";
 }
 
-std::string TypeName(nb::handle obj) {
-  return nb::cast<std::string>(
-      nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__")));
+// Any Python object's str() as UTF-8, for messages; never fails.
+std::string Text(nb::handle obj) {
+  nb::object s = nb::steal(PyObject_Str(obj.ptr()));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  nb::object bytes = nb::steal(PyUnicode_AsEncodedString(s.ptr(), "utf-8", "backslashreplace"));
+  if (!bytes.is_valid()) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  return std::string(PyBytes_AS_STRING(bytes.ptr()), PyBytes_GET_SIZE(bytes.ptr()));
+}
+std::string Repr(nb::handle obj) {
+  nb::object r = nb::steal(PyObject_Repr(obj.ptr()));
+  if (!r.is_valid()) PyErr_Clear();
+  return r.is_valid() ? Text(r) : "<unprintable>";
 }
 
-// Why `obj` was refused, once the strict import failed: a precise message beats "wrong type".
+std::string TypeName(nb::handle obj) {
+  return Text(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__"));
+}
+std::string TypeModule(nb::handle obj) {
+  nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
+  return nb::hasattr(type, "__module__") ? Text(type.attr("__module__")) : std::string();
+}
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// The producer's own refusal: calls obj.__dlpack__() (which the import tried, and nanobind
+// swallowed) and returns "Type: message" of what it raised, or "" if it did not.
+std::string ProducerRefusal(nb::handle obj) {
+  if (!nb::hasattr(obj, "__dlpack__")) return "";
+  try {
+    (void)obj.attr("__dlpack__")();  // an unconsumed capsule releases itself
+  } catch (const nb::python_error& e) {
+    return TypeName(e.value()) + ": " + Text(e.value());
+  }
+  return "";
+}
+std::string Quoted(const std::string& who, const std::string& refusal) {
+  return refusal.empty() ? std::string() : " (" + who + "'s __dlpack__: " + refusal + ")";
+}
+
+// Complex numbers: not an element type weightsync moves, but their parts are.
+std::string ComplexAdvice(const std::string& dtype, int bits) {
+  const std::string parts = bits <= 128 ? "x.view(np.float" + std::to_string(bits / 2) + ")"
+                                        : "x.astype(np.complex128).view(np.float64)";
+  return dtype + " elements are not a weightsync dtype: pass " + parts +
+         " (real and imaginary parts interleaved, last dimension doubled) and keep that object";
+}
+
+// What is wrong with a NumPy array's element type, or "" when it is one DLPack carries.
+std::string NumpyDTypeProblem(nb::handle array) {
+  nb::handle dtype = array.attr("dtype");
+  const std::string kind = Text(dtype.attr("kind"));
+  const std::string str = Text(dtype);
+  const int itemsize = nb::cast<int>(dtype.attr("itemsize"));
+  if (kind == "O") {
+    return "holds Python objects (dtype object), not numbers: convert it to a numeric array "
+           "first (e.g. np.asarray(x, dtype=np.float32))";
+  }
+  if (kind == "U" || kind == "S") {
+    return "holds strings (dtype " + str + "), not numbers: weightsync moves numeric tensors";
+  }
+  if (kind == "M" || kind == "m") {
+    return "holds " + Text(dtype.attr("name")) +
+           " values: pass their int64 ticks, x.view(np.int64), and keep that object";
+  }
+  if (kind == "V") {
+    return "is a structured array (dtype " + str + "): register each field as its own "
+           "contiguous array (np.ascontiguousarray(x['field']))";
+  }
+  if (kind == "f" && itemsize > 8) {
+    return "holds " + Text(dtype.attr("name")) +
+           " (np.longdouble, extended precision), which weightsync does not move: convert it "
+           "(x.astype(np.float64)) or pass its raw bits with dtypes=";
+  }
+  if (kind == "c") return ComplexAdvice(Text(dtype.attr("name")), itemsize * 8);
+  return "";
+}
+
+// PyTorch tensors that hold no plain strided CPU data.
+std::string TorchProblem(nb::handle t) {
+  if (nb::hasattr(t, "is_meta") && nb::cast<bool>(t.attr("is_meta"))) {
+    return "a PyTorch meta tensor has no data (device='meta'): materialize it first (e.g. "
+           "module.to_empty(device='cpu'), then load its weights)";
+  }
+  if (nb::hasattr(t, "is_quantized") && nb::cast<bool>(t.attr("is_quantized"))) {
+    return "a quantized PyTorch tensor (" + Text(t.attr("dtype")) +
+           "): weightsync moves plain element types; pass x.int_repr() (its integers; send "
+           "its scale and zero point separately) or x.dequantize()";
+  }
+  if (nb::hasattr(t, "layout") && Text(t.attr("layout")) != "torch.strided") {
+    return "a sparse PyTorch tensor (layout " + Text(t.attr("layout")) +
+           "): weightsync moves dense memory; pass x.to_dense() and keep that object";
+  }
+  return "";
+}
+
+// Why `obj` was refused, once the strict import failed: a precise message beats "wrong type",
+// and the producer's own refusal (Paddle: "... use tensor.detach()") is kept.
 [[noreturn]] void ExplainRefusal(const std::string& name, nb::handle obj, bool writable) {
+  const std::string tensor = "tensor '" + name + "': ";
+  const std::string module = TypeModule(obj);
+  if (module == "numpy") {
+    if (std::string problem = NumpyDTypeProblem(obj); !problem.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, problem, Quoted("NumPy", ProducerRefusal(obj))));
+    }
+  }
+  if (StartsWith(module, "torch")) {
+    if (std::string problem = TorchProblem(obj); !problem.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, problem, Quoted("torch", ProducerRefusal(obj))));
+    }
+  }
   AnyArrayRo any;
   if (!nb::try_cast(obj, any, /*convert=*/false)) {
-    throw nb::type_error(("tensor '" + name + "': expected a CPU tensor with __dlpack__ or a " +
-                          "NumPy array, got " + TypeName(obj))
+    if (std::string refusal = ProducerRefusal(obj); !refusal.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, "its __dlpack__() refused the export: ",
+                                          refusal));
+    }
+    throw nb::type_error((tensor + "expected a CPU tensor with __dlpack__ or a NumPy array, got " +
+                          TypeName(obj))
                              .c_str());
   }
   if (any.device_type() != kDLCPU) {
@@ -85,7 +199,7 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
   if (!import(obj, &array)) {
     nb::module_ np = Numpy();
     if (nb::isinstance(obj, np.attr("ndarray"))) {
-      std::string dt = nb::cast<std::string>(obj.attr("dtype").attr("name"));
+      std::string dt = Text(obj.attr("dtype").attr("name"));
       if (dt == "float4_e2m1fn") {
         ThrowStatus(Status::InvalidArgument(
             "tensor '", name,
@@ -128,6 +242,10 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
     }
   } else {
     Result<DType> r = DTypeFromDLPack(dt.code, dt.bits);
+    if (!r.ok() && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Complex)) {
+      ThrowStatus(Status::InvalidArgument(
+          "tensor '", name, "': ", ComplexAdvice("complex" + std::to_string(dt.bits), dt.bits)));
+    }
     if (!r.ok()) {
       ThrowStatus(Status::InvalidArgument(
           "tensor '", name, "': ", r.status().message(),
@@ -150,7 +268,7 @@ nb::list ManifestList(const Manifest& manifest) {
     nb::list shape;
     for (int64_t d : s.shape) shape.append(d);
     std::string_view dt = DTypeName(s.dtype);
-    out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+    out.append(nb::make_tuple(Utf8Out(s.name), nb::str(dt.data(), dt.size()), nb::tuple(shape)));
   }
   return out;
 }
@@ -163,10 +281,30 @@ std::chrono::milliseconds TimeoutArg(double seconds, const char* what) {
   return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(std::ceil(seconds * 1000))));
 }
 
+std::string Utf8Arg(nb::handle text, const char* what) {
+  if (!nb::isinstance<nb::str>(text)) {
+    throw nb::type_error((std::string(what) + ": expected a str, got " + TypeName(text)).c_str());
+  }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (utf8 == nullptr) {
+    PyErr_Clear();  // UnicodeEncodeError: lone surrogates, e.g. from errors='surrogateescape'
+    ThrowStatus(Status::InvalidArgument(what, " ", Repr(text),
+                                        ": not valid UTF-8 (it holds lone surrogates); weightsync "
+                                        "names and endpoints are UTF-8 text"));
+  }
+  return std::string(utf8, static_cast<size_t>(size));
+}
+
+nb::str Utf8Out(std::string_view text) {
+  return nb::steal<nb::str>(
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape"));
+}
+
 DType DTypeArg(nb::handle dtype) {
   std::string name;
   if (nb::isinstance<nb::str>(dtype)) {
-    name = nb::cast<std::string>(dtype);
+    name = Utf8Arg(dtype, "dtype");
   } else {
     nb::object np_dtype;
     try {
@@ -177,7 +315,7 @@ DType DTypeArg(nb::handle dtype) {
                             TypeName(dtype))
                                .c_str());
     }
-    name = nb::cast<std::string>(np_dtype.attr("name"));
+    name = Text(np_dtype.attr("name"));
   }
   Result<DType> r = DTypeFromName(name);
   if (!r.ok()) {
@@ -189,15 +327,40 @@ DType DTypeArg(nb::handle dtype) {
   return *r;
 }
 
-std::vector<int64_t> ShapeArg(nb::handle shape) {
-  if (nb::isinstance<nb::int_>(shape)) return {nb::cast<int64_t>(shape)};
-  std::vector<int64_t> out;
-  for (nb::handle d : shape) {
-    if (!nb::isinstance<nb::int_>(d) && !nb::hasattr(d, "__index__")) {
-      throw nb::type_error("shape: expected an int or a sequence of ints");
-    }
-    out.push_back(nb::cast<int64_t>(d.attr("__index__")()));
+namespace {
+
+[[noreturn]] void ShapeTypeError(nb::handle got) {
+  throw nb::type_error(
+      ("shape: expected an int or a sequence of ints, got " + TypeName(got)).c_str());
+}
+
+int64_t Dimension(nb::handle d) {
+  nb::object index = nb::steal(PyNumber_Index(d.ptr()));
+  if (!index.is_valid()) {
+    PyErr_Clear();
+    ShapeTypeError(d);
   }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) {
+    ThrowStatus(Status::InvalidArgument("shape: dimension ", Text(index),
+                                        " is out of the int64 range"));
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<int64_t> ShapeArg(nb::handle shape) {
+  if (PyIndex_Check(shape.ptr())) return {Dimension(shape)};
+  if (nb::isinstance<nb::str>(shape) || nb::isinstance<nb::bytes>(shape)) ShapeTypeError(shape);
+  nb::object items = nb::steal(PyObject_GetIter(shape.ptr()));
+  if (!items.is_valid()) {
+    PyErr_Clear();
+    ShapeTypeError(shape);
+  }
+  std::vector<int64_t> out;
+  for (nb::handle d : items) out.push_back(Dimension(d));
   return out;
 }
 
@@ -212,7 +375,7 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
     for (nb::handle item : dtypes.attr("items")()) {
       nb::object key = item[0];
       if (!nb::isinstance<nb::str>(key)) throw nb::type_error("dtypes: keys must be tensor names");
-      overrides.emplace_back(nb::cast<std::string>(key), DTypeArg(item[1]));
+      overrides.emplace_back(Utf8Arg(key, "tensor name"), DTypeArg(item[1]));
     }
     used.assign(overrides.size(), false);
   }
@@ -227,7 +390,7 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
     if (!nb::isinstance<nb::str>(key)) {
       throw nb::type_error(("tensors: names must be str, got " + TypeName(key)).c_str());
     }
-    std::string name = nb::cast<std::string>(key);
+    std::string name = Utf8Arg(key, "tensor name");
     std::optional<DType> override;
     for (size_t i = 0; i < overrides.size(); ++i) {
       if (overrides[i].first == name) {
