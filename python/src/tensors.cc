@@ -131,6 +131,47 @@ std::string TorchProblem(nb::handle t) {
   return "";
 }
 
+// A JAX array (or tracer). Without importing JAX: if `jax` is not in sys.modules, no object is a
+// jax.Array; the type's module covers arrays whose package was imported under another name.
+bool IsJaxArray(nb::handle obj) {
+  const std::string module = TypeModule(obj);
+  if (StartsWith(module, "jax.") || StartsWith(module, "jaxlib")) return true;
+  nb::object jax = nb::steal(PyImport_GetModule(nb::str("jax").ptr()));  // no import
+  if (!jax.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object array_type = nb::steal(PyObject_GetAttrString(jax.ptr(), "Array"));
+  if (!array_type.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  const int r = PyObject_IsInstance(obj.ptr(), array_type.ptr());
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+// JAX arrays are immutable: a source registered once never changes, and a destination written in
+// place changes a value JAX treats as constant. Both sides refuse them, saying what works.
+[[noreturn]] void RefuseJaxArray(const std::string& name, bool writable) {
+  if (!writable) {
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name,
+        "': a JAX array is immutable, so a registered one would never change: every publish() "
+        "would copy these same bytes (rebinding `params = new_params` does not reach the "
+        "publisher). Publish through the arena instead: once, view = pub.allocate('",
+        name, "', x.dtype, x.shape); before each publish(), pub.begin_write() and "
+        "np.copyto(view, np.asarray(new_x)). See docs/python.md, \"JAX\""));
+  }
+  ThrowStatus(Status::InvalidArgument(
+      "tensor '", name,
+      "': a JAX array is immutable; weightsync would overwrite it in place behind JAX's back "
+      "(compiled code and caches assume it never changes). Let the subscriber own the buffer: "
+      "view = sub.allocate('",
+      name, "', dtype, shape), and after each update take a JAX array of it: jnp.array(view) copies (safe); "
+      "jax.dlpack.from_dlpack(view) shares the memory, which the next update overwrites"));
+}
+
 // Why `obj` was refused, once the strict import failed: a precise message beats "wrong type",
 // and the producer's own refusal (Paddle: "... use tensor.detach()") is kept.
 [[noreturn]] void ExplainRefusal(const std::string& name, nb::handle obj, bool writable) {
@@ -190,6 +231,7 @@ bool TryImport(nb::handle obj, nb::ndarray<>* out) {
 
 ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<DType> override,
                          bool writable) {
+  if (IsJaxArray(obj)) RefuseJaxArray(name, writable);
   auto import = [&](nb::handle o, nb::ndarray<>* out) {
     return writable ? TryImport<CpuArray>(o, out) : TryImport<CpuArrayRo>(o, out);
   };

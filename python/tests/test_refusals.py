@@ -2,6 +2,7 @@
 exception reaches Python; a failed allocate() leaves nothing behind."""
 
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -131,3 +132,41 @@ def test_non_utf8_endpoints_are_value_errors():
         weightsync.Subscriber(["local://a", "local://" + BAD])
     with pytest.raises(weightsync.InvalidArgument, match=r"endpoint .*not valid UTF-8"):
         weightsync.Publisher("local://" + BAD)
+
+
+# ---- JAX arrays are immutable ------------------------------------------------------------------
+
+def test_jax_array_refused_as_publisher_source(endpoint):
+    jnp = pytest.importorskip("jax.numpy")
+    params = {"w": jnp.ones((2, 3), jnp.float32)}
+    with weightsync.Publisher(endpoint) as pub:
+        with pytest.raises(weightsync.InvalidArgument) as info:
+            pub.register(params)
+    msg = str(info.value)
+    assert msg.startswith("tensor 'w': a JAX array is immutable"), msg
+    assert "pub.allocate('w'" in msg and "np.copyto" in msg and "begin_write()" in msg, msg
+
+
+def test_jax_array_refused_as_subscriber_destination(sub):
+    jnp = pytest.importorskip("jax.numpy")
+    before = jnp.zeros(4, jnp.float32)
+    with pytest.raises(weightsync.InvalidArgument) as info:
+        sub.register({"w": before})
+    msg = str(info.value)
+    assert msg.startswith("tensor 'w': a JAX array is immutable"), msg
+    assert "sub.allocate('w'" in msg and "jnp.array" in msg and "jax.dlpack" in msg, msg
+
+
+def test_jax_detection_does_not_import_jax(endpoint):
+    code = (
+        "import sys, numpy as np, weightsync\n"
+        "with weightsync.Publisher(sys.argv[1]) as pub:\n"
+        "    pub.register({'x': np.zeros(3)})\n"
+        "    try:\n"
+        "        pub.register({'l': [1.0]})\n"
+        "    except TypeError:\n"
+        "        pass\n"
+        "assert 'jax' not in sys.modules and 'jaxlib' not in sys.modules, 'jax was imported'\n")
+    out = subprocess.run([sys.executable, "-c", code, endpoint], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
