@@ -78,6 +78,10 @@ std::vector<int64_t> ShapeArg(nb::handle shape);
 // bfloat16, uint8 for float8); tfloat32 as float32; float4_e2m1fn as the packed uint8 bytes.
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner);
 
+// A non-null, aligned address no view built over it ever reads: for building a view before the
+// memory it will describe exists (Publisher.allocate()).
+void* PlaceholderAddress();
+
 // A manifest as Python sees it: [(name, dtype name, shape tuple), ...] in manifest order.
 nb::list ManifestList(const Manifest& manifest);
 

@@ -127,6 +127,11 @@ void BindPublisher(nb::module_& m) {
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
+            // Allocate() cannot be undone, so whatever can fail here fails first: the byte count
+            // (the library's rules), then the Python view itself, built once over a placeholder
+            // address (nothing reads it) and dropped.
+            ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            (void)ArrayView(PlaceholderAddress(), dt, dims, nb::str("placeholder"));
             TensorView v = ThrowIfError(self.publisher->Allocate(name, dt, dims));
             nb::handle self_object = nb::find(&self);
             auto* owner = new ViewOwner{&self, self_object.inc_ref().ptr()};

@@ -380,20 +380,19 @@ void BindSubscriber(nb::module_& m) {
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
-            {
-              TensorView probe{nullptr, dt, dims};
-              ThrowIfError(probe.NumBytes());  // negative dims, overflow: before NumPy sees them
-            }
+            // Negative dims, overflow: the library's rules, before NumPy sees them.
+            ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            // Buffer and view first, registration last: a failure leaves nothing registered.
             auto [raw_name, raw_shape] = RawLayout(dt, dims);
             nb::list raw_dims;
             for (int64_t d : raw_shape) raw_dims.append(d);
             nb::object raw =
                 nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims), raw_name);
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
-            NamedTensor tensor{name, TensorView{raw_array.data(), dt, dims}};
-            ThrowIfError(self.subscriber->Register({tensor}));
             nb::object view = ArrayView(raw_array.data(), dt, dims, raw);
-            self.owned.append(nb::make_tuple(nb::str(name.c_str(), name.size()), view));
+            nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
+            ThrowIfError(self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
+            self.owned.append(entry);
             return view;
           },
           "name"_a, "dtype"_a, "shape"_a,

@@ -1,6 +1,7 @@
 // Tensors in and out: DLPack/NumPy objects → NamedTensor views (never a copy), and arena or
 // subscriber-owned memory → NumPy views that keep their owner alive.
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -494,6 +495,11 @@ std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
     }
   }
   ThrowStatus(Status::InvalidArgument("unknown dtype code ", int(dtype)));
+}
+
+void* PlaceholderAddress() {
+  alignas(64) static std::byte placeholder[64];
+  return placeholder;
 }
 
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner) {

@@ -170,3 +170,41 @@ def test_jax_detection_does_not_import_jax(endpoint):
     out = subprocess.run([sys.executable, "-c", code, endpoint], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+# ---- a failed allocate() leaves nothing behind -------------------------------------------------
+
+# (0, 2**62, 8) uint8 holds no bytes, so weightsync accepts it; NumPy refuses the shape ("array is
+# too big": it multiplies the dimensions). A failure after the C++ Allocate/Register left the name
+# registered, and allocating it again said "duplicate".
+NUMPY_REFUSES = (0, 2**62, 8)
+
+
+def test_failed_publisher_allocate_leaves_nothing_behind(endpoint):
+    with weightsync.Publisher(endpoint) as pub:
+        with pytest.raises(ValueError, match="too big"):
+            pub.allocate("w", "uint8", NUMPY_REFUSES)
+        assert pub.manifest == []
+        w = pub.allocate("w", "float32", (2, 3))
+        assert pub.manifest == [("w", "float32", (2, 3))]
+        w[...] = 1.5
+        pub.publish(1)
+        with weightsync.Subscriber(endpoint) as sub:
+            dst = {"w": np.zeros((2, 3), np.float32)}
+            sub.register(dst)
+            sub.update()
+            assert (dst["w"] == 1.5).all()
+        del w
+
+
+def test_failed_subscriber_allocate_leaves_nothing_behind(endpoint):
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        pub.register({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+        pub.publish(1)
+        with pytest.raises(ValueError, match="too big"):
+            sub.allocate("w", "uint8", NUMPY_REFUSES)
+        with pytest.raises(ValueError, match="negative"):
+            sub.allocate("w", "float32", (2, -3))
+        sub.allocate("w", "float32", (2, 3))
+        (name, w), = sub.receive()  # strict policy: any leftover name would be a mismatch
+        assert name == "w" and np.asarray(w).tolist() == [[0, 1, 2], [3, 4, 5]]
