@@ -123,29 +123,35 @@ void BindPublisher(nb::module_& m) {
           "for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
       .def(
           "allocate",
-          [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape) {
+          [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
+             nb::handle framework_arg) {
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
+            const Framework framework = FrameworkArg(framework_arg);
             // Allocate() cannot be undone, so whatever can fail here fails first: the byte count
             // (the library's rules), then the Python view itself, built once over a placeholder
             // address (nothing reads it) and dropped.
             ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
-            (void)ArrayView(PlaceholderAddress(), dt, dims, nb::str("placeholder"));
+            (void)ArrayView(PlaceholderAddress(), dt, dims, nb::str("placeholder"), framework);
             TensorView v = ThrowIfError(self.publisher->Allocate(name, dt, dims));
             nb::handle self_object = nb::find(&self);
             auto* owner = new ViewOwner{&self, self_object.inc_ref().ptr()};
             ++self.live_views;
             nb::capsule capsule(owner, &ReleaseView);  // owns `owner` from here on
-            return ArrayView(v.data, v.dtype, v.shape, capsule);
+            return ArrayView(v.data, v.dtype, v.shape, capsule, framework);
           },
-          "name"_a, "dtype"_a, "shape"_a,
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
-                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
-          "Allocates a zero-filled tensor in the shared-memory arena and returns a NumPy view of\n"
-          "it (publish() then copies nothing). The view keeps the Publisher alive; close()\n"
-          "refuses while views are alive. bfloat16/float8 come back as ml_dtypes arrays when\n"
-          "ml_dtypes is installed, else as raw uint16/uint8 bits.")
+                  "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
+                  "'dlpack'] = 'numpy') -> typing.Any"),
+          "Allocates a zero-filled tensor in the shared-memory arena and returns a view of it\n"
+          "(publish() then copies nothing). The view keeps the Publisher alive; close()\n"
+          "refuses while views are alive. framework: 'numpy' (bfloat16/float8 as ml_dtypes\n"
+          "arrays when ml_dtypes is installed, else raw uint16/uint8 bits), 'torch' (a\n"
+          "torch.Tensor of the dtype itself) or 'dlpack' (an object any DLPack consumer\n"
+          "imports: torch.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack). A failed\n"
+          "allocate() registers nothing.")
       .def(
           "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),

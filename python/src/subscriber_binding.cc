@@ -130,6 +130,14 @@ MatchPolicy PolicyArg(const std::string& policy) {
   return MatchPolicy::kStrict;
 }
 
+// What receive() returns: an iterator over the allocate()d (name, tensor) pairs, carrying the
+// stats of the update that filled them.
+struct Received {
+  UpdateStats stats;
+  nb::list pairs;  // PySubscriber::owned: the same tuples every step
+  size_t next = 0;
+};
+
 // The Python-side state of a Subscriber. Every field is touched with the GIL held.
 struct PySubscriber {
   std::vector<nb::ndarray<>> destinations;  // registered caller tensors, kept alive
@@ -292,6 +300,25 @@ void BindSubscriber(nb::module_& m) {
                "', lineage_changed=" + b(s.lineage_changed) + ")";
       });
 
+  nb::class_<Received>(m, "Received",
+                       "What Subscriber.receive() returns: an iterator over the allocate()d\n"
+                       "(name, tensor) pairs, with the UpdateStats of the update in .stats.")
+      .def_ro("stats", &Received::stats, "The UpdateStats of the update that filled the tensors.")
+      .def(
+          "__iter__", [](nb::handle self) { return nb::borrow(self); },
+          nb::sig("def __iter__(self) -> Received"))
+      .def(
+          "__next__",
+          [](Received& r) -> nb::object {
+            if (r.next >= nb::len(r.pairs)) throw nb::stop_iteration();
+            return r.pairs[r.next++];
+          },
+          nb::sig("def __next__(self) -> tuple[str, typing.Any]"))
+      .def("__repr__", [](const Received& r) {
+        return "Received(step=" + std::to_string(r.stats.step) + ", " +
+               std::to_string(nb::len(r.pairs)) + " tensors)";
+      });
+
   nb::class_<PySubscriber>(
       m, "Subscriber",
       "Applies published weight versions into tensors you own (register()) or that it owns\n"
@@ -375,31 +402,40 @@ void BindSubscriber(nb::module_& m) {
           "`dtypes` maps names to an element type for tensors passed as raw bits.")
       .def(
           "allocate",
-          [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape) {
+          [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
+             nb::handle framework_arg) {
             self.Settle();
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
+            const Framework framework = FrameworkArg(framework_arg);
             // Negative dims, overflow: the library's rules, before NumPy sees them.
             ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
             // Buffer and view first, registration last: a failure leaves nothing registered.
-            auto [raw_name, raw_shape] = RawLayout(dt, dims);
+            auto [raw_dtype, raw_shape] = RawLayout(dt, dims);
             nb::list raw_dims;
             for (int64_t d : raw_shape) raw_dims.append(d);
-            nb::object raw =
-                nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims), raw_name);
+            std::string_view raw_name = DTypeName(raw_dtype);
+            nb::object raw = nb::module_::import_("numpy").attr("zeros")(
+                nb::tuple(raw_dims), nb::str(raw_name.data(), raw_name.size()));
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
-            nb::object view = ArrayView(raw_array.data(), dt, dims, raw);
+            nb::object view = ArrayView(raw_array.data(), dt, dims, raw, framework);
             nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
             ThrowIfError(self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
             self.owned.append(entry);
             return view;
           },
-          "name"_a, "dtype"_a, "shape"_a,
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
-                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
-          "Creates a zero-filled destination the Subscriber owns and registers it; returns its\n"
-          "NumPy view (the same object receive() yields every step).")
+                  "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
+                  "'dlpack'] = 'numpy') -> typing.Any"),
+          "Creates a zero-filled destination the Subscriber owns and registers it; returns a view\n"
+          "of it (the same object receive() yields every step, updated in place). framework:\n"
+          "'numpy' (bfloat16/float8 as ml_dtypes arrays when ml_dtypes is installed, else raw\n"
+          "uint16/uint8 bits), 'torch' (a torch.Tensor of the dtype itself, e.g. bfloat16,\n"
+          "float8_e4m3fn) or 'dlpack' (an object any DLPack consumer imports: torch.from_dlpack,\n"
+          "np.from_dlpack, jax.dlpack.from_dlpack). Zero-copy. A failed allocate() registers\n"
+          "nothing.")
       .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
            "accept_new_lineage"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
@@ -409,21 +445,22 @@ void BindSubscriber(nb::module_& m) {
            "lineage (or a restart whose steps are not newer) instead of refusing it.")
       .def(
           "receive",
-          [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify) {
+          [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify,
+             bool accept_new_lineage) {
             if (nb::len(self.owned) == 0) {
               ThrowIfError(Status::FailedPrecondition(
                   "receive() yields the tensors created with Subscriber.allocate(); there are "
                   "none (use update() for tensors you register)"));
             }
-            (void)self.Update(step, verify);
-            return self.owned.attr("__iter__")();
+            return Received{self.Update(step, verify, accept_new_lineage), self.owned};
           },
-          "step"_a = nb::none(), "verify"_a = nb::none(),
-          nb::sig("def receive(self, step: int | None = None, verify: bool | None = None) -> "
-                  "collections.abc.Iterator[tuple[str, numpy.ndarray]]"),
-          "update(step) into the allocate()d tensors, then iterate (name, array) pairs for an\n"
-          "engine's own loader (e.g. model.load_weights(sub.receive())). The arrays are created\n"
-          "once: every step yields the same objects, updated in place.")
+          "step"_a = nb::none(), "verify"_a = nb::none(), "accept_new_lineage"_a = false,
+          nb::sig("def receive(self, step: int | None = None, verify: bool | None = None, "
+                  "accept_new_lineage: bool = False) -> Received"),
+          "update(step) into the allocate()d tensors, then iterate (name, tensor) pairs for an\n"
+          "engine's own loader (e.g. model.load_weights(sub.receive())); the result's .stats is\n"
+          "the update's UpdateStats. The tensors are created once, by allocate(): every step\n"
+          "yields the same objects, updated in place.")
       .def(
           "published_manifest",
           [](PySubscriber& self) {

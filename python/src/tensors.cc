@@ -17,7 +17,6 @@ using CpuArrayRo = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using AnyArrayRo = nb::ndarray<nb::ro>;
 
 constexpr int32_t kDLCPU = 1;
-constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6;
 
 [[noreturn]] void ThrowStatus(Status s) { throw StatusError(std::move(s)); }
 
@@ -453,48 +452,33 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
   return out;
 }
 
-std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
-                                                       const std::vector<int64_t>& shape) {
+std::pair<DType, std::vector<int64_t>> RawLayout(DType dtype, const std::vector<int64_t>& shape) {
   switch (dtype) {
-    case DType::kBool:
-      return {"bool", shape};
-    case DType::kInt8:
-      return {"int8", shape};
-    case DType::kInt16:
-      return {"int16", shape};
-    case DType::kInt32:
-      return {"int32", shape};
-    case DType::kInt64:
-      return {"int64", shape};
-    case DType::kUInt8:
-      return {"uint8", shape};
-    case DType::kUInt16:
-      return {"uint16", shape};
-    case DType::kUInt32:
-      return {"uint32", shape};
-    case DType::kUInt64:
-      return {"uint64", shape};
-    case DType::kFloat16:
-      return {"float16", shape};
-    case DType::kFloat32:
-      return {"float32", shape};
-    case DType::kFloat64:
-      return {"float64", shape};
     case DType::kTFloat32:
-      return {"float32", shape};  // tf32 is stored in float32 bits
+      return {DType::kFloat32, shape};  // tf32 is stored in float32 bits
     case DType::kBFloat16:
-      return {"uint16", shape};
+      return {DType::kUInt16, shape};
     case DType::kFloat8E4M3FN:
     case DType::kFloat8E5M2:
     case DType::kFloat8E8M0FNU:
-      return {"uint8", shape};
+      return {DType::kUInt8, shape};
     case DType::kFloat4E2M1FN: {
       TensorView v{nullptr, dtype, shape};
       uint64_t bytes = ThrowIfError(v.NumBytes());
-      return {"uint8", {static_cast<int64_t>(bytes)}};
+      return {DType::kUInt8, {static_cast<int64_t>(bytes)}};
     }
+    default:
+      return {dtype, shape};  // NumPy has it, under the same name
   }
-  ThrowStatus(Status::InvalidArgument("unknown dtype code ", int(dtype)));
+}
+
+Framework FrameworkArg(nb::handle framework) {
+  const std::string name = Utf8Arg(framework, "framework");
+  if (name == "numpy") return Framework::kNumpy;
+  if (name == "torch") return Framework::kTorch;
+  if (name == "dlpack") return Framework::kDLPack;
+  ThrowStatus(Status::InvalidArgument("framework '", name,
+                                      "': expected 'numpy', 'torch' or 'dlpack'"));
 }
 
 void* PlaceholderAddress() {
@@ -502,25 +486,30 @@ void* PlaceholderAddress() {
   return placeholder;
 }
 
-nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner) {
-  auto [raw_name, raw_shape] = RawLayout(dtype, shape);
-  std::string_view rn = raw_name;
-  nb::dlpack::dtype dl;
-  if (rn == "bool") {
-    dl = {kDLBool, 8, 1};
-  } else if (rn.substr(0, 4) == "uint") {
-    dl = {kDLUInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(4)))), 1};
-  } else if (rn.substr(0, 3) == "int") {
-    dl = {kDLInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(3)))), 1};
-  } else {
-    dl = {kDLFloat, static_cast<uint8_t>(std::stoi(std::string(rn.substr(5)))), 1};
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
+                     Framework framework) {
+  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy, which has none of
+  // those, gets the raw bits (then an ml_dtypes view). DLPack has no tfloat32 (float32 bits), and
+  // weightsync's packed float4 travels as its bytes, as for NumPy.
+  auto [raw, raw_shape] = RawLayout(dtype, shape);
+  const bool own_code = framework != Framework::kNumpy &&
+                        Info(dtype).dlpack_code != kNoDLPackCode &&
+                        dtype != DType::kFloat4E2M1FN;
+  const DTypeInfo& element = Info(own_code ? dtype : raw);
+  const std::vector<int64_t>& dims64 = own_code ? shape : raw_shape;
+  const nb::dlpack::dtype dl{element.dlpack_code, element.dlpack_bits, 1};
+  std::vector<size_t> dims(dims64.begin(), dims64.end());
+  switch (framework) {
+    case Framework::kTorch:
+      return nb::ndarray<nb::pytorch>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+    case Framework::kDLPack:
+      return nb::ndarray<nb::array_api>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+    case Framework::kNumpy:
+      break;
   }
-  std::vector<size_t> dims(raw_shape.begin(), raw_shape.end());
-  nb::object array = nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner,
-                                            /*strides=*/nullptr, dl)
-                         .cast();
-  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2 ||
-      dtype == DType::kFloat8E8M0FNU) {
+  nb::object array =
+      nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+  if (raw != dtype && dtype != DType::kTFloat32 && dtype != DType::kFloat4E2M1FN) {
     try {
       nb::module_ ml = nb::module_::import_("ml_dtypes");
       std::string_view n = DTypeName(dtype);

@@ -197,14 +197,17 @@ def test_failed_publisher_allocate_leaves_nothing_behind(endpoint):
         del w
 
 
-def test_failed_subscriber_allocate_leaves_nothing_behind(endpoint):
+@pytest.mark.parametrize("framework", ["numpy", "torch", "dlpack"])
+def test_failed_subscriber_allocate_leaves_nothing_behind(endpoint, framework):
+    if framework == "torch":
+        pytest.importorskip("torch")
     with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
         pub.register({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
         pub.publish(1)
         with pytest.raises(ValueError, match="too big"):
-            sub.allocate("w", "uint8", NUMPY_REFUSES)
+            sub.allocate("w", "uint8", NUMPY_REFUSES, framework=framework)
         with pytest.raises(ValueError, match="negative"):
-            sub.allocate("w", "float32", (2, -3))
-        sub.allocate("w", "float32", (2, 3))
+            sub.allocate("w", "float32", (2, -3), framework=framework)
+        sub.allocate("w", "float32", (2, 3), framework=framework)
         (name, w), = sub.receive()  # strict policy: any leftover name would be a mismatch
         assert name == "w" and np.asarray(w).tolist() == [[0, 1, 2], [3, 4, 5]]
