@@ -1,8 +1,9 @@
 // weightsync.Subscriber: translation of weightsync::Subscriber, plus the one thing a binding must
-// add to a blocking C++ call: Ctrl-C. Subscriber::Update() blocks (bounded by its timeout) and
-// has no cancellation, so update() runs it on one worker thread per Subscriber and waits in
-// 50 ms slices with the GIL released, checking for signals between slices. See docs/python.md
-// ("Interrupting update()") for what a KeyboardInterrupt leaves behind.
+// add to a blocking C++ call: Ctrl-C. Subscriber::Update() blocks (bounded by its timeout), so
+// update() runs it on one worker thread per Subscriber and waits in 50 ms slices with the GIL
+// released, checking for signals between slices; on an interrupt it calls Subscriber::Cancel()
+// and waits for the update to end. See docs/python.md ("Interrupting update()") for what a
+// KeyboardInterrupt leaves behind, including an update that committed before it could cancel.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -221,6 +222,32 @@ struct PySubscriber {
     (void)SettleAbandoned();
   }
 
+  // Verifying and committing are not interruptible: an update past its last cancellable wait
+  // commits. The interrupt still propagates (the caller asked to stop), and says so: a note and
+  // `update_stats` on the exception (KeyboardInterrupt), so no one takes the step for undone.
+  static void NoteCommitted(const nb::python_error& interrupt, const UpdateStats& stats) {
+    nb::handle exc = interrupt.value();
+    const std::string note =
+        stats.up_to_date
+            ? "weightsync: the interrupted update had found step " + std::to_string(stats.step) +
+                  " already committed (nothing moved)"
+            : "weightsync: the interrupted update had already committed step " +
+                  std::to_string(stats.step) + " of lineage '" + std::string(stats.lineage.view()) +
+                  "' (it was verifying or committing, which is not interruptible); the "
+                  "subscriber holds that step; its UpdateStats are in .update_stats";
+    try {
+      exc.attr("update_stats") = nb::cast(stats);
+      if (nb::hasattr(exc, "add_note")) {
+        exc.attr("add_note")(Utf8Out(note));
+      } else {  // Python < 3.11: what add_note() does
+        if (!nb::hasattr(exc, "__notes__")) exc.attr("__notes__") = nb::list();
+        exc.attr("__notes__").attr("append")(Utf8Out(note));
+      }
+    } catch (const nb::python_error&) {
+      // An exception type that takes no attributes: it propagates as it is.
+    }
+  }
+
   UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify,
                      bool accept_new_lineage = false) {
     const UpdateOptions options{step, verify, accept_new_lineage};
@@ -234,12 +261,15 @@ struct PySubscriber {
     worker->Submit(options);
     try {
       WaitInterruptibly();
-    } catch (nb::python_error&) {
+    } catch (nb::python_error& interrupt) {
       if (CancelUpdate(*subscriber)) {
-        // Repeated: the worker may not have entered Update() when the first Cancel() ran.
-        nb::gil_scoped_release release;
-        while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
-        (void)worker->Take();
+        Result<UpdateStats> r = [&] {
+          // Repeated: the worker may not have entered Update() when the first Cancel() ran.
+          nb::gil_scoped_release release;
+          while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
+          return worker->Take();
+        }();
+        if (r.ok()) NoteCommitted(interrupt, *r);
       } else {
         abandoned = true;
       }
@@ -440,7 +470,8 @@ void BindSubscriber(nb::module_& m) {
            "accept_new_lineage"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
            "the step is published, up to `timeout`; the GIL is released meanwhile and Ctrl-C\n"
-           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind).\n"
+           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind; an\n"
+           "interrupt during the commit raises after it, with .update_stats on the exception).\n"
            "accept_new_lineage: with lineage_policy='strict', follow the publisher into a new\n"
            "lineage (or a restart whose steps are not newer) instead of refusing it.")
       .def(
