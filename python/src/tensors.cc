@@ -56,6 +56,14 @@ std::string TypeModule(nb::handle obj) {
   nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
   return nb::hasattr(type, "__module__") ? Text(type.attr("__module__")) : std::string();
 }
+// obj.attr is truthy; false when absent or when asking raises (diagnostics never throw).
+bool AttrTrue(nb::handle obj, const char* attr) {
+  nb::object v = nb::steal(PyObject_GetAttrString(obj.ptr(), attr));
+  const int r = v.is_valid() ? PyObject_IsTrue(v.ptr()) : -1;
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
 bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
@@ -88,7 +96,8 @@ std::string NumpyDTypeProblem(nb::handle array) {
   nb::handle dtype = array.attr("dtype");
   const std::string kind = Text(dtype.attr("kind"));
   const std::string str = Text(dtype);
-  const int itemsize = nb::cast<int>(dtype.attr("itemsize"));
+  const long itemsize = PyLong_AsLong(dtype.attr("itemsize").ptr());
+  if (itemsize < 0) PyErr_Clear();
   if (kind == "O") {
     return "holds Python objects (dtype object), not numbers: convert it to a numeric array "
            "first (e.g. np.asarray(x, dtype=np.float32))";
@@ -109,17 +118,17 @@ std::string NumpyDTypeProblem(nb::handle array) {
            " (np.longdouble, extended precision), which weightsync does not move: convert it "
            "(x.astype(np.float64)) or pass its raw bits with dtypes=";
   }
-  if (kind == "c") return ComplexAdvice(Text(dtype.attr("name")), itemsize * 8);
+  if (kind == "c") return ComplexAdvice(Text(dtype.attr("name")), static_cast<int>(itemsize * 8));
   return "";
 }
 
 // PyTorch tensors that hold no plain strided CPU data.
 std::string TorchProblem(nb::handle t) {
-  if (nb::hasattr(t, "is_meta") && nb::cast<bool>(t.attr("is_meta"))) {
+  if (AttrTrue(t, "is_meta")) {
     return "a PyTorch meta tensor has no data (device='meta'): materialize it first (e.g. "
            "module.to_empty(device='cpu'), then load its weights)";
   }
-  if (nb::hasattr(t, "is_quantized") && nb::cast<bool>(t.attr("is_quantized"))) {
+  if (AttrTrue(t, "is_quantized")) {
     return "a quantized PyTorch tensor (" + Text(t.attr("dtype")) +
            "): weightsync moves plain element types; pass x.int_repr() (its integers; send "
            "its scale and zero point separately) or x.dequantize()";
@@ -339,8 +348,10 @@ std::string Utf8Arg(nb::handle text, const char* what) {
 }
 
 nb::str Utf8Out(std::string_view text) {
-  return nb::steal<nb::str>(
-      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape"));
+  PyObject* s =
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape");
+  if (s == nullptr) throw nb::python_error();  // MemoryError: surrogateescape decodes any bytes
+  return nb::steal<nb::str>(s);
 }
 
 DType DTypeArg(nb::handle dtype) {
