@@ -2,15 +2,21 @@
 
     .venv/bin/python bench/compare_safetensors.py [--model qwen2.5-0.5b] [--scale 1.0] [--reps 5]
 
-Both sides hold the model as bfloat16 bits (NumPy uint16 arrays, tagged bfloat16 for weightsync),
-in one process:
+Both sides hold the model as bfloat16 bits (NumPy uint16 arrays, tagged bfloat16 for weightsync;
+torch.bfloat16 tensors over the same memory for safetensors.torch), in one process:
   * weightsync: Publisher.register(trainer tensors) once; each rep publish(step) (copy into
     shared memory) + Subscriber.update(step) (copy into the engine's preallocated tensors).
-  * safetensors: safetensors.numpy.save_file(trainer tensors, /dev/shm/...) + load_file(...),
-    the usual "checkpoint to tmpfs and reload" hand-over. load_file returns new arrays, which is
-    how that path is used.
-Warm-up steps (weightsync: prepare + first touch of both slots; safetensors: one rep) are
-printed apart. Then per-method median and best times, GB/s, and the ratio safetensors /
+  * safetensors.torch (the baseline PyTorch users have): save_file(trainer torch tensors,
+    /dev/shm/...) + load_file(...) + copy_() into the engine's preallocated tensors (what
+    load_state_dict does), the usual "checkpoint to tmpfs and reload" hand-over: the bytes end
+    where weightsync puts them. Skipped without torch.
+  * safetensors.torch without the copy_(): load_file maps the tmpfs file and returns tensors
+    over it (no byte is read until used), so this row is save_file plus a mapping; shown for
+    transparency, not like for like.
+  * safetensors.numpy: save_file + load_file of the NumPy arrays (load_file returns new arrays,
+    which is how that path is used).
+Warm-up steps (weightsync: prepare + first touch of both slots; safetensors: one rep each) are
+printed apart. Then per-method median and best times, GB/s, and the ratios safetensors /
 weightsync (above 1: weightsync is faster), plus the machine. Results are checked bit for bit.
 """
 
@@ -90,9 +96,26 @@ def machine():
 
 def summarize(label, seconds, nbytes):
     med, best = statistics.median(seconds), min(seconds)
-    print(f"  {label:<34} median {med * 1e3:9.1f} ms  best {best * 1e3:9.1f} ms  "
+    print(f"  {label:<48} median {med * 1e3:9.1f} ms  best {best * 1e3:9.1f} ms  "
           f"{nbytes / med / 1e9:6.2f} GB/s")
     return med
+
+
+def time_safetensors(save_file, load_file, tensors, same, path, reps, fill_all, deliver=None):
+    """[warm-up seconds], [timed seconds] of save_file + load_file (+ deliver(loaded)) through
+    `path`; the last rep's result is checked bit for bit with same(result tensor, name)."""
+    times, warm = [], []
+    for rep in range(1 + reps):
+        fill_all(1000 + rep)
+        t0 = time.perf_counter()
+        save_file(tensors, path)
+        loaded = load_file(path)
+        if deliver is not None:
+            loaded = deliver(loaded)
+        (times if rep >= 1 else warm).append(time.perf_counter() - t0)
+        os.unlink(path)
+    assert all(same(loaded[n], n) for n in tensors), "safetensors: mismatch"
+    return warm, times
 
 
 def main():
@@ -107,10 +130,16 @@ def main():
     args = ap.parse_args()
 
     try:
-        from safetensors.numpy import load_file, save_file
+        import safetensors.numpy as st_numpy
     except ImportError:
         raise SystemExit("compare_safetensors: pip install safetensors (scripts/python_test.sh "
                          "installs it into .venv)")
+    try:
+        import torch
+        import safetensors.torch as st_torch
+    except ImportError:
+        torch = st_torch = None
+        print("compare_safetensors: torch not installed; the safetensors.torch row is skipped")
 
     specs = model_specs(args.model, args.scale)
     trainer = {n: np.zeros(s, np.uint16) for n, s in specs}
@@ -122,7 +151,7 @@ def main():
         raise SystemExit(f"compare_safetensors: {args.dir} has {free / 1e9:.1f} GB free, needs "
                          f"{2 * nbytes / 1e9:.1f} GB; lower --scale")
     print(f"model {args.model} x{args.scale}: {len(specs)} tensors, {nbytes / 1e9:.3f} GB "
-          f"bfloat16; {args.reps} reps; machine: {machine()}")
+          f"bfloat16; {args.reps} reps; safetensors through {args.dir}; machine: {machine()}")
 
     # weightsync: the first update prepares (connect, plan, map, staging) and the first two
     # publishes fault in the arena's two slots; those warm-up steps are reported, not timed.
@@ -142,28 +171,44 @@ def main():
         assert all(np.array_equal(engine[n], trainer[n]) for n in trainer), "weightsync: mismatch"
 
     # safetensors: save to tmpfs and load back; one warm-up rep, then every rep timed.
-    st_times, st_warm = [], []
+    results = {}  # backend -> (warm-up, timed)
     folder = tempfile.mkdtemp(prefix="ws-bench-", dir=args.dir)
     path = os.path.join(folder, "model.safetensors")
+    fill_all = lambda step: fill(trainer, step)  # noqa: E731
     try:
-        for rep in range(1 + args.reps):
-            fill(trainer, 1000 + rep)
-            t0 = time.perf_counter()
-            save_file(trainer, path)
-            loaded = load_file(path)
-            (st_times if rep >= 1 else st_warm).append(time.perf_counter() - t0)
-            os.unlink(path)
-        assert all(np.array_equal(loaded[n], trainer[n]) for n in trainer), "safetensors: mismatch"
-        del loaded
+        if st_torch is not None:
+            # torch.bfloat16 tensors over the trainer's memory: fill() changes them too.
+            as_torch = {n: torch.from_numpy(a).view(torch.bfloat16) for n, a in trainer.items()}
+            engine_t = {n: torch.from_numpy(a).view(torch.bfloat16) for n, a in engine.items()}
+            same = lambda t, n: np.array_equal(t.view(torch.uint16).numpy(), trainer[n])  # noqa
+
+            def copy_into_engine(loaded):
+                for n, t in loaded.items():
+                    engine_t[n].copy_(t)
+                return engine_t
+
+            results["torch"] = time_safetensors(st_torch.save_file, st_torch.load_file, as_torch,
+                                                same, path, args.reps, fill_all, copy_into_engine)
+            results["torch (no copy_, mapped)"] = time_safetensors(
+                st_torch.save_file, st_torch.load_file, as_torch, same, path, args.reps, fill_all)
+            del as_torch, engine_t
+        results["numpy"] = time_safetensors(st_numpy.save_file, st_numpy.load_file, trainer,
+                                            lambda a, n: np.array_equal(a, trainer[n]), path,
+                                            args.reps, fill_all)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
     print("  warm-up (not in the figures below): weightsync "
           + ", ".join(f"{t * 1e3:.0f} ms" for t in ws_warm)
-          + "; safetensors " + ", ".join(f"{t * 1e3:.0f} ms" for t in st_warm))
+          + "".join(f"; safetensors.{b} " + ", ".join(f"{t * 1e3:.0f} ms" for t in warm)
+                    for b, (warm, _) in results.items()))
     ws = summarize(f"weightsync publish+update ({args.mode})", ws_times, nbytes)
-    st = summarize("safetensors save+load (/dev/shm)", st_times, nbytes)
-    print(f"ratio safetensors / weightsync = {st / ws:.2f}x (median; >1: weightsync faster)")
+    what = {"torch": "save+load+copy_", "numpy": "save+load"}
+    medians = {b: summarize(f"safetensors.{b} {what.get(b, 'save+load')}", times, nbytes)
+               for b, (_, times) in results.items()}
+    for backend, st in medians.items():
+        print(f"ratio safetensors.{backend} / weightsync = {st / ws:.2f}x "
+              "(median; >1: weightsync faster)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #   PYTHON   interpreter that creates the venv (default: python3)
 #   VENV     venv folder (default: .venv)
 #   JOBS     parallel compile jobs (default: 2)
+#   FRAMEWORKS  DLPack producers the tests exercise, installed from PyPI (default: torch,
+#            jax[cpu], paddlepaddle; FRAMEWORKS="" skips them and their tests skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,12 @@ PIP=("$PY" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" ninja numpy pytest ml_dtypes
 # safetensors is for bench/compare_safetensors.py only; the tests do not need it.
 "${PIP[@]}" install safetensors || say "safetensors not installed (bench only); continuing"
+# Frameworks whose tensors the tests pass through DLPack (CPU builds; PyPI's torch also pulls its
+# CUDA wheels). Each is optional: a test that needs one skips where it is absent.
+for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle}; do
+  "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "${fw%%[*}" 2>/dev/null ||
+    "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
+done
 
 # 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
 say "building the extension (pip install .)"

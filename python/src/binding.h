@@ -60,21 +60,45 @@ struct ImportedTensor {
 // Never copies: a tensor that is not C-contiguous or not on the CPU is an InvalidArgument.
 std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable);
 
+// Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
+// Not a str: TypeError; a str with lone surrogates (no UTF-8 encoding): InvalidArgument.
+std::string Utf8Arg(nb::handle text, const char* what);
+// Text out: UTF-8 from C++ (names, lineages from a peer); bytes that are not UTF-8 come back as
+// surrogate escapes, as os.fsdecode() does, instead of failing the whole call.
+nb::str Utf8Out(std::string_view text);
+
 // A dtype argument: a name ("bfloat16", "bf16"), a NumPy dtype or scalar type, an ml_dtypes type.
 DType DTypeArg(nb::handle dtype);
+// An int or a sequence of ints (anything with __index__); each must fit in int64 (InvalidArgument
+// otherwise, naming it), a non-integer is a TypeError. Range rules are the C++ library's.
 std::vector<int64_t> ShapeArg(nb::handle shape);
 
-// A NumPy array over `data` (`dtype`, `shape`) whose base keeps `owner` alive. Element types NumPy
-// lacks come back as ml_dtypes arrays when ml_dtypes is installed, else as raw bits (uint16 for
-// bfloat16, uint8 for float8); tfloat32 as float32; float4_e2m1fn as the packed uint8 bytes.
-nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner);
+// What allocate() returns its tensors as (its `framework` argument).
+enum class Framework {
+  kNumpy,   // numpy.ndarray ("numpy")
+  kTorch,   // torch.Tensor, through torch.utils.dlpack.from_dlpack ("torch")
+  kDLPack,  // an object with __dlpack__/__dlpack_device__ and the buffer protocol ("dlpack")
+};
+Framework FrameworkArg(nb::handle framework);
+
+// A view over `data` (`dtype`, `shape`) in `framework`'s type, whose base keeps `owner` alive; no
+// copy. For NumPy, element types it lacks come back as ml_dtypes arrays when ml_dtypes is
+// installed, else as raw bits (uint16 for bfloat16, uint8 for float8); torch and DLPack get their
+// DLPack codes (bfloat16 4, float8_e4m3fn 10, float8_e5m2 12, float8_e8m0fnu 14). tfloat32 comes
+// back as float32; float4_e2m1fn as the packed uint8 bytes.
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
+                     Framework framework = Framework::kNumpy);
+
+// A non-null, aligned address no view built over it ever reads: for building a view before the
+// memory it will describe exists (Publisher.allocate()).
+void* PlaceholderAddress();
 
 // A manifest as Python sees it: [(name, dtype name, shape tuple), ...] in manifest order.
 nb::list ManifestList(const Manifest& manifest);
 
-// The raw NumPy storage of `dtype` elements: (numpy dtype name, shape of the raw array).
-std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
-                                                       const std::vector<int64_t>& shape);
+// The raw storage of `dtype` elements in a type NumPy has (its name is the DTypeName), and the
+// raw array's shape.
+std::pair<DType, std::vector<int64_t>> RawLayout(DType dtype, const std::vector<int64_t>& shape);
 
 // ---- options -----------------------------------------------------------------------------------
 std::chrono::milliseconds TimeoutArg(double seconds, const char* what);

@@ -1,6 +1,8 @@
 // The one Status → Python exception mapping. The classes live in weightsync/_errors.py (so they
 // can multiply-inherit from built-ins); this file only looks them up by StatusCodeName.
+#include <new>
 #include <string>
+#include <typeinfo>
 
 #include "binding.h"
 
@@ -37,6 +39,19 @@ void RegisterErrorTranslator() {
       std::rethrow_exception(p);
     } catch (const StatusError& e) {
       PyErr_SetString(ErrorClass(e.status().code()), e.status().message().c_str());
+    } catch (const nb::builtin_exception&) {
+      throw;  // TypeError, ValueError, ...: nanobind's own translator
+    } catch (const nb::python_error&) {
+      throw;
+    } catch (const std::bad_alloc&) {
+      throw;  // MemoryError
+    } catch (const std::exception& e) {
+      // No bare C++ exception reaches Python (a failed nb::cast is a std::bad_cast): every
+      // argument is converted with a message of its own, so one that gets here is a bug.
+      PyErr_Format(ErrorClass(StatusCode::kInternal),
+                   "weightsync binding: unexpected C++ exception %s: %s (a bug in weightsync; "
+                   "please report it)",
+                   typeid(e).name(), e.what());
     }
   });
 }

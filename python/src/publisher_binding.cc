@@ -17,9 +17,11 @@ using namespace nb::literals;
 struct PyPublisher {
   std::vector<nb::ndarray<>> sources;  // registered tensors; declared first, released last
   std::unique_ptr<Publisher> publisher;
-  std::string endpoint;
   int live_views = 0;              // arrays from allocate() still alive
   bool close_when_unused = false;  // __exit__ with live views: close when the last one dies
+
+  // The bound endpoint (tcp://HOST:0 reports the port it got).
+  const std::string& endpoint() const { return publisher->endpoint(); }
 
   Status Close() {
     nb::gil_scoped_release release;
@@ -40,7 +42,7 @@ void ReleaseView(void* p) noexcept {
     self->close_when_unused = false;
     if (Status s = self->Close(); !s.ok()) {
       PySys_WriteStderr("weightsync: Publisher(%s).close() after its last view: %s\n",
-                        self->endpoint.c_str(), s.ToString().c_str());
+                        self->endpoint().c_str(), s.ToString().c_str());
     }
   }
   Py_DECREF(owner->self_object);
@@ -70,13 +72,13 @@ void BindPublisher(nb::module_& m) {
       "begin_write() before changing them). Register/allocate before the first publish().")
       .def(
           "__init__",
-          [](PyPublisher* self, const std::string& endpoint, int slots, double timeout,
-             uint64_t segment_bytes, int copy_threads, int max_connections,
-             const std::string& lineage, int64_t resume_from_step) {
+          [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
+             uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
+             int64_t resume_from_step) {
             PublisherOptions o;
-            o.lineage = lineage;
+            o.lineage = Utf8Arg(lineage, "lineage");
             o.resume_from_step = resume_from_step;
-            o.endpoint = endpoint;
+            o.endpoint = Utf8Arg(endpoint, "endpoint");
             o.slots = slots;
             o.timeout = TimeoutArg(timeout, "timeout");
             o.segment_bytes = segment_bytes;
@@ -89,11 +91,13 @@ void BindPublisher(nb::module_& m) {
             }
             new (self) PyPublisher();
             self->publisher = std::move(p);
-            self->endpoint = endpoint;
           },
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
           "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
           "resume_from_step"_a = -1,
+          nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
+                  "segment_bytes: int = 8388608, copy_threads: int = 0, max_connections: int = "
+                  "64, lineage: str = '', resume_from_step: int = -1) -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
@@ -119,23 +123,35 @@ void BindPublisher(nb::module_& m) {
           "for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
       .def(
           "allocate",
-          [](PyPublisher& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+          [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
+             nb::handle framework_arg) {
+            const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
+            const Framework framework = FrameworkArg(framework_arg);
+            // Allocate() cannot be undone, so whatever can fail here fails first: the byte count
+            // (the library's rules), then the Python view itself, built once over a placeholder
+            // address (nothing reads it) and dropped.
+            ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            (void)ArrayView(PlaceholderAddress(), dt, dims, nb::str("placeholder"), framework);
             TensorView v = ThrowIfError(self.publisher->Allocate(name, dt, dims));
             nb::handle self_object = nb::find(&self);
             auto* owner = new ViewOwner{&self, self_object.inc_ref().ptr()};
             ++self.live_views;
             nb::capsule capsule(owner, &ReleaseView);  // owns `owner` from here on
-            return ArrayView(v.data, v.dtype, v.shape, capsule);
+            return ArrayView(v.data, v.dtype, v.shape, capsule, framework);
           },
-          "name"_a, "dtype"_a, "shape"_a,
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
-                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
-          "Allocates a zero-filled tensor in the shared-memory arena and returns a NumPy view of\n"
-          "it (publish() then copies nothing). The view keeps the Publisher alive; close()\n"
-          "refuses while views are alive. bfloat16/float8 come back as ml_dtypes arrays when\n"
-          "ml_dtypes is installed, else as raw uint16/uint8 bits.")
+                  "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
+                  "'dlpack'] = 'numpy') -> typing.Any"),
+          "Allocates a zero-filled tensor in the shared-memory arena and returns a view of it\n"
+          "(publish() then copies nothing). The view keeps the Publisher alive; close()\n"
+          "refuses while views are alive. framework: 'numpy' (bfloat16/float8 as ml_dtypes\n"
+          "arrays when ml_dtypes is installed, else raw uint16/uint8 bits), 'torch' (a\n"
+          "torch.Tensor of the dtype itself) or 'dlpack' (an object any DLPack consumer\n"
+          "imports: torch.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack). A failed\n"
+          "allocate() registers nothing.")
       .def(
           "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),
@@ -150,13 +166,15 @@ void BindPublisher(nb::module_& m) {
       .def_prop_ro(
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")
-      .def_prop_ro("endpoint", [](PyPublisher& self) { return self.endpoint; })
       .def_prop_ro(
-          "lineage", [](PyPublisher& self) { return self.publisher->lineage(); },
+          "endpoint", [](PyPublisher& self) { return self.endpoint(); },
+          "The endpoint subscribers connect to: for 'tcp://HOST:0', with the port bound.")
+      .def_prop_ro(
+          "lineage", [](PyPublisher& self) { return Utf8Out(self.publisher->lineage()); },
           "The lineage this publisher serves (given, or chosen at random when none was).")
       .def("__repr__",
            [](PyPublisher& self) {
-             return "Publisher('" + self.endpoint +
+             return "Publisher('" + self.endpoint() +
                     "', latest_step=" + std::to_string(self.publisher->latest_step()) + ")";
            })
       .def_prop_ro(
@@ -170,7 +188,7 @@ void BindPublisher(nb::module_& m) {
           [](PyPublisher& self) {
             if (self.live_views > 0) {
               ThrowIfError(Status::FailedPrecondition(
-                  "Publisher(", self.endpoint, ").close(): ", self.live_views,
+                  "Publisher(", self.endpoint(), ").close(): ", self.live_views,
                   " array(s) returned by allocate() are still alive and point into the arena; "
                   "delete them first"));
             }

@@ -1,8 +1,9 @@
 // weightsync.Subscriber: translation of weightsync::Subscriber, plus the one thing a binding must
-// add to a blocking C++ call: Ctrl-C. Subscriber::Update() blocks (bounded by its timeout) and
-// has no cancellation, so update() runs it on one worker thread per Subscriber and waits in
-// 50 ms slices with the GIL released, checking for signals between slices. See docs/python.md
-// ("Interrupting update()") for what a KeyboardInterrupt leaves behind.
+// add to a blocking C++ call: Ctrl-C. Subscriber::Update() blocks (bounded by its timeout), so
+// update() runs it on one worker thread per Subscriber and waits in 50 ms slices with the GIL
+// released, checking for signals between slices; on an interrupt it calls Subscriber::Cancel()
+// and waits for the update to end. See docs/python.md ("Interrupting update()") for what a
+// KeyboardInterrupt leaves behind, including an update that committed before it could cancel.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -130,6 +131,14 @@ MatchPolicy PolicyArg(const std::string& policy) {
   return MatchPolicy::kStrict;
 }
 
+// What receive() returns: an iterator over the allocate()d (name, tensor) pairs, carrying the
+// stats of the update that filled them.
+struct Received {
+  UpdateStats stats;
+  nb::list pairs;  // PySubscriber::owned: the same tuples every step
+  size_t next = 0;
+};
+
 // The Python-side state of a Subscriber. Every field is touched with the GIL held.
 struct PySubscriber {
   std::vector<nb::ndarray<>> destinations;  // registered caller tensors, kept alive
@@ -213,6 +222,32 @@ struct PySubscriber {
     (void)SettleAbandoned();
   }
 
+  // Verifying and committing are not interruptible: an update past its last cancellable wait
+  // commits. The interrupt still propagates (the caller asked to stop), and says so: a note and
+  // `update_stats` on the exception (KeyboardInterrupt), so no one takes the step for undone.
+  static void NoteCommitted(const nb::python_error& interrupt, const UpdateStats& stats) {
+    nb::handle exc = interrupt.value();
+    const std::string note =
+        stats.up_to_date
+            ? "weightsync: the interrupted update had found step " + std::to_string(stats.step) +
+                  " already committed (nothing moved)"
+            : "weightsync: the interrupted update had already committed step " +
+                  std::to_string(stats.step) + " of lineage '" + std::string(stats.lineage.view()) +
+                  "' (it was verifying or committing, which is not interruptible); the "
+                  "subscriber holds that step; its UpdateStats are in .update_stats";
+    try {
+      exc.attr("update_stats") = nb::cast(stats);
+      if (nb::hasattr(exc, "add_note")) {
+        exc.attr("add_note")(Utf8Out(note));
+      } else {  // Python < 3.11: what add_note() does
+        if (!nb::hasattr(exc, "__notes__")) exc.attr("__notes__") = nb::list();
+        exc.attr("__notes__").attr("append")(Utf8Out(note));
+      }
+    } catch (const nb::python_error&) {
+      // An exception type that takes no attributes: it propagates as it is.
+    }
+  }
+
   UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify,
                      bool accept_new_lineage = false) {
     const UpdateOptions options{step, verify, accept_new_lineage};
@@ -226,12 +261,15 @@ struct PySubscriber {
     worker->Submit(options);
     try {
       WaitInterruptibly();
-    } catch (nb::python_error&) {
+    } catch (nb::python_error& interrupt) {
       if (CancelUpdate(*subscriber)) {
-        // Repeated: the worker may not have entered Update() when the first Cancel() ran.
-        nb::gil_scoped_release release;
-        while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
-        (void)worker->Take();
+        Result<UpdateStats> r = [&] {
+          // Repeated: the worker may not have entered Update() when the first Cancel() ran.
+          nb::gil_scoped_release release;
+          while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
+          return worker->Take();
+        }();
+        if (r.ok()) NoteCommitted(interrupt, *r);
       } else {
         abandoned = true;
       }
@@ -276,10 +314,7 @@ void BindSubscriber(nb::module_& m) {
               "The latest step was already committed; nothing moved.")
       .def_prop_ro(
           "lineage",
-          [](const UpdateStats& s) {
-            std::string_view v = s.lineage.view();
-            return nb::str(v.data(), v.size());
-          },
+          [](const UpdateStats& s) { return Utf8Out(s.lineage.view()); },
           "The publisher's lineage of the committed version (PublisherOptions.lineage).")
       .def_ro("lineage_changed", &UpdateStats::lineage_changed,
               "This update replaced a version of another publisher session (a restarted\n"
@@ -295,6 +330,25 @@ void BindSubscriber(nb::module_& m) {
                "', lineage_changed=" + b(s.lineage_changed) + ")";
       });
 
+  nb::class_<Received>(m, "Received",
+                       "What Subscriber.receive() returns: an iterator over the allocate()d\n"
+                       "(name, tensor) pairs, with the UpdateStats of the update in .stats.")
+      .def_ro("stats", &Received::stats, "The UpdateStats of the update that filled the tensors.")
+      .def(
+          "__iter__", [](nb::handle self) { return nb::borrow(self); },
+          nb::sig("def __iter__(self) -> Received"))
+      .def(
+          "__next__",
+          [](Received& r) -> nb::object {
+            if (r.next >= nb::len(r.pairs)) throw nb::stop_iteration();
+            return r.pairs[r.next++];
+          },
+          nb::sig("def __next__(self) -> tuple[str, typing.Any]"))
+      .def("__repr__", [](const Received& r) {
+        return "Received(step=" + std::to_string(r.stats.step) + ", " +
+               std::to_string(nb::len(r.pairs)) + " tensors)";
+      });
+
   nb::class_<PySubscriber>(
       m, "Subscriber",
       "Applies published weight versions into tensors you own (register()) or that it owns\n"
@@ -307,7 +361,7 @@ void BindSubscriber(nb::module_& m) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
-              o.endpoint = nb::cast<std::string>(endpoint_arg);
+              o.endpoint = Utf8Arg(endpoint_arg, "endpoint");
               endpoint = o.endpoint;
             } else {
               // Several publishers (e.g. one per trainer rank), each holding part of the model.
@@ -315,7 +369,7 @@ void BindSubscriber(nb::module_& m) {
                 if (!nb::isinstance<nb::str>(item)) {
                   throw nb::type_error("endpoint: expected a str or a sequence of str");
                 }
-                o.endpoints.push_back(nb::cast<std::string>(item));
+                o.endpoints.push_back(Utf8Arg(item, "endpoint"));
                 endpoint += (endpoint.empty() ? "" : ", ") + o.endpoints.back();
               }
               if (o.endpoints.empty()) throw nb::value_error("endpoint: empty sequence");
@@ -378,55 +432,66 @@ void BindSubscriber(nb::module_& m) {
           "`dtypes` maps names to an element type for tensors passed as raw bits.")
       .def(
           "allocate",
-          [](PySubscriber& self, const std::string& name, nb::handle dtype, nb::handle shape) {
+          [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
+             nb::handle framework_arg) {
             self.Settle();
+            const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
-            {
-              TensorView probe{nullptr, dt, dims};
-              ThrowIfError(probe.NumBytes());  // negative dims, overflow: before NumPy sees them
-            }
-            auto [raw_name, raw_shape] = RawLayout(dt, dims);
+            const Framework framework = FrameworkArg(framework_arg);
+            // Negative dims, overflow: the library's rules, before NumPy sees them.
+            ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            // Buffer and view first, registration last: a failure leaves nothing registered.
+            auto [raw_dtype, raw_shape] = RawLayout(dt, dims);
             nb::list raw_dims;
             for (int64_t d : raw_shape) raw_dims.append(d);
-            nb::object raw =
-                nb::module_::import_("numpy").attr("zeros")(nb::tuple(raw_dims), raw_name);
+            std::string_view raw_name = DTypeName(raw_dtype);
+            nb::object raw = nb::module_::import_("numpy").attr("zeros")(
+                nb::tuple(raw_dims), nb::str(raw_name.data(), raw_name.size()));
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
-            NamedTensor tensor{name, TensorView{raw_array.data(), dt, dims}};
-            ThrowIfError(self.subscriber->Register({tensor}));
-            nb::object view = ArrayView(raw_array.data(), dt, dims, raw);
-            self.owned.append(nb::make_tuple(nb::str(name.c_str(), name.size()), view));
+            nb::object view = ArrayView(raw_array.data(), dt, dims, raw, framework);
+            nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
+            ThrowIfError(self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
+            self.owned.append(entry);
             return view;
           },
-          "name"_a, "dtype"_a, "shape"_a,
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
-                  "collections.abc.Sequence[int]) -> numpy.ndarray"),
-          "Creates a zero-filled destination the Subscriber owns and registers it; returns its\n"
-          "NumPy view (the same object receive() yields every step).")
+                  "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
+                  "'dlpack'] = 'numpy') -> typing.Any"),
+          "Creates a zero-filled destination the Subscriber owns and registers it; returns a view\n"
+          "of it (the same object receive() yields every step, updated in place). framework:\n"
+          "'numpy' (bfloat16/float8 as ml_dtypes arrays when ml_dtypes is installed, else raw\n"
+          "uint16/uint8 bits), 'torch' (a torch.Tensor of the dtype itself, e.g. bfloat16,\n"
+          "float8_e4m3fn) or 'dlpack' (an object any DLPack consumer imports: torch.from_dlpack,\n"
+          "np.from_dlpack, jax.dlpack.from_dlpack). Zero-copy. A failed allocate() registers\n"
+          "nothing.")
       .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
            "accept_new_lineage"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
            "the step is published, up to `timeout`; the GIL is released meanwhile and Ctrl-C\n"
-           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind).\n"
+           "interrupts it within ~50 ms (see docs/python.md for what that leaves behind; an\n"
+           "interrupt during the commit raises after it, with .update_stats on the exception).\n"
            "accept_new_lineage: with lineage_policy='strict', follow the publisher into a new\n"
            "lineage (or a restart whose steps are not newer) instead of refusing it.")
       .def(
           "receive",
-          [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify) {
+          [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify,
+             bool accept_new_lineage) {
             if (nb::len(self.owned) == 0) {
               ThrowIfError(Status::FailedPrecondition(
                   "receive() yields the tensors created with Subscriber.allocate(); there are "
                   "none (use update() for tensors you register)"));
             }
-            (void)self.Update(step, verify);
-            return self.owned.attr("__iter__")();
+            return Received{self.Update(step, verify, accept_new_lineage), self.owned};
           },
-          "step"_a = nb::none(), "verify"_a = nb::none(),
-          nb::sig("def receive(self, step: int | None = None, verify: bool | None = None) -> "
-                  "collections.abc.Iterator[tuple[str, numpy.ndarray]]"),
-          "update(step) into the allocate()d tensors, then iterate (name, array) pairs for an\n"
-          "engine's own loader (e.g. model.load_weights(sub.receive())). The arrays are created\n"
-          "once: every step yields the same objects, updated in place.")
+          "step"_a = nb::none(), "verify"_a = nb::none(), "accept_new_lineage"_a = false,
+          nb::sig("def receive(self, step: int | None = None, verify: bool | None = None, "
+                  "accept_new_lineage: bool = False) -> Received"),
+          "update(step) into the allocate()d tensors, then iterate (name, tensor) pairs for an\n"
+          "engine's own loader (e.g. model.load_weights(sub.receive())); the result's .stats is\n"
+          "the update's UpdateStats. The tensors are created once, by allocate(): every step\n"
+          "yields the same objects, updated in place.")
       .def(
           "published_manifest",
           [](PySubscriber& self) {
@@ -458,7 +523,8 @@ void BindSubscriber(nb::module_& m) {
           "weights_valid", [](PySubscriber& self) { return self.subscriber->weights_valid(); },
           "False after a failed in_place update, until the next successful one.")
       .def_prop_ro(
-          "committed_lineage", [](PySubscriber& self) { return self.subscriber->committed_lineage(); },
+          "committed_lineage",
+          [](PySubscriber& self) { return Utf8Out(self.subscriber->committed_lineage()); },
           "The publisher's lineage of the committed version ('' before the first update).")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
       .def("__repr__",

@@ -1,6 +1,7 @@
 // Tensors in and out: DLPack/NumPy objects → NamedTensor views (never a copy), and arena or
 // subscriber-owned memory → NumPy views that keep their owner alive.
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -16,7 +17,6 @@ using CpuArrayRo = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using AnyArrayRo = nb::ndarray<nb::ro>;
 
 constexpr int32_t kDLCPU = 1;
-constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6;
 
 [[noreturn]] void ThrowStatus(Status s) { throw StatusError(std::move(s)); }
 
@@ -29,17 +29,181 @@ bool IsMlDtypesBits(std::string_view name) {
          name == "float8_e8m0fnu";
 }
 
-std::string TypeName(nb::handle obj) {
-  return nb::cast<std::string>(
-      nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__")));
+// Any Python object's str() as UTF-8, for messages; never fails.
+std::string Text(nb::handle obj) {
+  nb::object s = nb::steal(PyObject_Str(obj.ptr()));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  nb::object bytes = nb::steal(PyUnicode_AsEncodedString(s.ptr(), "utf-8", "backslashreplace"));
+  if (!bytes.is_valid()) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  return std::string(PyBytes_AS_STRING(bytes.ptr()), PyBytes_GET_SIZE(bytes.ptr()));
+}
+std::string Repr(nb::handle obj) {
+  nb::object r = nb::steal(PyObject_Repr(obj.ptr()));
+  if (!r.is_valid()) PyErr_Clear();
+  return r.is_valid() ? Text(r) : "<unprintable>";
 }
 
-// Why `obj` was refused, once the strict import failed: a precise message beats "wrong type".
+std::string TypeName(nb::handle obj) {
+  return Text(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__"));
+}
+std::string TypeModule(nb::handle obj) {
+  nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
+  return nb::hasattr(type, "__module__") ? Text(type.attr("__module__")) : std::string();
+}
+// obj.attr is truthy; false when absent or when asking raises (diagnostics never throw).
+bool AttrTrue(nb::handle obj, const char* attr) {
+  nb::object v = nb::steal(PyObject_GetAttrString(obj.ptr(), attr));
+  const int r = v.is_valid() ? PyObject_IsTrue(v.ptr()) : -1;
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// The producer's own refusal: calls obj.__dlpack__() (which the import tried, and nanobind
+// swallowed) and returns "Type: message" of what it raised, or "" if it did not.
+std::string ProducerRefusal(nb::handle obj) {
+  if (!nb::hasattr(obj, "__dlpack__")) return "";
+  try {
+    (void)obj.attr("__dlpack__")();  // an unconsumed capsule releases itself
+  } catch (const nb::python_error& e) {
+    return TypeName(e.value()) + ": " + Text(e.value());
+  }
+  return "";
+}
+std::string Quoted(const std::string& who, const std::string& refusal) {
+  return refusal.empty() ? std::string() : " (" + who + "'s __dlpack__: " + refusal + ")";
+}
+
+// Complex numbers: not an element type weightsync moves, but their parts are.
+std::string ComplexAdvice(const std::string& dtype, int bits) {
+  const std::string parts = bits <= 128 ? "x.view(np.float" + std::to_string(bits / 2) + ")"
+                                        : "x.astype(np.complex128).view(np.float64)";
+  return dtype + " elements are not a weightsync dtype: pass " + parts +
+         " (real and imaginary parts interleaved, last dimension doubled) and keep that object";
+}
+
+// What is wrong with a NumPy array's element type, or "" when it is one DLPack carries.
+std::string NumpyDTypeProblem(nb::handle array) {
+  nb::handle dtype = array.attr("dtype");
+  const std::string kind = Text(dtype.attr("kind"));
+  const std::string str = Text(dtype);
+  const long itemsize = PyLong_AsLong(dtype.attr("itemsize").ptr());
+  if (itemsize < 0) PyErr_Clear();
+  if (kind == "O") {
+    return "holds Python objects (dtype object), not numbers: convert it to a numeric array "
+           "first (e.g. np.asarray(x, dtype=np.float32))";
+  }
+  if (kind == "U" || kind == "S") {
+    return "holds strings (dtype " + str + "), not numbers: weightsync moves numeric tensors";
+  }
+  if (kind == "M" || kind == "m") {
+    return "holds " + Text(dtype.attr("name")) +
+           " values: pass their int64 ticks, x.view(np.int64), and keep that object";
+  }
+  if (kind == "V") {
+    return "is a structured array (dtype " + str + "): register each field as its own "
+           "contiguous array (np.ascontiguousarray(x['field']))";
+  }
+  if (kind == "f" && itemsize > 8) {
+    return "holds " + Text(dtype.attr("name")) +
+           " (np.longdouble, extended precision), which weightsync does not move: convert it "
+           "(x.astype(np.float64)) or pass its raw bits with dtypes=";
+  }
+  if (kind == "c") return ComplexAdvice(Text(dtype.attr("name")), static_cast<int>(itemsize * 8));
+  return "";
+}
+
+// PyTorch tensors that hold no plain strided CPU data.
+std::string TorchProblem(nb::handle t) {
+  if (AttrTrue(t, "is_meta")) {
+    return "a PyTorch meta tensor has no data (device='meta'): materialize it first (e.g. "
+           "module.to_empty(device='cpu'), then load its weights)";
+  }
+  if (AttrTrue(t, "is_quantized")) {
+    return "a quantized PyTorch tensor (" + Text(t.attr("dtype")) +
+           "): weightsync moves plain element types; pass x.int_repr() (its integers; send "
+           "its scale and zero point separately) or x.dequantize()";
+  }
+  if (nb::hasattr(t, "layout") && Text(t.attr("layout")) != "torch.strided") {
+    return "a sparse PyTorch tensor (layout " + Text(t.attr("layout")) +
+           "): weightsync moves dense memory; pass x.to_dense() and keep that object";
+  }
+  return "";
+}
+
+// A JAX array (or tracer). Without importing JAX: if `jax` is not in sys.modules, no object is a
+// jax.Array; the type's module covers arrays whose package was imported under another name.
+bool IsJaxArray(nb::handle obj) {
+  const std::string module = TypeModule(obj);
+  if (StartsWith(module, "jax.") || StartsWith(module, "jaxlib")) return true;
+  nb::object jax = nb::steal(PyImport_GetModule(nb::str("jax").ptr()));  // no import
+  if (!jax.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object array_type = nb::steal(PyObject_GetAttrString(jax.ptr(), "Array"));
+  if (!array_type.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  const int r = PyObject_IsInstance(obj.ptr(), array_type.ptr());
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+// JAX arrays are immutable: a source registered once never changes, and a destination written in
+// place changes a value JAX treats as constant. Both sides refuse them, saying what works.
+[[noreturn]] void RefuseJaxArray(const std::string& name, bool writable) {
+  if (!writable) {
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name,
+        "': a JAX array is immutable, so a registered one would never change: every publish() "
+        "would copy these same bytes (rebinding `params = new_params` does not reach the "
+        "publisher). Publish through the arena instead: once, view = pub.allocate('",
+        name, "', x.dtype, x.shape); before each publish(), pub.begin_write() and "
+        "np.copyto(view, np.asarray(new_x)). See docs/python.md, \"JAX\""));
+  }
+  ThrowStatus(Status::InvalidArgument(
+      "tensor '", name,
+      "': a JAX array is immutable; weightsync would overwrite it in place behind JAX's back "
+      "(compiled code and caches assume it never changes). Let the subscriber own the buffer: "
+      "view = sub.allocate('",
+      name, "', dtype, shape), and after each update take a JAX array of it: jnp.array(view) copies (safe); "
+      "jax.dlpack.from_dlpack(view) shares the memory, which the next update overwrites"));
+}
+
+// Why `obj` was refused, once the strict import failed: a precise message beats "wrong type",
+// and the producer's own refusal (Paddle: "... use tensor.detach()") is kept.
 [[noreturn]] void ExplainRefusal(const std::string& name, nb::handle obj, bool writable) {
+  const std::string tensor = "tensor '" + name + "': ";
+  const std::string module = TypeModule(obj);
+  if (module == "numpy") {
+    if (std::string problem = NumpyDTypeProblem(obj); !problem.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, problem, Quoted("NumPy", ProducerRefusal(obj))));
+    }
+  }
+  if (StartsWith(module, "torch")) {
+    if (std::string problem = TorchProblem(obj); !problem.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, problem, Quoted("torch", ProducerRefusal(obj))));
+    }
+  }
   AnyArrayRo any;
   if (!nb::try_cast(obj, any, /*convert=*/false)) {
-    throw nb::type_error(("tensor '" + name + "': expected a CPU tensor with __dlpack__ or a " +
-                          "NumPy array, got " + TypeName(obj))
+    if (std::string refusal = ProducerRefusal(obj); !refusal.empty()) {
+      ThrowStatus(Status::InvalidArgument(tensor, "its __dlpack__() refused the export: ",
+                                          refusal));
+    }
+    throw nb::type_error((tensor + "expected a CPU tensor with __dlpack__ or a NumPy array, got " +
+                          TypeName(obj))
                              .c_str());
   }
   if (any.device_type() != kDLCPU) {
@@ -76,6 +240,7 @@ bool TryImport(nb::handle obj, nb::ndarray<>* out) {
 
 ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<DType> override,
                          bool writable) {
+  if (IsJaxArray(obj)) RefuseJaxArray(name, writable);
   auto import = [&](nb::handle o, nb::ndarray<>* out) {
     return writable ? TryImport<CpuArray>(o, out) : TryImport<CpuArrayRo>(o, out);
   };
@@ -85,7 +250,7 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
   if (!import(obj, &array)) {
     nb::module_ np = Numpy();
     if (nb::isinstance(obj, np.attr("ndarray"))) {
-      std::string dt = nb::cast<std::string>(obj.attr("dtype").attr("name"));
+      std::string dt = Text(obj.attr("dtype").attr("name"));
       if (dt == "float4_e2m1fn") {
         ThrowStatus(Status::InvalidArgument(
             "tensor '", name,
@@ -128,6 +293,10 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
     }
   } else {
     Result<DType> r = DTypeFromDLPack(dt.code, dt.bits);
+    if (!r.ok() && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Complex)) {
+      ThrowStatus(Status::InvalidArgument(
+          "tensor '", name, "': ", ComplexAdvice("complex" + std::to_string(dt.bits), dt.bits)));
+    }
     if (!r.ok()) {
       ThrowStatus(Status::InvalidArgument(
           "tensor '", name, "': ", r.status().message(),
@@ -150,7 +319,7 @@ nb::list ManifestList(const Manifest& manifest) {
     nb::list shape;
     for (int64_t d : s.shape) shape.append(d);
     std::string_view dt = DTypeName(s.dtype);
-    out.append(nb::make_tuple(s.name, nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+    out.append(nb::make_tuple(Utf8Out(s.name), nb::str(dt.data(), dt.size()), nb::tuple(shape)));
   }
   return out;
 }
@@ -163,10 +332,32 @@ std::chrono::milliseconds TimeoutArg(double seconds, const char* what) {
   return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(std::ceil(seconds * 1000))));
 }
 
+std::string Utf8Arg(nb::handle text, const char* what) {
+  if (!nb::isinstance<nb::str>(text)) {
+    throw nb::type_error((std::string(what) + ": expected a str, got " + TypeName(text)).c_str());
+  }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (utf8 == nullptr) {
+    PyErr_Clear();  // UnicodeEncodeError: lone surrogates, e.g. from errors='surrogateescape'
+    ThrowStatus(Status::InvalidArgument(what, " ", Repr(text),
+                                        ": not valid UTF-8 (it holds lone surrogates); weightsync "
+                                        "names and endpoints are UTF-8 text"));
+  }
+  return std::string(utf8, static_cast<size_t>(size));
+}
+
+nb::str Utf8Out(std::string_view text) {
+  PyObject* s =
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape");
+  if (s == nullptr) throw nb::python_error();  // MemoryError: surrogateescape decodes any bytes
+  return nb::steal<nb::str>(s);
+}
+
 DType DTypeArg(nb::handle dtype) {
   std::string name;
   if (nb::isinstance<nb::str>(dtype)) {
-    name = nb::cast<std::string>(dtype);
+    name = Utf8Arg(dtype, "dtype");
   } else {
     nb::object np_dtype;
     try {
@@ -177,7 +368,7 @@ DType DTypeArg(nb::handle dtype) {
                             TypeName(dtype))
                                .c_str());
     }
-    name = nb::cast<std::string>(np_dtype.attr("name"));
+    name = Text(np_dtype.attr("name"));
   }
   Result<DType> r = DTypeFromName(name);
   if (!r.ok()) {
@@ -189,15 +380,40 @@ DType DTypeArg(nb::handle dtype) {
   return *r;
 }
 
-std::vector<int64_t> ShapeArg(nb::handle shape) {
-  if (nb::isinstance<nb::int_>(shape)) return {nb::cast<int64_t>(shape)};
-  std::vector<int64_t> out;
-  for (nb::handle d : shape) {
-    if (!nb::isinstance<nb::int_>(d) && !nb::hasattr(d, "__index__")) {
-      throw nb::type_error("shape: expected an int or a sequence of ints");
-    }
-    out.push_back(nb::cast<int64_t>(d.attr("__index__")()));
+namespace {
+
+[[noreturn]] void ShapeTypeError(nb::handle got) {
+  throw nb::type_error(
+      ("shape: expected an int or a sequence of ints, got " + TypeName(got)).c_str());
+}
+
+int64_t Dimension(nb::handle d) {
+  nb::object index = nb::steal(PyNumber_Index(d.ptr()));
+  if (!index.is_valid()) {
+    PyErr_Clear();
+    ShapeTypeError(d);
   }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) {
+    ThrowStatus(Status::InvalidArgument("shape: dimension ", Text(index),
+                                        " is out of the int64 range"));
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<int64_t> ShapeArg(nb::handle shape) {
+  if (PyIndex_Check(shape.ptr())) return {Dimension(shape)};
+  if (nb::isinstance<nb::str>(shape) || nb::isinstance<nb::bytes>(shape)) ShapeTypeError(shape);
+  nb::object items = nb::steal(PyObject_GetIter(shape.ptr()));
+  if (!items.is_valid()) {
+    PyErr_Clear();
+    ShapeTypeError(shape);
+  }
+  std::vector<int64_t> out;
+  for (nb::handle d : items) out.push_back(Dimension(d));
   return out;
 }
 
@@ -212,7 +428,7 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
     for (nb::handle item : dtypes.attr("items")()) {
       nb::object key = item[0];
       if (!nb::isinstance<nb::str>(key)) throw nb::type_error("dtypes: keys must be tensor names");
-      overrides.emplace_back(nb::cast<std::string>(key), DTypeArg(item[1]));
+      overrides.emplace_back(Utf8Arg(key, "tensor name"), DTypeArg(item[1]));
     }
     used.assign(overrides.size(), false);
   }
@@ -227,7 +443,7 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
     if (!nb::isinstance<nb::str>(key)) {
       throw nb::type_error(("tensors: names must be str, got " + TypeName(key)).c_str());
     }
-    std::string name = nb::cast<std::string>(key);
+    std::string name = Utf8Arg(key, "tensor name");
     std::optional<DType> override;
     for (size_t i = 0; i < overrides.size(); ++i) {
       if (overrides[i].first == name) {
@@ -247,69 +463,64 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
   return out;
 }
 
-std::pair<const char*, std::vector<int64_t>> RawLayout(DType dtype,
-                                                       const std::vector<int64_t>& shape) {
+std::pair<DType, std::vector<int64_t>> RawLayout(DType dtype, const std::vector<int64_t>& shape) {
   switch (dtype) {
-    case DType::kBool:
-      return {"bool", shape};
-    case DType::kInt8:
-      return {"int8", shape};
-    case DType::kInt16:
-      return {"int16", shape};
-    case DType::kInt32:
-      return {"int32", shape};
-    case DType::kInt64:
-      return {"int64", shape};
-    case DType::kUInt8:
-      return {"uint8", shape};
-    case DType::kUInt16:
-      return {"uint16", shape};
-    case DType::kUInt32:
-      return {"uint32", shape};
-    case DType::kUInt64:
-      return {"uint64", shape};
-    case DType::kFloat16:
-      return {"float16", shape};
-    case DType::kFloat32:
-      return {"float32", shape};
-    case DType::kFloat64:
-      return {"float64", shape};
     case DType::kTFloat32:
-      return {"float32", shape};  // tf32 is stored in float32 bits
+      return {DType::kFloat32, shape};  // tf32 is stored in float32 bits
     case DType::kBFloat16:
-      return {"uint16", shape};
+      return {DType::kUInt16, shape};
     case DType::kFloat8E4M3FN:
     case DType::kFloat8E5M2:
     case DType::kFloat8E8M0FNU:
-      return {"uint8", shape};
+      return {DType::kUInt8, shape};
     case DType::kFloat4E2M1FN: {
       TensorView v{nullptr, dtype, shape};
       uint64_t bytes = ThrowIfError(v.NumBytes());
-      return {"uint8", {static_cast<int64_t>(bytes)}};
+      return {DType::kUInt8, {static_cast<int64_t>(bytes)}};
     }
+    default:
+      return {dtype, shape};  // NumPy has it, under the same name
   }
-  ThrowStatus(Status::InvalidArgument("unknown dtype code ", int(dtype)));
 }
 
-nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner) {
-  auto [raw_name, raw_shape] = RawLayout(dtype, shape);
-  std::string_view rn = raw_name;
-  nb::dlpack::dtype dl;
-  if (rn == "bool") {
-    dl = {kDLBool, 8, 1};
-  } else if (rn.substr(0, 4) == "uint") {
-    dl = {kDLUInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(4)))), 1};
-  } else if (rn.substr(0, 3) == "int") {
-    dl = {kDLInt, static_cast<uint8_t>(std::stoi(std::string(rn.substr(3)))), 1};
-  } else {
-    dl = {kDLFloat, static_cast<uint8_t>(std::stoi(std::string(rn.substr(5)))), 1};
+Framework FrameworkArg(nb::handle framework) {
+  const std::string name = Utf8Arg(framework, "framework");
+  if (name == "numpy") return Framework::kNumpy;
+  if (name == "torch") return Framework::kTorch;
+  if (name == "dlpack") return Framework::kDLPack;
+  ThrowStatus(Status::InvalidArgument("framework '", name,
+                                      "': expected 'numpy', 'torch' or 'dlpack'"));
+}
+
+void* PlaceholderAddress() {
+  alignas(64) static std::byte placeholder[64];
+  return placeholder;
+}
+
+nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
+                     Framework framework) {
+  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy, which has none of
+  // those, gets the raw bits (then an ml_dtypes view). DLPack has no tfloat32 (float32 bits), and
+  // weightsync's packed float4 travels as its bytes, as for NumPy.
+  auto [raw, raw_shape] = RawLayout(dtype, shape);
+  const bool own_code = framework != Framework::kNumpy &&
+                        Info(dtype).dlpack_code != kNoDLPackCode &&
+                        dtype != DType::kFloat4E2M1FN;
+  const DTypeInfo& element = Info(own_code ? dtype : raw);
+  const std::vector<int64_t>& dims64 = own_code ? shape : raw_shape;
+  const nb::dlpack::dtype dl{element.dlpack_code, element.dlpack_bits, 1};
+  std::vector<size_t> dims(dims64.begin(), dims64.end());
+  switch (framework) {
+    case Framework::kTorch:
+      return nb::ndarray<nb::pytorch>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+    case Framework::kDLPack:
+      return nb::ndarray<nb::array_api>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+    case Framework::kNumpy:
+      break;
   }
-  std::vector<size_t> dims(raw_shape.begin(), raw_shape.end());
-  nb::object array = nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner,
-                                            /*strides=*/nullptr, dl)
-                         .cast();
-  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2 ||
-      dtype == DType::kFloat8E8M0FNU) {
+  nb::object array =
+      nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+  if (raw != dtype && dtype != DType::kTFloat32 && dtype != DType::kFloat4E2M1FN) {
     try {
       nb::module_ ml = nb::module_::import_("ml_dtypes");
       std::string_view n = DTypeName(dtype);

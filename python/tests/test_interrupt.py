@@ -119,3 +119,59 @@ def test_exit_after_ctrl_c_does_not_wait_for_the_timeout(endpoint):
         elapsed = time.monotonic() - t0
     assert "KeyboardInterrupt" in child.stderr, child.stderr
     assert elapsed < 5, f"exit took {elapsed:.1f} s (the update's timeout is 20 s)"
+
+
+
+def test_interrupt_during_the_commit_reports_the_committed_step(endpoint):
+    """The commit is not interruptible: once the bytes are verified, the update commits. A
+    Ctrl-C that lands there still raises KeyboardInterrupt (the user asked to stop), and the
+    exception says that step N was committed (a note, and .update_stats).
+
+    No fail point stalls the commit, so the interrupt is aimed at a long one: a watcher sends
+    SIGINT when the destination's first element changes (staged mode: destinations change only
+    in the commit, front to back, one copy thread). The handler notes whether the update was
+    still running when it ran; an attempt where the commit beat it is repeated."""
+    n = 96 << 20  # 384 MB of float32
+    src = np.ones(n, dtype=np.float32)
+    dst = np.zeros_like(src)
+    landed = {}
+
+    def handler(signum, frame):
+        landed["committed_step"] = sub.committed_step  # still the old one inside update()
+        raise KeyboardInterrupt
+
+    with weightsync.Publisher(endpoint) as pub, \
+            weightsync.Subscriber(endpoint, timeout=60, copy_threads=1, verify=True) as sub:
+        pub.register({"w": src})
+        sub.register({"w": dst})
+        pub.publish(1)
+        sub.update(1)
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            for step in range(2, 6):
+                src[...] = step
+                pub.publish(step)
+
+                def interrupt_once_the_commit_writes():
+                    while dst[0] != step:
+                        time.sleep(0)
+                    os.kill(os.getpid(), signal.SIGINT)
+
+                watcher = threading.Thread(target=interrupt_once_the_commit_writes)
+                watcher.start()
+                with pytest.raises(KeyboardInterrupt) as info:
+                    sub.update(step)
+                watcher.join()
+                assert sub.committed_step == step and sub.weights_valid
+                assert (dst == step).all()
+                if landed.pop("committed_step") == step:
+                    continue  # the commit ended before the handler ran: aim again
+                exc = info.value
+                assert exc.update_stats.step == step and not exc.update_stats.up_to_date
+                notes = getattr(exc, "__notes__", [])
+                assert any(f"committed step {step}" in note for note in notes), notes
+                return
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    pytest.skip("every commit ended before the interrupt was handled (a fast machine); "
+                "a fail point that stalls the commit would make this deterministic")

@@ -248,3 +248,37 @@ def test_convert_on_publisher_gpu_is_accepted_and_host_arenas_convert_here(endpo
         assert results[0] == (src["w"].astype(np.uint32) << 16).view(np.float32).tobytes()
         with pytest.raises(TypeError):
             weightsync.Subscriber(endpoint, convert_on_publisher_gpu="yes")
+
+
+def test_raw_bits_last_dimension_rule(endpoint):
+    """docs/python.md: the last dimension's bytes must hold whole elements. uint8 (4, 6) read as
+    bfloat16 is (4, 3); uint8 (4, 5) is refused; uint8 (4, 6) as float4_e2m1fn is (4, 12)."""
+    src = np.arange(24, dtype=np.uint8).reshape(4, 6)
+    with weightsync.Publisher(endpoint) as pub:
+        pub.register({"bf": src, "fp4": src}, dtypes={"bf": "bfloat16", "fp4": "float4_e2m1fn"})
+        assert pub.manifest == [("bf", "bfloat16", (4, 3)), ("fp4", "float4_e2m1fn", (4, 12))]
+        with pytest.raises(ValueError, match=r"\[4, 5\] cannot be read as bfloat16"):
+            pub.register({"odd": np.zeros((4, 5), np.uint8)}, dtypes={"odd": "bfloat16"})
+        pub.publish(1)
+        with weightsync.Subscriber(endpoint) as sub:
+            dst = np.zeros((4, 3), np.uint16)
+            sub.register({"bf": dst, "fp4": np.zeros((4, 6), np.uint8)},
+                         dtypes={"bf": "bfloat16", "fp4": "float4_e2m1fn"})
+            sub.update()
+            assert dst.tobytes() == src.tobytes()
+
+
+
+def test_publisher_endpoint_is_the_bound_one():
+    """A tcp://HOST:0 publisher reports the port it bound, which a subscriber can use."""
+    with weightsync.Publisher("tcp://127.0.0.1:0") as pub:
+        host, port = pub.endpoint.rsplit(":", 1)
+        assert host == "tcp://127.0.0.1" and int(port) > 0, pub.endpoint
+        assert pub.endpoint in repr(pub)
+        pub.register({"x": np.arange(4.0)})
+        pub.publish(1)
+        with weightsync.Subscriber(pub.endpoint) as sub:
+            dst = np.zeros(4)
+            sub.register({"x": dst})
+            sub.update()
+            assert (dst == np.arange(4.0)).all()

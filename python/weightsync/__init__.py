@@ -33,6 +33,7 @@ from ._errors import (
 from ._weightsync import (
     Publisher,
     PublishStats,
+    Received,
     Subscriber,
     UpdateStats,
     dtypes,
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Publisher",
     "PublishStats",
+    "Received",
     "Subscriber",
     "UpdateStats",
     "dtypes",
