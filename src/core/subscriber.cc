@@ -433,34 +433,47 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
     return out;
   };
 
-  if (!d.prepared) {
-    Status s = d.Prepare(deadline);
-    if (!s.ok()) return fail(s.WithContext("prepare"));
-    stats.handle_created = true;
-    stats.prepare_seconds = Seconds(t0, Clock::now());
-  }
-  stats.prepare_count = d.prepare_count;
-
-  // Steps compare only within one publisher session: after a restart the committed step number
-  // says nothing about what the new session's step of that number holds.
+  // A reused handle whose publisher went away (a trainer that restarted while this one slept
+  // between updates) fails at its first request, before anything moved: that is no failure of
+  // the update, so it prepares once more, against whoever serves the endpoint now.
   const int64_t committed = d.committed.load(std::memory_order_relaxed);
-  const Held held = d.HeldVersion();
-  const bool strict = d.options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
-  const int64_t after =
-      held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed : -1;
-  // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
-  if (Status s = d.CheckLineage(held, update); !s.ok()) {
-    return s.WithContext("update to step " + step_text + " from " + d.sources_text);
-  }
-  if (update.step && *update.step <= after) {
-    return Status::FailedPrecondition("step ", *update.step,
-                                      " is not newer than the committed step ", after,
-                                      " (steps only move forward)");
-  }
-
+  const bool strict =
+      d.options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
+  Held held = Held::kNothing;
+  int64_t after = -1;
+  Result<int64_t> step = int64_t{-1};  // set by the first BeginStep
   auto t_wait = Clock::now();
-  Result<int64_t> step = d.BeginStep(update.step, after, deadline);
-  if (!step.ok()) return fail(step.status());
+  for (bool retried = false;; retried = true) {
+    if (!d.prepared) {
+      Status s = d.Prepare(deadline);
+      if (!s.ok()) return fail(s.WithContext("prepare"));
+      stats.handle_created = true;
+      stats.prepare_seconds = Seconds(t0, Clock::now());
+    }
+    stats.prepare_count = d.prepare_count;
+    // Steps compare only within one publisher session: after a restart the committed step number
+    // says nothing about what the new session's step of that number holds.
+    held = d.HeldVersion();
+    after = held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed : -1;
+    // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
+    if (Status s = d.CheckLineage(held, update); !s.ok()) {
+      return s.WithContext("update to step " + step_text + " from " + d.sources_text);
+    }
+    if (update.step && *update.step <= after) {
+      return Status::FailedPrecondition("step ", *update.step,
+                                        " is not newer than the committed step ", after,
+                                        " (steps only move forward)");
+    }
+    t_wait = Clock::now();
+    step = d.BeginStep(update.step, after, deadline);
+    if (step.ok()) break;
+    if (retried || stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
+      return fail(step.status());
+    }
+    WS_LOG(INFO, "subscriber") << d.sources_text << " went away since the last update ("
+                               << step.status() << "); preparing again";
+    (void)d.ReleaseHandles("publisher went away");
+  }
   auto t_copy = Clock::now();
   stats.wait_seconds = Seconds(t_wait, t_copy);
   stats.step = *step;
@@ -519,6 +532,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   // Staged: staging → destinations. Both modes: converted tensors (convert_dtypes) are written
   // now, from verified bytes. From here the destinations change: a failure leaves them partly
   // written.
+  WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_commit");
   touched_destinations = true;
   s = d.ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
   if (!s.ok()) return fail(s);
