@@ -141,8 +141,49 @@ struct Received {
 
 // The Python-side state of a Subscriber. Every field is touched with the GIL held.
 struct PySubscriber {
-  std::vector<nb::ndarray<>> destinations;  // registered caller tensors, kept alive
-  nb::list owned;                           // (name, view) of allocate()d tensors, for receive()
+  nb::dict kept;         // name → a registered caller tensor, kept alive while registered
+  nb::list owned;        // (name, view) of allocate()d tensors, for receive()
+  nb::dict owned_index;  // name → its position in `owned`
+
+  // Keeps what a successful Register/Allocate of `name` points at, and forgets what the name
+  // pointed at before (registering a name again replaces it): O(1) per name.
+  void Keep(const std::string& name, nb::object keep, nb::object owned_entry) {
+    nb::str key(name.c_str(), name.size());
+    if (owned_entry.is_valid()) {
+      if (kept.contains(key)) nb::del(kept[key]);
+      if (owned_index.contains(key)) {
+        owned[nb::cast<size_t>(owned_index[key])] = owned_entry;
+      } else {
+        owned_index[key] = nb::len(owned);
+        owned.append(owned_entry);
+      }
+    } else {
+      kept[key] = keep;
+      if (owned_index.contains(key)) Forget({name});
+    }
+  }
+  // Drops every reference to the named tensors (after a successful Unregister or replacement).
+  void Forget(const std::vector<std::string>& names) {
+    bool reindex = false;
+    for (const std::string& name : names) {
+      nb::str key(name.c_str(), name.size());
+      if (kept.contains(key)) nb::del(kept[key]);
+      reindex = reindex || owned_index.contains(key);
+    }
+    if (!reindex) return;
+    nb::list kept_owned;
+    owned_index.clear();
+    for (nb::handle entry : owned) {
+      nb::object key = nb::borrow(entry)[0];
+      bool drop = false;
+      for (const std::string& name : names) drop = drop || nb::cast<std::string>(key) == name;
+      if (drop) continue;
+      owned_index[key] = nb::len(kept_owned);
+      kept_owned.append(entry);
+    }
+    owned.clear();
+    for (nb::handle entry : kept_owned) owned.append(entry);
+  }
   std::unique_ptr<Subscriber> subscriber;
   std::unique_ptr<UpdateWorker> worker;  // started at the first update
   std::string endpoint;
@@ -160,7 +201,7 @@ struct PySubscriber {
       // referenced (leaked on purpose), so it never writes freed memory.
       (void)subscriber.release();
       (void)worker.release();
-      (void)new std::vector<nb::ndarray<>>(std::move(destinations));
+      (void)kept.release();
       (void)owned.release();
       return;
     }
@@ -420,7 +461,9 @@ void BindSubscriber(nb::module_& m) {
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
             ThrowIfError(self.subscriber->Register(views));
-            for (auto& t : imported) self.destinations.push_back(std::move(t.keep));
+            for (auto& t : imported) {
+              self.Keep(t.tensor.name, nb::cast(std::move(t.keep)), nb::object());
+            }
           },
           "tensors"_a, "dtypes"_a = nb::none(),
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
@@ -428,8 +471,29 @@ void BindSubscriber(nb::module_& m) {
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
           "Registers writable, C-contiguous CPU tensors (any __dlpack__ producer or NumPy\n"
           "array) as destinations, by name. Updates write them in place (addresses never\n"
-          "change); the Subscriber keeps them alive. Before the first update or after sleep().\n"
-          "`dtypes` maps names to an element type for tensors passed as raw bits.")
+          "change); the Subscriber keeps them alive. Before the first update or after sleep()\n"
+          "(or a failed update); a name registered before takes the new tensor, and the next\n"
+          "update writes every destination. Destinations must not share memory, except exact\n"
+          "aliases (tied weights: the same memory, dtype and shape under two names), which are\n"
+          "written once. `dtypes` maps names to an element type for tensors passed as raw bits.")
+      .def(
+          "unregister",
+          [](PySubscriber& self, nb::handle names) {
+            self.Settle();
+            std::vector<std::string> list;
+            if (nb::isinstance<nb::str>(names)) {
+              list.push_back(Utf8Arg(names, "tensor name"));
+            } else {
+              for (nb::handle n : names) list.push_back(Utf8Arg(n, "tensor name"));
+            }
+            ThrowIfError(self.subscriber->Unregister(list));
+            self.Forget(list);
+          },
+          "names"_a,
+          nb::sig("def unregister(self, names: str | collections.abc.Iterable[str]) -> None"),
+          "Forgets the named destinations (registered or allocate()d), before the first update\n"
+          "or after sleep(); the next update no longer writes them. NotFound (a LookupError)\n"
+          "lists unknown names, and nothing is removed then.")
       .def(
           "allocate",
           [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
@@ -452,7 +516,7 @@ void BindSubscriber(nb::module_& m) {
             nb::object view = ArrayView(raw_array.data(), dt, dims, raw, framework);
             nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
             ThrowIfError(self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
-            self.owned.append(entry);
+            self.Keep(name, nb::object(), entry);
             return view;
           },
           "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
