@@ -24,6 +24,14 @@
 
 namespace weightsync {
 
+struct PublishOptions {
+  // CUDA tensors: Publish's copies start on the GPU after the work already queued on this
+  // cudaStream_t (of the tensors' device) — the kernels that wrote the weights, e.g. PyTorch's
+  // current stream — without blocking the host. nullptr: the legacy default stream (where
+  // PyTorch works unless told otherwise). Ignored for host tensors.
+  void* cuda_stream = nullptr;
+};
+
 struct PublishStats {
   int64_t step = -1;
   uint64_t bytes_copied = 0;  // bytes copied into the arena (0 for arena-allocated tensors)
@@ -46,9 +54,11 @@ class Publisher {
                               const std::vector<int64_t>& shape);
   Status BeginWrite();
   // Makes `step` the latest version. Steps must increase. CUDA tensors are copied on a stream of
-  // the publisher's own: the kernels that wrote them must have finished (synchronize the stream
-  // or device they ran on first, e.g. torch.cuda.synchronize() after optimizer.step()).
-  Result<PublishStats> Publish(int64_t step);
+  // the publisher's own, ordered after the work queued on PublishOptions::cuda_stream (the legacy
+  // default stream unless given): kernels that wrote the tensors on another stream must be on
+  // that one, or finished. Returns once the version is complete (host and GPU).
+  Result<PublishStats> Publish(int64_t step, const PublishOptions& options);
+  Result<PublishStats> Publish(int64_t step) { return Publish(step, PublishOptions{}); }
   int64_t latest_step() const;  // -1 before the first Publish
   const Manifest& manifest() const;
   // The endpoint subscribers connect to (for tcp://HOST:0, with the port actually bound).

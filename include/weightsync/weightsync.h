@@ -1,5 +1,6 @@
 // Umbrella header.
 #pragma once
+#include "weightsync/cuda.h"
 #include "weightsync/dtype.h"
 #include "weightsync/ledger.h"
 #include "weightsync/manifest.h"

@@ -399,7 +399,7 @@ Status Publisher::BeginWrite() {
   return Status::Ok();
 }
 
-Result<PublishStats> Publisher::Publish(int64_t step) {
+Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& options) {
   Impl& d = *impl_;
   auto start = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> publish_lock(d.publish_mu);
@@ -447,7 +447,8 @@ Result<PublishStats> Publisher::Publish(int64_t step) {
     if (d.latest == chosen) d.latest = -1;
   }
   if (d.gpu_arena) {
-    Status s = d.gpu_arena->Publish(k, d.versions[k].digests.data(), Deadline(d.options.timeout));
+    Status s = d.gpu_arena->Publish(k, d.versions[k].digests.data(), options.cuda_stream,
+                                    Deadline(d.options.timeout));
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(d.mu);
       d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it

@@ -78,6 +78,12 @@ Status DeviceBuffer::Close() {
   return Status::Ok();
 }
 
+Status FreeDevice(void* device_ptr) {
+  if (device_ptr == nullptr) return Status::Ok();
+  WS_CUDA_RETURN_IF_ERROR(cudaFree(device_ptr), "cudaFree at ", device_ptr);
+  return Status::Ok();
+}
+
 Result<Stream> Stream::Create() {
   WS_RETURN_IF_ERROR(CudaAvailable());
   Stream stream;

@@ -44,11 +44,18 @@ class DeviceBuffer {
   }
   uint64_t size() const { return size_; }
   Status Close();
+  // Gives the memory up to the caller, who frees it with FreeDevice().
+  void* Release() {
+    size_ = 0;
+    return std::exchange(data_, nullptr);
+  }
 
  private:
   void* data_ = nullptr;
   uint64_t size_ = 0;
 };
+// Frees memory DeviceBuffer::Release() gave up (cudaFree; nullptr is fine).
+Status FreeDevice(void* device_ptr);
 
 // A non-blocking stream (cudaStreamNonBlocking) on the current device.
 class Stream {

@@ -39,6 +39,7 @@ Status CopyToDevice(void*, const void*, uint64_t) { return NoCuda(); }
 Status CopyToHost(void*, const void*, uint64_t) { return NoCuda(); }
 Status MemsetDevice(void*, uint8_t, uint64_t) { return NoCuda(); }
 Status DeviceSynchronize() { return NoCuda(); }
+Status FreeDevice(void* device_ptr) { return device_ptr == nullptr ? Status::Ok() : NoCuda(); }
 
 Status PreparedLaunch::Launch() { return NoCuda(); }
 

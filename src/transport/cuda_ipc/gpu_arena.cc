@@ -61,9 +61,11 @@ GpuArena::~GpuArena() {
   if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "GPU arena cleanup: " << s;
 }
 
-Status GpuArena::Publish(uint32_t slot, uint64_t* digests, const util::Deadline& deadline) {
+Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
+                         const util::Deadline& deadline) {
   ScopedDevice restore;
   WS_RETURN_IF_ERROR(SetDevice(device_));
+  WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
                                          batch_sizes_.data(), batch_srcs_.size()));
   for (auto& launch : launches_[slot]) WS_RETURN_IF_ERROR(launch.Launch());

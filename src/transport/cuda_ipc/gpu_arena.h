@@ -42,8 +42,11 @@ class GpuArena {
   uint64_t arena_bytes() const { return allocation_.size(); }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Copies every registered tensor into `slot` and computes its digests into `digests`
-  // (digest_count words, host memory).
-  Status Publish(uint32_t slot, uint64_t* digests, const util::Deadline& deadline);
+  // (digest_count words, host memory). The copies start after the work already queued on
+  // `after_stream` (a cudaStream_t of the arena's device; nullptr: the legacy default stream),
+  // which wrote the tensors.
+  Status Publish(uint32_t slot, uint64_t* digests, void* after_stream,
+                 const util::Deadline& deadline);
   Status Close();
 
  private:

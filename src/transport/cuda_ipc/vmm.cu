@@ -455,6 +455,8 @@ Result<CopyQueue> CopyQueue::Create(int device) {
   cudaEvent_t event;
   WS_CUDART(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
   q.event_ = event;
+  WS_CUDART(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  q.after_event_ = event;
   return std::move(q);
 }
 
@@ -463,6 +465,7 @@ CopyQueue& CopyQueue::operator=(CopyQueue&& o) noexcept {
     if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
     stream_ = std::exchange(o.stream_, nullptr);
     event_ = std::exchange(o.event_, nullptr);
+    after_event_ = std::exchange(o.after_event_, nullptr);
     device_ = std::exchange(o.device_, -1);
   }
   return *this;
@@ -535,8 +538,23 @@ Status CopyQueue::SignalTo(void* waiting_stream) {
   return Status::Ok();
 }
 
+Status CopyQueue::WaitFor(void* stream) {
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(after_event_),
+                            static_cast<cudaStream_t>(stream)),
+            "cudaEventRecord (the caller's stream)");
+  WS_CUDART(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
+                                static_cast<cudaEvent_t>(after_event_), 0),
+            "cudaStreamWaitEvent");
+  return Status::Ok();
+}
+
 Status CopyQueue::Close() {
   Status result;
+  if (after_event_ != nullptr) {
+    cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(after_event_, nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy"));
+  }
   if (event_ != nullptr) {
     cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(event_, nullptr)));
     if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy"));

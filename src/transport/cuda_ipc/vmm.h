@@ -110,6 +110,10 @@ class CopyQueue {
   Status Wait(const util::Deadline& deadline);
   // Makes `waiting_stream` (any device's) wait, on the GPU, for everything enqueued here so far.
   Status SignalTo(void* waiting_stream);
+  // Makes what is enqueued here from now on wait, on the GPU, for everything already queued on
+  // `stream` (a cudaStream_t of this queue's device; nullptr: the legacy default stream). The
+  // host does not block.
+  Status WaitFor(void* stream);
   // Blocks until everything enqueued here finished (cudaStreamSynchronize; no deadline: what a
   // release calls before freeing what the work touches).
   Status Drain();
@@ -120,6 +124,7 @@ class CopyQueue {
  private:
   void* stream_ = nullptr;
   void* event_ = nullptr;
+  void* after_event_ = nullptr;  // recorded on another stream by WaitFor
   int device_ = -1;
 };
 

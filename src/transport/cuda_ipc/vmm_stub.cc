@@ -35,6 +35,7 @@ Status CopyQueue::EnqueueBatch(void* const*, const void* const*, const size_t*, 
 }
 Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
 Status CopyQueue::SignalTo(void*) { return NoCuda(); }
+Status CopyQueue::WaitFor(void*) { return NoCuda(); }
 Status CopyQueue::Drain() { return Status::Ok(); }
 Status CopyQueue::Close() { return Status::Ok(); }
 Status SetDevice(int) { return NoCuda(); }
