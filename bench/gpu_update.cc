@@ -30,7 +30,7 @@
 #include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "model_presets.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 #include "weightsync/weightsync.h"
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -97,7 +97,7 @@ std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
 // Device tensors for `specs` on `device`, filled with `fill`.
 std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, int device,
                                       uint8_t fill, std::vector<ws::gpu::DeviceBuffer>* keep) {
-  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("set device", s);
+  if (auto s = ws::gpu::SetDevice(device); !s.ok()) Die("set device", s);
   std::vector<ws::NamedTensor> out;
   for (const auto& spec : specs) {
     auto b = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
@@ -297,7 +297,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
 // Times one `n`-byte copy-engine transfer on `device` (12 runs, the first 2 discarded: host wall
 // time around the copy and its event wait) and prints its median as the JSON figure `what`.
 void PrintCopyLimit(const char* what, int device, void* dst, const void* src, uint64_t n) {
-  auto q = ws::transport::cuda_ipc::CopyQueue::Create(device);
+  auto q = ws::gpu::CopyQueue::Create(device);
   if (!q.ok()) Die("queue", q.status());
   ws::util::Deadline forever(std::chrono::milliseconds(60000));
   std::vector<double> times;
@@ -319,8 +319,8 @@ void PinnedHostCopyLimit(const Args& a, bool to_device) {
   const uint64_t n = 2ull << 30;
   std::vector<uint8_t> host(n, 0x3C);
   const int device = to_device ? a.dst : a.src;
-  if (auto s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) Die("device", s);
-  auto pin = ws::transport::cuda_ipc::HostRegistration::Register(host.data(), n, false);
+  if (auto s = ws::gpu::SetDevice(device); !s.ok()) Die("device", s);
+  auto pin = ws::gpu::HostRegistration::Register(host.data(), n, false);
   if (!pin.ok()) Die("pin", pin.status());
   auto dev = ws::gpu::DeviceBuffer::Allocate(n);
   if (!dev.ok()) Die("allocate", dev.status());
@@ -334,14 +334,14 @@ void PinnedHostCopyLimit(const Args& a, bool to_device) {
 // The NVLink limit: one 2 GiB transfer --src → --dst.
 void PeerCopyLimit(const Args& a) {
   const uint64_t n = 2ull << 30;
-  if (auto s = ws::transport::cuda_ipc::SetDevice(a.src); !s.ok()) Die("device", s);
+  if (auto s = ws::gpu::SetDevice(a.src); !s.ok()) Die("device", s);
   auto src = ws::gpu::DeviceBuffer::Allocate(n);
-  if (auto s = ws::transport::cuda_ipc::SetDevice(a.dst); !s.ok()) Die("device", s);
+  if (auto s = ws::gpu::SetDevice(a.dst); !s.ok()) Die("device", s);
   auto dst = ws::gpu::DeviceBuffer::Allocate(n);
   if (!src.ok() || !dst.ok()) Die("allocate", src.ok() ? dst.status() : src.status());
   // As torch does for its peer copies: direct peer access, then the copy engine.
   if (a.src != a.dst) {
-    if (auto s = ws::transport::cuda_ipc::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
+    if (auto s = ws::gpu::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
   }
   PrintCopyLimit("peer_copy_limit", a.dst, dst->data(), src->data(), n);
 }

@@ -8,8 +8,8 @@
 #include "commands.h"
 #include "cuda/device.h"
 #include "cuda/launch_registry.h"
-#include "transport/nccl/nccl_api.h"
-#include "transport/nccl/nccl_link.h"
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_link.h"
 #include "util/knobs.h"
 #include "weightsync/dtype.h"
 #include "wire/frame.h"
@@ -38,10 +38,10 @@ int RunInfo(int argc, char** argv) {
   } else {
     std::printf("  cuda-ipc  local://NAME   unavailable: %s\n", cuda.message().c_str());
   }
-  Status nccl = transport::nccl::NcclAvailable();
+  Status nccl = gpu::nccl::NcclAvailable();
   if (nccl.ok() && cuda.ok()) {
     std::printf("  nccl      tcp://HOST:PORT available: NCCL %s\n",
-                transport::nccl::NcclVersionString(transport::nccl::NcclVersionCode()).c_str());
+                gpu::nccl::NcclVersionString(gpu::nccl::NcclVersionCode()).c_str());
   } else {
     std::printf("  nccl      tcp://HOST:PORT unavailable: %s\n",
                 (nccl.ok() ? cuda : nccl).message().c_str());

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "cuda/device.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 #include "util/logging.h"
 
 namespace weightsync {
@@ -18,8 +18,8 @@ Result<DeviceMemory> DeviceMemory::Allocate(int device, uint64_t bytes) {
     return Status::InvalidArgument("cuda:", device, " does not exist (", gpu::DeviceCount(),
                                    " CUDA device(s) visible)");
   }
-  transport::cuda_ipc::ScopedDevice restore;  // the caller's device stays current
-  WS_RETURN_IF_ERROR(transport::cuda_ipc::SetDevice(device));
+  gpu::ScopedDevice restore;  // the caller's device stays current
+  WS_RETURN_IF_ERROR(gpu::SetDevice(device));
   WS_ASSIGN_OR_RETURN(gpu::DeviceBuffer buffer, gpu::DeviceBuffer::Allocate(bytes));
   WS_RETURN_IF_ERROR(gpu::MemsetDevice(buffer.data(), 0, bytes));
   DeviceMemory memory;

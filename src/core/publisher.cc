@@ -9,28 +9,20 @@
 #include <unordered_map>
 
 #include "plan/plan.h"
-#include "transport/cuda_ipc/gpu_arena.h"
-#include "transport/endpoint.h"
-#include "transport/shm/arena.h"
-#include "transport/shm/shm_server.h"
-#include "transport/tcp/tcp_server.h"
+#include "transport/link/endpoint.h"
+#include "transport/link/server.h"
+#include "transport/store/version_store.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
-#include "util/hash.h"
-#include "util/token.h"
 #include "util/logging.h"
-#include "util/worker_pool.h"
+#include "util/token.h"
 #include "wire/messages.h"
 
 namespace weightsync {
 
-using transport::shm::Arena;
-using transport::shm::ShmServer;
 using util::Deadline;
 
 namespace {
-// Address space reserved for arena-allocated tensors and slots; only what is used is committed.
-constexpr uint64_t kDefaultReserve = 1ull << 40;
 constexpr auto kWaitSlice = std::chrono::milliseconds(50);
 
 uint64_t RandomU64() {
@@ -46,43 +38,26 @@ std::string RandomLineage() {
 }
 }  // namespace
 
-struct Publisher::Impl final : transport::VersionSource {
+// The publisher core: registration, versions (which slot holds which step, who reads it) and the
+// identity subscribers see. Where versions are kept is a store (transport/store/), how subscribers
+// reach them a server (transport/link/server.h): this file names neither kind.
+struct Publisher::Impl final : transport::link::VersionSource {
   PublisherOptions options;
-  transport::Endpoint endpoint;
-  std::unique_ptr<Arena> arena;
-  std::unique_ptr<ShmServer> server;                    // local:// endpoints
-  std::unique_ptr<transport::tcp::TcpServer> tcp_server;  // tcp:// endpoints
+  transport::link::Endpoint endpoint;
+  std::unique_ptr<transport::link::Server> server;
   std::string bound_endpoint;
-  std::unique_ptr<util::WorkerPool> workers;
-  int cuda_device = -1;  // ≥ 0: registered tensors are on this CUDA device (GPU arena)
-  std::unique_ptr<transport::cuda_ipc::GpuArena> gpu_arena;
+  // The host store exists from Create (Allocate() needs it); a publisher of CUDA tensors keeps
+  // its versions in a GPU store instead, chosen at the first Publish.
+  std::unique_ptr<transport::store::VersionStore> host_store;
+  std::unique_ptr<transport::store::VersionStore> store;  // set by Freeze
+  int cuda_device = -1;  // ≥ 0: registered tensors are on this CUDA device
 
   // Registration (before the first Publish), in manifest order.
-  struct Source {
-    const uint8_t* data = nullptr;  // caller memory (registered) or nullptr (allocated)
-    // ≥ 0: the same memory, dtype and shape as registered tensor `alias_of` (tied weights, e.g. an
-    // embedding that is also the output projection): published once, under both names.
-    int64_t alias_of = -1;
-  };
-  std::vector<wire::TensorPlacement> placements;
-  std::vector<Source> sources;
+  std::vector<transport::store::PublishedTensor> tensors;
   std::unordered_map<const uint8_t*, size_t> registered_at;  // data → first tensor registered there
-  uint64_t slot_used = 0;         // slot bytes including alignment padding
-  uint64_t registered_bytes = 0;  // bytes of registered (copied) tensors
+  uint64_t slot_used = 0;  // slot bytes including alignment padding
+  bool has_direct = false;  // some tensor lives in the store (Allocate)
   Manifest manifest;
-
-  // One unit of Publish() work: copy (registered tensors) then hash one segment.
-  struct Task {
-    const uint8_t* src = nullptr;  // null: hash in place (allocated tensor)
-    uint64_t arena_offset = 0;     // direct tensors: from arena start; slot tensors: from slot
-    bool in_slot = false;
-    uint64_t bytes = 0;
-    uint32_t digest = 0;
-  };
-  std::vector<Task> tasks;
-  // Digests of tied tensors' second names: copied from the first name's after hashing.
-  std::vector<std::pair<uint32_t, uint32_t>> digest_copies;
-  uint64_t copy_bytes = 0;  // bytes one Publish copies (registered tensors), from the tasks
   wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
 
   mutable std::mutex mu;
@@ -101,33 +76,13 @@ struct Publisher::Impl final : transport::VersionSource {
   bool frozen = false;            // guarded by mu
   std::mutex publish_mu;          // serializes Publish/BeginWrite/Close
 
-  struct PublishJob {
-    Impl* self;
-    uint32_t version;
-  };
-  static void RunTask(void* context, uint32_t index) {
-    auto* job = static_cast<PublishJob*>(context);
-    Impl* self = job->self;
-    const Task& t = self->tasks[index];
-    uint8_t* dst = t.in_slot ? self->arena->slot(job->version) + t.arena_offset
-                             : self->arena->base() + t.arena_offset;
-    if (t.src != nullptr) std::memcpy(dst, t.src, t.bytes);
-    uint64_t digest = util::Hash64(dst, t.bytes);
-    if (util::FailPoints::Check("publisher.corrupt_after_digest").action ==
-        util::FailAction::kFlip) {
-      dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
-    }
-    self->versions[job->version].digests[t.digest] = digest;
-  }
-
   Status Freeze();
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
   Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                   const std::function<bool()>& give_up) override;
   void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) override;
-  const uint8_t* arena_base() const override { return arena->base(); }
-  bool has_direct() const { return arena && arena->direct_bytes() > 0; }
+  const uint8_t* arena_base() const override { return store->base(); }
 };
 
 Publisher::Publisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -166,23 +121,17 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   impl->welcome.session_id = RandomU64();
   impl->welcome.lineage = options.lineage.empty() ? RandomLineage() : options.lineage;
   impl->welcome.resumed_from = options.resume_from_step;
-  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::ParseEndpoint(options.endpoint));
-  WS_ASSIGN_OR_RETURN(impl->arena, Arena::Create(impl->endpoint.name, kDefaultReserve));
-  if (impl->endpoint.kind == transport::Endpoint::Kind::kTcp) {
-    transport::tcp::TcpServerOptions tcp_options;
-    WS_ASSIGN_OR_RETURN(tcp_options.token, util::LoadToken(options.token, options.token_file));
-    tcp_options.max_connections = options.max_connections;
-    tcp_options.timeout = options.timeout;
-    tcp_options.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(2000));
-    WS_ASSIGN_OR_RETURN(impl->tcp_server, transport::tcp::TcpServer::Start(
-                                              impl->endpoint, tcp_options, impl.get()));
-    impl->bound_endpoint = impl->tcp_server->bound().ToString();
-  } else {
-    transport::shm::ServerOptions server_options{options.max_connections, options.timeout};
-    WS_ASSIGN_OR_RETURN(impl->server,
-                        ShmServer::Start(impl->endpoint, server_options, impl.get()));
-    impl->bound_endpoint = impl->endpoint.ToString();
-  }
+  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::link::ParseEndpoint(options.endpoint));
+  WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
+  transport::link::ServerOptions server_options;
+  server_options.max_connections = options.max_connections;
+  server_options.timeout = options.timeout;
+  server_options.token = options.token;
+  server_options.token_file = options.token_file;
+  server_options.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(2000));
+  WS_ASSIGN_OR_RETURN(impl->server,
+                      transport::link::StartServer(impl->endpoint, server_options, impl.get()));
+  impl->bound_endpoint = impl->server->bound().ToString();
   WS_LOG(INFO, "publisher") << impl->bound_endpoint << " serves lineage '" << impl->welcome.lineage
                             << "'"
                             << (options.resume_from_step >= 0
@@ -201,7 +150,7 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
     if (d.frozen) return Status::FailedPrecondition("Register() after the first Publish()");
   }
   // One memory kind per publisher: host tensors, or tensors of one CUDA device.
-  int device = d.placements.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
+  int device = d.tensors.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
                                            ? -1
                                            : tensors[0].view.device.index)
                                     : d.cuda_device;
@@ -214,7 +163,7 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
           ": one publisher holds host tensors or tensors of one CUDA device");
     }
   }
-  if (device >= 0 && d.arena->direct_bytes() > 0) {
+  if (device >= 0 && d.has_direct) {
     return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
   }
   std::vector<TensorSpec> specs;
@@ -243,15 +192,15 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
         alias = static_cast<int64_t>(it->second);
       }
     }
+    transport::store::PublishedTensor published{{spec, wire::Region::kSlot, 0}, data, alias};
     if (alias >= 0) {
-      d.placements.push_back({spec, wire::Region::kSlot, d.placements[alias].offset});
+      published.placement.offset = d.tensors[alias].placement.offset;
     } else {
       d.slot_used = (d.slot_used + 63) / 64 * 64;
-      d.placements.push_back({spec, wire::Region::kSlot, d.slot_used});
+      published.placement.offset = d.slot_used;
       d.slot_used += spec.nbytes;
-      d.registered_bytes += spec.nbytes;
     }
-    d.sources.push_back({data, alias});
+    d.tensors.push_back(std::move(published));
   }
   d.cuda_device = device;
   return Status::Ok();
@@ -273,102 +222,39 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
   }
   WS_RETURN_IF_ERROR(d.manifest.Append({{name, dtype, shape, 0}}));
   const TensorSpec& spec = d.manifest.tensors().back();
-  Result<uint64_t> offset = d.arena->AllocateDirect(spec.nbytes);
+  Result<uint64_t> offset = d.host_store->AllocateDirect(spec.nbytes);
   if (!offset.ok()) {
     d.manifest.RemoveLast(1);  // a failed Allocate leaves nothing behind
     return offset.status();
   }
-  d.placements.push_back({spec, wire::Region::kDirect, *offset});
-  d.sources.push_back({nullptr});
-  return TensorView{d.arena->base() + *offset, dtype, shape};
+  d.tensors.push_back({{spec, wire::Region::kDirect, *offset}, nullptr, -1});
+  d.has_direct = true;
+  return TensorView{d.host_store->direct_base() + *offset, dtype, shape};
 }
 
-// Builds everything a Publish needs. Idempotent: a failed Freeze keeps nothing it built (the
-// arena's own Freeze may stay done), so a retried Publish freezes again from scratch and copies
-// each tensor once.
+// Builds everything a Publish needs: picks the store for the registered tensors and fixes its
+// layout. A failed Freeze keeps nothing it built, so a retried Publish freezes again from
+// scratch and copies each tensor once.
 Status Publisher::Impl::Freeze() {
-  const bool gpu = cuda_device >= 0;
-  const uint64_t segment_bytes =
-      options.segment_bytes > 0 ? options.segment_bytes : (gpu ? 64ull << 20 : 8ull << 20);
-  welcome.slot_count = static_cast<uint32_t>(options.slots);
-  welcome.segment_bytes = segment_bytes;
-  welcome.tensors = placements;
-
-  std::vector<Task> new_tasks;
-  std::vector<std::pair<uint32_t, uint32_t>> new_digest_copies;  // (alias digest, primary's)
-  std::vector<uint32_t> first_digest(placements.size());
-  uint64_t new_copy_bytes = 0;
-  uint32_t digest = 0;
-  for (size_t i = 0; i < placements.size(); ++i) {
-    const auto& p = placements[i];
-    first_digest[i] = digest;
-    if (sources[i].alias_of >= 0) {
-      // Published once: the alias's digests are its original's, segment for segment.
-      const uint32_t original = first_digest[sources[i].alias_of];
-      for (uint64_t off = 0, k = 0; off < p.spec.nbytes; off += segment_bytes, ++k) {
-        new_digest_copies.emplace_back(digest++, original + static_cast<uint32_t>(k));
-      }
-      continue;
-    }
-    for (uint64_t off = 0; off < p.spec.nbytes; off += segment_bytes) {
-      Task t;
-      t.bytes = std::min(segment_bytes, p.spec.nbytes - off);
-      t.in_slot = p.region == wire::Region::kSlot;
-      t.arena_offset = p.offset + off;
-      t.src = sources[i].data != nullptr ? sources[i].data + off : nullptr;
-      t.digest = digest++;
-      if (t.src != nullptr) new_copy_bytes += t.bytes;
-      new_tasks.push_back(t);
-    }
+  if (cuda_device >= 0 && !store) {
+    WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuStore(cuda_device));
+  } else if (!store) {
+    store = std::move(host_store);
   }
-  std::unique_ptr<transport::cuda_ipc::GpuArena> new_gpu_arena;
-  if (gpu) {
-    std::vector<transport::cuda_ipc::GpuArena::Copy> copies;
-    for (size_t i = 0; i < placements.size(); ++i) {
-      if (sources[i].alias_of >= 0) continue;
-      copies.push_back({sources[i].data, placements[i].offset, placements[i].spec.nbytes});
-    }
-    std::vector<transport::cuda_ipc::GpuArena::Segment> segments;
-    for (const Task& t : new_tasks) segments.push_back({t.arena_offset, t.bytes, t.digest});
-    WS_ASSIGN_OR_RETURN(new_gpu_arena, transport::cuda_ipc::GpuArena::Create(
-                                           cuda_device, slot_used, welcome.slot_count,
-                                           std::move(copies), std::move(segments), digest));
-    welcome.arena_kind = wire::ArenaKind::kCudaMem;
-    welcome.device = cuda_device;
-    welcome.digest_kind = wire::DigestKind::kGpu64;
-    welcome.arena_bytes = new_gpu_arena->arena_bytes();
-    welcome.direct_offset = 0;
-    welcome.direct_bytes = 0;
-    welcome.slots_offset = 0;
-    welcome.slot_bytes = new_gpu_arena->slot_bytes();
-  } else {
-    WS_RETURN_IF_ERROR(arena->Freeze(slot_used, welcome.slot_count));
-    welcome.arena_bytes = arena->arena_bytes();
-    welcome.direct_offset = 0;
-    welcome.direct_bytes = arena->direct_bytes();
-    welcome.slots_offset = arena->slots_offset();
-    welcome.slot_bytes = arena->slot_bytes();
-  }
+  transport::store::StoreLayout layout;
+  layout.tensors = tensors;
+  layout.slot_bytes = slot_used;
+  layout.slots = static_cast<uint32_t>(options.slots);
+  layout.segment_bytes = options.segment_bytes;
+  layout.copy_threads = options.copy_threads;
+  WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
   WS_FAIL_POINT_RETURN("publisher.freeze");
-  int threads = options.copy_threads > 0 ? options.copy_threads : util::DefaultThreads();
-  workers = std::make_unique<util::WorkerPool>(threads);
   versions.resize(options.slots);
-  for (auto& v : versions) v.digests.assign(digest, 0);
-  tasks = std::move(new_tasks);
-  digest_copies = std::move(new_digest_copies);
-  copy_bytes = gpu ? registered_bytes : new_copy_bytes;
-  gpu_arena = std::move(new_gpu_arena);
-  WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << placements.size()
-                            << " tensors, " << manifest.total_bytes() << " bytes ("
-                            << welcome.direct_bytes << " arena-allocated), " << options.slots
-                            << " slots of " << welcome.slot_bytes << " bytes "
-                            << (gpu ? "on cuda:" + std::to_string(cuda_device)
-                                    : std::string("in host memory"))
-                            << ", " << tasks.size() << " segments, "
-                            << (gpu ? std::to_string(tasks.size() * options.slots) +
-                                          " prepared digest launches"
-                                    : std::to_string(workers->size()) + " threads");
+  for (auto& v : versions) v.digests.assign(store->digest_count(), 0);
+  WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << tensors.size() << " tensors, "
+                            << manifest.total_bytes() << " bytes (" << welcome.direct_bytes
+                            << " arena-allocated), " << store->Describe();
   return Status::Ok();
 }
 
@@ -393,7 +279,7 @@ Status Publisher::BeginWrite() {
     d.cv.wait_for(lock, kWaitSlice);
   }
   // The allocated tensors are about to change: no held version describes them any more.
-  if (d.has_direct()) {
+  if (d.has_direct) {
     for (auto& v : d.versions) v.step = -1;
   }
   return Status::Ok();
@@ -417,7 +303,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
                                      d.options.resume_from_step, ", which this publisher resumes "
                                      "lineage '", d.welcome.lineage, "' from");
     }
-    if (d.placements.empty()) {
+    if (d.tensors.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
     }
     if (!d.frozen) {
@@ -446,26 +332,19 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     d.versions[k].writing = true;
     if (d.latest == chosen) d.latest = -1;
   }
-  if (d.gpu_arena) {
-    Status s = d.gpu_arena->Publish(k, d.versions[k].digests.data(), options.cuda_stream,
-                                    Deadline(d.options.timeout));
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(d.mu);
-      d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
-      return s.WithContext("Publish(" + std::to_string(step) + ")");
-    }
-  } else {
-    Impl::PublishJob job{&d, k};
-    d.workers->Run(static_cast<uint32_t>(d.tasks.size()), &Impl::RunTask, &job);
+  Status published = d.store->Publish(k, d.versions[k].digests, options.cuda_stream,
+                                      Deadline(d.options.timeout));
+  if (!published.ok()) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
+    return published.WithContext("Publish(" + std::to_string(step) + ")");
   }
-  std::vector<uint64_t>& digests = d.versions[k].digests;
-  for (auto [alias, original] : d.digest_copies) digests[alias] = digests[original];
   PublishStats stats;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     d.versions[k].writing = false;
     d.versions[k].step = step;
-    if (d.has_direct()) {
+    if (d.has_direct) {
       // Allocated tensors are shared by every slot: older versions no longer match them.
       for (uint32_t i = 0; i < d.versions.size(); ++i) {
         if (i != k) d.versions[i].step = -1;
@@ -477,7 +356,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   }
   d.cv.notify_all();
   stats.step = step;
-  stats.bytes_copied = d.copy_bytes;
+  stats.bytes_copied = d.store->copy_bytes();
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
@@ -496,8 +375,7 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
     cv.wait_for(lock, kWaitSlice);
   }
   if (closed) return Status::Unavailable("publisher closed");
-  return std::make_pair(static_cast<const wire::Welcome*>(&welcome),
-                        gpu_arena ? gpu_arena->fd() : arena->fd());
+  return std::make_pair(static_cast<const wire::Welcome*>(&welcome), store->fd());
 }
 
 Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
@@ -577,7 +455,7 @@ Status Publisher::Close() {
   }
   d.cv.notify_all();
   Status result;
-  // Reverse order of creation: server (connections), workers, arena.
+  // Reverse order of creation: the server (connections), then the store.
   if (d.server) {
     if (Status s = d.server->Close(); !s.ok()) {
       WS_LOG(WARN, "publisher") << "release: server: " << s;
@@ -585,24 +463,10 @@ Status Publisher::Close() {
     }
     d.server.reset();
   }
-  if (d.tcp_server) {
-    if (Status s = d.tcp_server->Close(); !s.ok()) {
-      WS_LOG(WARN, "publisher") << "release: tcp server: " << s;
-      result.Update(s);
-    }
-    d.tcp_server.reset();
-  }
-  d.workers.reset();
-  if (d.gpu_arena) {
-    if (Status s = d.gpu_arena->Close(); !s.ok()) {
-      WS_LOG(WARN, "publisher") << "release: GPU arena: " << s;
-      result.Update(s);
-    }
-    d.gpu_arena.reset();
-  }
-  if (d.arena) {
-    if (Status s = d.arena->Close(); !s.ok()) result.Update(s);  // logged by the arena
-    d.arena.reset();
+  for (auto* store : {&d.store, &d.host_store}) {
+    if (!*store) continue;
+    if (Status s = (*store)->Close(); !s.ok()) result.Update(s);  // logged by the store
+    store->reset();
   }
   return result;
 }

@@ -13,8 +13,8 @@
 #include "core/destination_set.h"
 #include "plan/plan.h"
 #include "plan/schedule.h"
-#include "transport/cuda_ipc/vmm.h"
-#include "transport/endpoint.h"
+#include "cuda/vmm.h"
+#include "transport/link/endpoint.h"
 #include "transport/transport.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
@@ -40,14 +40,14 @@ class CallerDevice {
   }
 
  private:
-  std::optional<transport::cuda_ipc::ScopedDevice> saved_;
+  std::optional<gpu::ScopedDevice> saved_;
 };
 }  // namespace
 
 // One publisher feeding this subscriber and its transfer handle.
 struct Source {
   std::string name;  // the endpoint as the user wrote it
-  transport::Endpoint endpoint;
+  transport::link::Endpoint endpoint;
   std::unique_ptr<transport::TransferHandle> handle;
   // With several publishers: the share of the destinations this one delivers (the handle's plan
   // indexes into it, so it lives as long as the handle).
@@ -174,7 +174,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
     }
     Source source;
     source.name = name;
-    WS_ASSIGN_OR_RETURN(source.endpoint, transport::ParseEndpoint(name));
+    WS_ASSIGN_OR_RETURN(source.endpoint, transport::link::ParseEndpoint(name));
     impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
     impl->sources.push_back(std::move(source));
   }

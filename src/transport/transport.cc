@@ -1,19 +1,106 @@
 #include "transport/transport.h"
 
-#include "transport/shm/shm_handle.h"
-#include "transport/tcp/tcp_handle.h"
+#include "util/ledger.h"
+#include "util/logging.h"
 
 namespace weightsync::transport {
 
-Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const Endpoint& endpoint,
-                                                          const SubscriberOptions& options) {
-  switch (endpoint.kind) {
-    case Endpoint::Kind::kLocal:
-      return shm::NewShmHandle(endpoint, options);
-    case Endpoint::Kind::kTcp:
-      return tcp::NewTcpHandle(endpoint, options);
+using util::Deadline;
+using util::LedgerAdd;
+using util::LedgerItem;
+
+TransferHandle::TransferHandle(const link::Endpoint& endpoint, const SubscriberOptions& options)
+    : options_(options), link_(link::NewLink(endpoint, options)) {}
+
+TransferHandle::~TransferHandle() {
+  if (Status s = Release(); !s.ok()) WS_LOG(WARN, "subscriber") << "handle cleanup: " << s;
+}
+
+Result<const wire::Welcome*> TransferHandle::Connect(const Deadline& deadline) {
+  if (!counted_) {
+    counted_ = true;
+    LedgerAdd(LedgerItem::kHandles, 1);
   }
-  return Status::Unavailable("no transport serves endpoint '", endpoint.name, "'");
+  return link_->Connect(deadline);
+}
+
+Status TransferHandle::Prepare(const std::vector<plan::Destination>& destinations,
+                               const PrepareOptions& options, const Deadline& deadline) {
+  WS_RETURN_IF_ERROR(Connect(deadline).status());
+  const wire::Welcome& welcome = link_->welcome();
+  WS_ASSIGN_OR_RETURN(entry_, ChoosePath(*link_, welcome, destinations));
+  path_ = entry_->make();
+  util::UniqueFd store_fd = link_->TakeStoreFd();
+  path::PathContext ctx;
+  ctx.link = link_.get();
+  ctx.welcome = &welcome;
+  ctx.store_fd = &store_fd;
+  ctx.plan = &plan_;
+  ctx.destinations = &destinations;
+  ctx.mode = options.mode;
+  ctx.options = &options_;
+  ctx.deadline = &deadline;
+  // What this machine lacks is said before anything is asked of the publisher.
+  WS_RETURN_IF_ERROR(path_->Available(ctx));
+  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome, destinations, options.policy,
+                                             /*bucket_bytes=*/4ull << 20, options.convert));
+  WS_RETURN_IF_ERROR(link_->Select(plan_, deadline));
+  WS_RETURN_IF_ERROR(path_->Prepare(ctx).WithContext(link_->peer()));
+  WS_LOG(INFO, "subscriber") << "prepared " << entry_->name << " handle for " << link_->peer()
+                             << ": " << plan_.tensors.size() << " tensors, " << plan_.total_bytes
+                             << " bytes, " << plan_.buckets.size() << " buckets, "
+                             << plan_.segments.size() << " segments, " << welcome.slot_count
+                             << " slots (" << welcome.arena_bytes << " bytes)"
+                             << link_->Describe() << path_->Describe();
+  return Status::Ok();
+}
+
+Result<int64_t> TransferHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
+                                          const Deadline& deadline) {
+  WS_ASSIGN_OR_RETURN(int64_t offered, link_->BeginStep(step, after_step, deadline));
+  const wire::StepBegin& begin = link_->begin();
+  const wire::Welcome& welcome = link_->welcome();
+  if (offered != after_step && plan_.uses_slots && begin.slot >= welcome.slot_count) {
+    return Status::ProtocolError(link_->peer(), ": step ", begin.step, " in slot ", begin.slot,
+                                 " but the arena has ", welcome.slot_count, " slots");
+  }
+  return offered;
+}
+
+Status TransferHandle::CopyStep(bool verify, const Deadline& deadline) {
+  return path_->Copy(link_->begin(), verify, deadline);
+}
+
+Result<std::span<const uint64_t>> TransferHandle::EndStep(const Deadline& deadline) {
+  return link_->EndStep(plan_.digest_count, deadline);
+}
+
+Status TransferHandle::Verify(std::span<const uint64_t> digests, int64_t step,
+                              const Deadline& deadline) {
+  return path_->Verify(digests, step, deadline);
+}
+
+Status TransferHandle::Commit(const Deadline& deadline) { return path_->Commit(deadline); }
+
+Status TransferHandle::Release() {
+  Status result;
+  // Reverse order of creation: the path (staging, workers, mappings), then the connection.
+  if (path_) {
+    result.Update(path_->Release());  // logged by the path
+    path_.reset();
+  }
+  entry_ = nullptr;
+  if (link_) result.Update(link_->Release());
+  if (counted_) {
+    counted_ = false;
+    LedgerAdd(LedgerItem::kHandles, -1);
+  }
+  return result;
+}
+
+Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const link::Endpoint& endpoint,
+                                                          const SubscriberOptions& options) {
+  return std::make_unique<TransferHandle>(endpoint, options);
 }
 
 }  // namespace weightsync::transport

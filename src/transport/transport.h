@@ -1,22 +1,26 @@
-// The one transport interface. A transport turns a plan into a *transfer handle*: everything a
-// subscriber needs to receive a step (connection, mappings, staging, workers), prepared once and
-// reused. The subscriber core (src/core/subscriber.cc) drives the handle and owns the semantics
-// (staged/in-place, verification, commit, invalidation); the handle only moves bytes.
+// The transfer handle: everything a subscriber needs to receive steps from one publisher, prepared
+// once and reused — a link (the control connection: transport/link/link.h), the plan, and a data
+// path (how the bytes move: transport/path/data_path.h) chosen from the path table
+// (transport/path_table.h) by the link, the publisher's store and the destinations. The
+// subscriber core (src/core/subscriber.cc) drives the handle and owns the semantics (staged/in
+// place, verification, commit, invalidation); the handle only moves bytes.
 //
-// Lifecycle: NewTransferHandle() is cheap; Prepare() does the expensive work; a failed call of
-// any method leaves the handle unusable, and the core destroys it (Release() then destructor).
+// Lifecycle: NewTransferHandle() is cheap; Prepare() does the expensive work; a failed call of any
+// method leaves the handle unusable, and the core destroys it (Release() then destructor).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "plan/plan.h"
-#include "transport/endpoint.h"
+#include "transport/link/endpoint.h"
+#include "transport/link/link.h"
+#include "transport/path/data_path.h"
+#include "transport/path_table.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
@@ -32,44 +36,54 @@ struct PrepareOptions {
 
 class TransferHandle {
  public:
-  virtual ~TransferHandle() = default;
-  virtual std::string_view transport_name() const = 0;
+  TransferHandle(const link::Endpoint& endpoint, const SubscriberOptions& options);
+  ~TransferHandle();
+  TransferHandle(const TransferHandle&) = delete;
+  TransferHandle& operator=(const TransferHandle&) = delete;
+
+  // The data path's name in the path table ("shm", "cuda-ipc", "nccl", ...), once prepared.
+  std::string_view transport_name() const { return entry_ ? entry_->name : std::string_view(); }
 
   // Connects and handshakes; returns the publisher's manifest and layout, valid while the handle
   // lives. Lets a subscriber with several publishers decide which one delivers which tensor
   // before any of them is prepared. Prepare() connects first when this was not called.
-  virtual Result<const wire::Welcome*> Connect(const util::Deadline& deadline) = 0;
-  // Connects (if needed), matches manifests into a plan, maps memory, allocates staging (staged
-  // mode), starts workers. Logs one line saying what it prepared.
-  virtual Status Prepare(const std::vector<plan::Destination>& destinations,
-                         const PrepareOptions& options, const util::Deadline& deadline) = 0;
-  virtual const plan::Plan& plan() const = 0;
+  Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
+  // Connects (if needed), matches manifests into a plan, chooses the data path, checks what this
+  // machine needs for it, tells the publisher what to send, prepares the path. Logs one line.
+  Status Prepare(const std::vector<plan::Destination>& destinations,
+                 const PrepareOptions& options, const util::Deadline& deadline);
+  const plan::Plan& plan() const { return plan_; }
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher
   // holds for us. Returning `after_step` means "already up to date": no copy follows.
-  virtual Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
-                                    const util::Deadline& deadline) = 0;
-  // Moves every planned byte of the step into the staging buffer (staged) or straight into the
-  // destinations (in place). `verify`: Verify will follow; a handle that reads some of the
-  // publisher's bytes in place (cuda-ipc conversions) hashes them now, while the step is pinned.
-  virtual Status CopyStep(bool verify, const util::Deadline& deadline) = 0;
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
+                            const util::Deadline& deadline);
+  // Moves every planned byte of the step into staging (staged) or the destinations (in place).
+  // `verify`: Verify will follow (a path that reads some publisher bytes in place hashes them now).
+  Status CopyStep(bool verify, const util::Deadline& deadline);
   // Tells the publisher the copy is finished; returns its digests of the step (valid until the
   // next BeginStep). Only after this returns may the core commit.
-  virtual Result<std::span<const uint64_t>> EndStep(const util::Deadline& deadline) = 0;
+  Result<std::span<const uint64_t>> EndStep(const util::Deadline& deadline);
   // Checks the received bytes against the digests. Corruption names the tensor and byte range.
-  virtual Status Verify(std::span<const uint64_t> digests, int64_t step,
-                        const util::Deadline& deadline) = 0;
-  // Staged: staging → destinations. Both modes: converted tensors from where they landed into
-  // their destinations. In place without conversions: nothing to do.
-  virtual Status Commit(const util::Deadline& deadline) = 0;
+  Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
+  // Staged: staging → destinations. Both modes: converted tensors into their destinations.
+  Status Commit(const util::Deadline& deadline);
 
-  // Releases what the handle holds in reverse order of creation. Each failure is logged with its
+  // Releases the path, then the link (reverse order of creation). Each failure is logged with its
   // cause and the release continues; the aggregated Status is returned.
-  virtual Status Release() = 0;
+  Status Release();
+
+ private:
+  SubscriberOptions options_;
+  std::unique_ptr<link::Link> link_;
+  std::unique_ptr<path::DataPath> path_;
+  const PathEntry* entry_ = nullptr;
+  plan::Plan plan_;
+  bool counted_ = false;  // ledger "handles"
 };
 
-// An unprepared handle for the transport serving `endpoint`.
-Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const Endpoint& endpoint,
+// An unprepared handle for the publisher at `endpoint`.
+Result<std::unique_ptr<TransferHandle>> NewTransferHandle(const link::Endpoint& endpoint,
                                                           const SubscriberOptions& options);
 
 }  // namespace weightsync::transport

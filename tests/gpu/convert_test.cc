@@ -17,8 +17,8 @@
 #include "cuda/transform_reference.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "transport/cuda_ipc/vmm.h"
-#include "transport/nccl/nccl_link.h"
+#include "cuda/vmm.h"
+#include "cuda/nccl_link.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -95,7 +95,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
     if (nccl && gpu::DeviceCount() < 2) GTEST_SKIP() << "nccl needs 2 CUDA devices";
     if (nccl) {
       ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-      if (Status s = transport::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+      if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     }
     device_ = gpu::DeviceCount() > 1 ? 1 : 0;
     const std::string asked = nccl ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("gpuconvert");
@@ -107,7 +107,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
     const std::string ready = publisher_.ReadLine(60000);
     ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
     endpoint_ = ready.substr(6);
-    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    ASSERT_OK(gpu::SetDevice(device_));
     like_ = model_.Tensors();
     for (size_t i = 0; i < like_.size(); ++i) {
       const TensorView& v = like_[i].view;
@@ -217,9 +217,9 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   const int callers_device = gpu::DeviceCount() > 1 ? 0 : device_;
   for (int64_t step = 1; step <= 3; ++step) {
     Publish(step);
-    ASSERT_OK(transport::cuda_ipc::SetDevice(callers_device));
+    ASSERT_OK(gpu::SetDevice(callers_device));
     auto r = (*sub)->Update();
-    EXPECT_EQ(*transport::cuda_ipc::CurrentDevice(), callers_device) << "step " << step;
+    EXPECT_EQ(*gpu::CurrentDevice(), callers_device) << "step " << step;
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->prepare_count, 1u);
@@ -229,14 +229,14 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
     // publisher's GPU (cuda:0) converts; otherwise the destinations' GPU does.
     const bool tried = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
-                       device_ != 0 && transport::cuda_ipc::EnablePeerAccess(0, device_).ok();
+                       device_ != 0 && gpu::EnablePeerAccess(0, device_).ok();
     const bool at_source = tried && !GetParam().break_publisher_gpu;
     if (tried && GetParam().break_publisher_gpu) {
       EXPECT_EQ(util::FailPoints::Hits("cuda_ipc.publisher_gpu"), 1);
       EXPECT_TRUE(log.Contains("not the publisher's: internal: injected failure"))
           << "the fallback is not logged with its cause";
     }
-    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    ASSERT_OK(gpu::SetDevice(device_));
     const std::string where = at_source ? "conversions on cuda:0 (the publisher's GPU"
                                         : "conversions on cuda:" + std::to_string(device_);
     EXPECT_TRUE(log.Contains(where)) << "no log line with: " << where;

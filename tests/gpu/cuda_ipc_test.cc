@@ -15,7 +15,7 @@
 #include "cuda/device.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 #include "util/fail_point.h"
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
@@ -40,7 +40,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
     sub_device_ = gpu::DeviceCount() > 1 ? 1 : 0;
     endpoint_ = testing::UniqueEndpoint("cudaipc");
     StartPublisher();
-    ASSERT_OK(transport::cuda_ipc::SetDevice(sub_device_));
+    ASSERT_OK(gpu::SetDevice(sub_device_));
     like_ = model_.Tensors();
     auto dst = gpu::testing::PoisonedDestinations(like_, sub_device_, &buffers_);
     ASSERT_TRUE(dst.ok()) << dst.status();
@@ -109,9 +109,9 @@ TEST_P(CudaIpc, ThousandStepsPreparedOnceWithoutHostAllocation) {
     ASSERT_TRUE(stats.ok()) << stats.status();
     ASSERT_EQ(stats->handle_created, step == 1);
     if (step > 10) allocations_in_updates += after - before;
-    if (step == 10) ASSERT_OK(transport::cuda_ipc::MemInfo(&free_before, &total));
+    if (step == 10) ASSERT_OK(gpu::MemInfo(&free_before, &total));
   }
-  ASSERT_OK(transport::cuda_ipc::MemInfo(&free_after, &total));
+  ASSERT_OK(gpu::MemInfo(&free_after, &total));
   EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 990 steady updates";
   EXPECT_EQ(free_before, free_after) << "GPU memory changed over 990 steady updates";
   std::string why;
@@ -171,7 +171,7 @@ TEST_P(CudaIpc, ExporterDeathMidCopyIsPeerLostAndNothingCommitted) {
 TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
   Publish(1);
   size_t free0 = 0, total = 0;
-  ASSERT_OK(transport::cuda_ipc::MemInfo(&free0, &total));
+  ASSERT_OK(gpu::MemInfo(&free0, &total));
   auto sub = Connect();
   for (int cycle = 0; cycle < 100; ++cycle) {
     auto stats = sub->Update();  // the first prepares and copies; later ones find it current
@@ -181,7 +181,7 @@ TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
     ASSERT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
   }
   size_t free1 = 0;
-  ASSERT_OK(transport::cuda_ipc::MemInfo(&free1, &total));
+  ASSERT_OK(gpu::MemInfo(&free1, &total));
   EXPECT_EQ(free0, free1) << "GPU memory not returned after 100 sleep/wake cycles";
 }
 

@@ -7,7 +7,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "testing/local_pair.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -23,7 +23,7 @@ class HostToGpu : public ::testing::TestWithParam<UpdateMode> {
     WS_SKIP_WITHOUT_GPU();
     util::FailPoints::DisarmAll();
     device_ = gpu::DeviceCount() > 1 ? 1 : 0;
-    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    ASSERT_OK(gpu::SetDevice(device_));
     auto dst = PoisonedDestinations(pair_.tensors, device_, &buffers_);
     ASSERT_TRUE(dst.ok()) << dst.status();
     dst_ = std::move(dst).value();
@@ -48,10 +48,10 @@ TEST_P(HostToGpu, RoundTripIsBitExactStepAfterStep) {
   const int callers_device = gpu::DeviceCount() > 1 ? 0 : device_;
   for (int64_t step = 1; step <= 5; ++step) {
     pair_.Publish(step);
-    ASSERT_OK(transport::cuda_ipc::SetDevice(callers_device));
+    ASSERT_OK(gpu::SetDevice(callers_device));
     auto r = sub->Update();
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(*transport::cuda_ipc::CurrentDevice(), callers_device);
+    EXPECT_EQ(*gpu::CurrentDevice(), callers_device);
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->step, step);
     EXPECT_EQ(r->prepare_count, 1u);

@@ -10,7 +10,7 @@
 #include "cuda/device.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 
 namespace weightsync {
 namespace {
@@ -37,7 +37,7 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
       endpoints_[rank] = asked;
     }
     device_ = devices - 1;
-    ASSERT_OK(transport::cuda_ipc::SetDevice(device_));
+    ASSERT_OK(gpu::SetDevice(device_));
     like_ = model_.Tensors();
     auto dst = gpu::testing::PoisonedDestinations(like_, device_, &buffers_);
     ASSERT_TRUE(dst.ok()) << dst.status();

@@ -21,8 +21,8 @@
 #include "cuda/device.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "transport/cuda_ipc/vmm.h"
-#include "transport/nccl/nccl_link.h"
+#include "cuda/vmm.h"
+#include "cuda/nccl_link.h"
 #include "util/fail_point.h"
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
@@ -52,14 +52,14 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
     if (gpu::DeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpu::DeviceCount();
-    if (Status s = transport::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+    if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     FailPoints::DisarmAll();
     StartPublisher("tcp://127.0.0.1:0");
     like_ = model_.Tensors();
     AllocateDestinations(&dst_, &buffers_);
     if (HasFatalFailure()) return;
     baseline_ = ReadLedger();
-    live_baseline_ = transport::nccl::LiveCommunicators();
+    live_baseline_ = gpu::nccl::LiveCommunicators();
   }
 
   // Starts the publisher on `endpoint` (replacing one already running); endpoint_ becomes the
@@ -94,7 +94,7 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
   }
   // Poison-filled CUDA destinations on cuda:1 shaped like the model.
   void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<gpu::DeviceBuffer>* keep) {
-    ASSERT_OK(transport::cuda_ipc::SetDevice(1));
+    ASSERT_OK(gpu::SetDevice(1));
     auto made = gpu::testing::PoisonedDestinations(like_, 1, keep);
     ASSERT_TRUE(made.ok()) << made.status();
     *dst = std::move(made).value();
@@ -124,7 +124,7 @@ TEST_P(Nccl, RoundTripIsBitExactIntoPoisonedDestinations) {
   EXPECT_TRUE(stats->verified);
   EXPECT_TRUE(stats->handle_created);
   EXPECT_EQ(stats->bytes, model_.total_bytes());
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
   std::string why;
   EXPECT_TRUE(Holds(1, &why)) << why;
   Publish(2);
@@ -133,7 +133,7 @@ TEST_P(Nccl, RoundTripIsBitExactIntoPoisonedDestinations) {
   EXPECT_FALSE(second->handle_created);
   EXPECT_TRUE(Holds(2, &why)) << why;
   ASSERT_OK(sub->Close());
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
   LedgerSnapshot now;
   EXPECT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
 }
@@ -155,15 +155,15 @@ TEST_P(Nccl, HundredStepsOnOneCommunicator) {
       allocations_in_updates += after - before;
       seconds += stats->seconds;
     }
-    if (step == 10) ASSERT_OK(transport::cuda_ipc::MemInfo(&free_before, &total));
+    if (step == 10) ASSERT_OK(gpu::MemInfo(&free_before, &total));
   }
-  ASSERT_OK(transport::cuda_ipc::MemInfo(&free_after, &total));
+  ASSERT_OK(gpu::MemInfo(&free_after, &total));
   std::cout << "  90 steady nccl updates of " << model_.total_bytes() << " bytes: "
             << seconds / 90 * 1e3 << " ms each, " << allocations_in_updates
             << " host allocations in all\n";
   EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 90 steady updates";
   EXPECT_EQ(free_before, free_after) << "GPU memory changed over 90 steady updates";
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
   std::string why;
   EXPECT_TRUE(Holds(100, &why)) << why;
 }
@@ -196,7 +196,7 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   auto sub = Connect();
   ASSERT_OK(sub->Update());
   Publish(2);
-  const int64_t aborted_before = transport::nccl::AbortedCommunicators();
+  const int64_t aborted_before = gpu::nccl::AbortedCommunicators();
   // The subscriber holds before posting its receives; meanwhile the publisher has answered
   // step_begin and is blocked in its grouped ncclBroadcast. It is killed there.
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 1000, 1);
@@ -223,8 +223,8 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   EXPECT_LT(elapsed, kTimeout + std::chrono::seconds(3)) << s;
   EXPECT_NE(s.message().find("step 2"), std::string::npos) << s;
   EXPECT_NE(s.message().find("communicator aborted"), std::string::npos) << s;
-  EXPECT_GT(transport::nccl::AbortedCommunicators(), aborted_before);
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_GT(gpu::nccl::AbortedCommunicators(), aborted_before);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
   std::string why;
   if (GetParam() == UpdateMode::kStaged) {
     EXPECT_TRUE(Holds(1, &why)) << why;  // old weights intact
@@ -247,7 +247,7 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   EXPECT_EQ(again->step, 3);
   EXPECT_TRUE(Holds(3, &why)) << why;
   EXPECT_TRUE(sub->weights_valid());
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
 }
 
 TEST_P(Nccl, StalledSubscriberTimesOutOnThePublisherWhichKeepsServing) {
@@ -275,7 +275,7 @@ TEST_P(Nccl, StalledSubscriberTimesOutOnThePublisherWhichKeepsServing) {
   if (GetParam() == UpdateMode::kStaged) {
     EXPECT_TRUE(Holds(1, &why)) << why;
   }
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
   // Step 4 can only go into step 2's slot: it was unpinned after the abort.
   Publish(3);
   Publish(4);
@@ -306,7 +306,7 @@ TEST_P(Nccl, OnePublisherServesTwoSubscribersAtOnce) {
     EXPECT_EQ(ra->handle_created, step == 1);
     EXPECT_EQ(rb->handle_created, step == 1);
   }
-  EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_ + 2);
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 2);
   std::string why;
   EXPECT_TRUE(Holds(10, &why)) << why;
   EXPECT_TRUE(Holds(10, &why, &other)) << why;
@@ -323,13 +323,13 @@ TEST_P(Nccl, SleepWakeCyclesRebuildTheCommunicatorAndReturnToBaseline) {
     std::string why;
     EXPECT_TRUE(Holds(cycle, &why)) << why;
     ASSERT_OK(sub->Sleep());
-    EXPECT_EQ(transport::nccl::LiveCommunicators(), live_baseline_);
+    EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
     LedgerSnapshot now;
     ASSERT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
-    if (cycle == 1) ASSERT_OK(transport::cuda_ipc::MemInfo(&free0, &total));
+    if (cycle == 1) ASSERT_OK(gpu::MemInfo(&free0, &total));
   }
   size_t free1 = 0;
-  ASSERT_OK(transport::cuda_ipc::MemInfo(&free1, &total));
+  ASSERT_OK(gpu::MemInfo(&free1, &total));
   EXPECT_EQ(free0, free1) << "GPU memory not returned after sleep/wake cycles";
 }
 

@@ -10,7 +10,7 @@
 
 #include "cuda/device.h"
 #include "testing/test_util.h"
-#include "transport/cuda_ipc/vmm.h"
+#include "cuda/vmm.h"
 
 namespace ws = weightsync;
 
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int device = std::atoi(argv[4]);
-  if (ws::Status s = ws::transport::cuda_ipc::SetDevice(device); !s.ok()) {
+  if (ws::Status s = ws::gpu::SetDevice(device); !s.ok()) {
     std::printf("error %s\n", s.ToString().c_str());
     return 1;
   }
@@ -77,10 +77,10 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < host.size() && s.ok(); ++i) {
         s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
       }
-      if (s.ok()) s = ws::transport::cuda_ipc::SetDevice(callers_device);
+      if (s.ok()) s = ws::gpu::SetDevice(callers_device);
       auto r = s.ok() ? (*publisher)->Publish(step) : ws::Result<ws::PublishStats>(s);
       if (r.ok()) {
-        ws::Result<int> now = ws::transport::cuda_ipc::CurrentDevice();
+        ws::Result<int> now = ws::gpu::CurrentDevice();
         if (!now.ok() || *now != callers_device) {
           r = ws::Status::Internal("Publish() left cuda:", now.ok() ? *now : -1,
                                    " current instead of the caller's cuda:", callers_device);

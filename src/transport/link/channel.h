@@ -1,0 +1,99 @@
+// Channel: framed control messages over a connected stream socket, every call bounded by a
+// deadline. Distinguishes a peer that closed (PeerLost) from one that stayed silent (Timeout) and
+// from one that sent garbage (ProtocolError / Corruption). Optionally passes one fd per frame
+// (SCM_RIGHTS, Unix sockets only). Buffers are reused: steady-state frames do not allocate.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+#include "weightsync/status.h"
+#include "wire/frame.h"
+
+namespace weightsync::transport::link {
+
+class Channel {
+ public:
+  // `peer` names the other side in error messages ("publisher local://m"). `max_payload` is the
+  // largest payload sent or accepted; see set_max_payload().
+  Channel(util::UniqueFd fd, std::string peer, uint32_t max_payload = wire::kMaxPayloadBytes);
+
+  // Lowers or raises the payload cap (never above kMaxPayloadBytes) for the frames that follow.
+  // A received header claiming more is refused (ProtocolError naming the frame type, the length
+  // and the cap) before any of its payload is read or buffer allocated for it. A channel whose
+  // peer is not authenticated yet is created with kMaxHandshakePayloadBytes (wire/handshake.h)
+  // and raised to kMaxPayloadBytes at the one point where the peer has proven itself: a state of
+  // the channel rather than an argument of each receive, so no handshake receive can forget it.
+  void set_max_payload(uint32_t max_payload);
+  uint32_t max_payload() const { return max_payload_; }
+
+  // Encodes `message` (a struct from messages.h) and sends it.
+  template <typename Message>
+  Status Send(wire::FrameType type, const Message& message, const util::Deadline& deadline,
+              int pass_fd = -1) {
+    send_buffer_.clear();
+    Encode(message, &send_buffer_);
+    return SendPayload(type, send_buffer_, deadline, pass_fd);
+  }
+  Status SendPayload(wire::FrameType type, std::span<const uint8_t> payload,
+                     const util::Deadline& deadline, int pass_fd = -1);
+
+  // Receives one frame; its payload stays valid until the next Receive. If the frame carried an
+  // fd and `received_fd` is non-null, it is stored there (otherwise closed).
+  Result<wire::FrameHeader> Receive(const util::Deadline& deadline, util::UniqueFd* received_fd = nullptr);
+  std::span<const uint8_t> payload() const { return {recv_buffer_.data(), payload_size_}; }
+
+  // Receives a frame that must be of `type` and decodes it into `message`. A kError frame from
+  // the peer is returned as its Status.
+  template <typename Message>
+  Status ReceiveExpect(wire::FrameType type, Message* message, const util::Deadline& deadline,
+                       util::UniqueFd* received_fd = nullptr);
+
+  // Bulk bytes outside frames (the TCP data path): sends / fills `parts` in order, scatter-gather,
+  // bounded by the deadline. No allocation.
+  Status WriteAll(std::span<const iovec> parts, const util::Deadline& deadline);
+  Status ReadAll(std::span<const iovec> parts, const util::Deadline& deadline);
+
+  // True if the peer has closed or sent data (non-blocking check).
+  bool PeerHungUpOrSpoke() const;
+
+  int fd() const { return fd_.get(); }
+  const std::string& peer() const { return peer_; }
+  Status Close() { return fd_.Close(); }
+
+ private:
+  Status ReadExact(uint8_t* dst, size_t n, const util::Deadline& deadline,
+                   util::UniqueFd* received_fd, bool first);
+  Status UnexpectedFrame(wire::FrameType expected, const wire::FrameHeader& got);
+
+  util::UniqueFd fd_;
+  std::string peer_;
+  uint32_t max_payload_;
+  std::vector<uint8_t> send_buffer_;
+  std::vector<uint8_t> recv_buffer_;
+  size_t payload_size_ = 0;
+};
+
+}  // namespace weightsync::transport::link
+
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+
+template <typename Message>
+Status Channel::ReceiveExpect(wire::FrameType type, Message* message, const util::Deadline& deadline,
+                              util::UniqueFd* received_fd) {
+  WS_ASSIGN_OR_RETURN(wire::FrameHeader header, Receive(deadline, received_fd));
+  if (header.type != type) return UnexpectedFrame(type, header);
+  Status s = Decode(payload(), message);
+  if (!s.ok()) return s.WithContext(peer_);
+  return Status::Ok();
+}
+
+}  // namespace weightsync::transport::link

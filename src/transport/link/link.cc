@@ -1,0 +1,104 @@
+#include "transport/link/link.h"
+
+#include "plan/plan.h"
+#include "transport/link/step_exchange.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::link {
+
+using util::Deadline;
+using util::LedgerAdd;
+using util::LedgerItem;
+
+std::string_view LinkKindName(LinkKind kind) {
+  switch (kind) {
+    case LinkKind::kUnix:
+      return "unix";
+    case LinkKind::kTcp:
+      return "tcp";
+  }
+  return "unknown";
+}
+
+std::unique_ptr<Link> NewLink(const Endpoint& endpoint, const SubscriberOptions& options) {
+  switch (endpoint.kind) {
+    case Endpoint::Kind::kLocal:
+      return NewUnixLink(endpoint);
+    case Endpoint::Kind::kTcp:
+      return NewTcpLink(endpoint, options);
+  }
+  return nullptr;
+}
+
+Link::~Link() {
+  if (Status s = Release(); !s.ok()) WS_LOG(WARN, "link") << "cleanup: " << s;
+}
+
+Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
+  if (connected_) return &welcome_;
+  WS_ASSIGN_OR_RETURN(channel_, Open(deadline));
+  LedgerAdd(LedgerItem::kConnections, 1);
+  counted_ = true;
+  WS_RETURN_IF_ERROR(
+      channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
+  const bool fd_expected = kind_ == LinkKind::kUnix;
+  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline,
+                                             fd_expected ? &store_fd_ : nullptr));
+  if (fd_expected && !store_fd_.valid()) {
+    return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
+  }
+  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  connected_ = true;
+  return &welcome_;
+}
+
+Status Link::Select(const plan::Plan& /*plan*/, const Deadline& /*deadline*/) {
+  return Status::Ok();
+}
+
+Result<int64_t> Link::BeginStep(std::optional<int64_t> step, int64_t after_step,
+                                const Deadline& deadline) {
+  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline);
+}
+
+Result<std::span<const uint64_t>> Link::EndStep(uint32_t digest_count, const Deadline& deadline) {
+  if (confirms_copy()) {
+    WS_RETURN_IF_ERROR(
+        channel_->Send(wire::FrameType::kCopyDone, wire::CopyDone{begin_.step}, deadline));
+  }
+  return ReceiveStepEnd(*channel_, peer_, begin_.step, digest_count, &end_, deadline);
+}
+
+Status Link::PublisherReason(const Status& seen) {
+  if (seen.code() != StatusCode::kPeerLost || !channel_) return seen;
+  Result<wire::FrameHeader> h = channel_->Receive(Deadline(std::chrono::milliseconds(100)));
+  if (!h.ok() || h->type != wire::FrameType::kError) return seen;
+  wire::ErrorMessage err;
+  if (!wire::Decode(channel_->payload(), &err).ok()) return seen;
+  Status reason = wire::ToStatus(err).WithContext(peer_);
+  return Status(reason.code(), reason.message() + " (" + seen.message() + ")");
+}
+
+Status Link::Release() {
+  Status result;
+  if (Status s = store_fd_.Close(); !s.ok()) {  // connected but never prepared
+    WS_LOG(WARN, "link") << "release: store fd of " << peer_ << ": " << s;
+    result.Update(s);
+  }
+  connected_ = false;
+  if (channel_) {
+    if (Status s = channel_->Close(); !s.ok()) {
+      WS_LOG(WARN, "link") << "release: connection to " << peer_ << ": " << s;
+      result.Update(s);
+    }
+    channel_.reset();
+  }
+  if (counted_) {
+    counted_ = false;
+    LedgerAdd(LedgerItem::kConnections, -1);
+  }
+  return result;
+}
+
+}  // namespace weightsync::transport::link

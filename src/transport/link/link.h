@@ -1,0 +1,100 @@
+// Link: the subscriber's end of the control connection to one publisher — connecting (and, over
+// tcp, mutual authentication), Hello → Welcome, and the step exchange (step_exchange.h). What a
+// link carries besides frames: over a Unix socket the store's fd arrives with the Welcome (the
+// data paths then map or import it); over tcp the bytes of a step follow on the connection itself
+// (or over NCCL, set up on it), so the subscriber first tells the publisher which tensors to send.
+//
+// Lifecycle: NewLink() is cheap; Connect() does the work; Release() closes everything. A failed
+// call leaves the link unusable; its owner releases it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "plan/plan.h"
+#include "transport/link/channel.h"
+#include "transport/link/endpoint.h"
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+
+enum class LinkKind : uint8_t {
+  kUnix,  // same host: peer uid checked, the store's fd passed with the Welcome
+  kTcp,   // any host: HMAC handshake; the bytes come on the connection (or over NCCL)
+};
+std::string_view LinkKindName(LinkKind kind);  // "unix", "tcp"
+
+class Link {
+ public:
+  virtual ~Link();
+  LinkKind kind() const { return kind_; }
+  const std::string& peer() const { return peer_; }  // "publisher local://m", for errors
+
+  // Connects (authenticating over tcp), says Hello and receives the Welcome, validated
+  // (plan::ValidateLayout). Returns it, valid until Release(); a second call returns it again.
+  Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
+  const wire::Welcome& welcome() const { return welcome_; }
+  // The fd of the publisher's store that came with the Welcome (Unix links); invalid otherwise.
+  util::UniqueFd TakeStoreFd() { return std::move(store_fd_); }
+  // Tells the publisher which of its tensors the plan reads: a tcp publisher streams exactly
+  // those every step. Nothing to do over a Unix socket (the subscriber reads the store itself).
+  virtual Status Select(const plan::Plan& plan, const util::Deadline& deadline);
+
+  // The step exchange. BeginStep asks for `step` (nullopt: latest) newer than `after_step` and
+  // returns the step offered (== after_step: up to date, nothing pinned); EndStep tells a Unix
+  // publisher the copy is done (CopyDone) and receives the step's digests (StepEnd), which must
+  // be `digest_count` of them; they stay valid until the next BeginStep.
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
+                            const util::Deadline& deadline);
+  const wire::StepBegin& begin() const { return begin_; }
+  Result<std::span<const uint64_t>> EndStep(uint32_t digest_count, const util::Deadline& deadline);
+
+  Channel& channel() { return *channel_; }
+  // ", authenticated" and the like, for the handle's prepare log line.
+  virtual std::string Describe() const { return ""; }
+  // After a failed wait that saw the connection close: the publisher's Error frame, if it sent
+  // one before closing, says more than "closed".
+  Status PublisherReason(const Status& seen);
+  Status Release();
+
+ protected:
+  Link(LinkKind kind, std::string peer) : kind_(kind), peer_(std::move(peer)) {}
+  // Connects and authenticates: the channel ready for Hello.
+  virtual Result<std::unique_ptr<Channel>> Open(const util::Deadline& deadline) = 0;
+  // Whether the publisher waits for CopyDone before StepEnd (the subscriber reads its store).
+  virtual bool confirms_copy() const = 0;
+
+ private:
+  LinkKind kind_;
+  std::string peer_;
+  std::unique_ptr<Channel> channel_;
+  bool connected_ = false;
+  bool counted_ = false;  // ledger "handles"
+  wire::Welcome welcome_;
+  util::UniqueFd store_fd_;
+  wire::StepBegin begin_;
+  wire::StepEnd end_;
+};
+
+// The link serving `endpoint`: a Unix socket for local://, tcp for tcp://.
+std::unique_ptr<Link> NewLink(const Endpoint& endpoint, const SubscriberOptions& options);
+// The two links (unix_link.cc, tcp_link.cc).
+std::unique_ptr<Link> NewUnixLink(const Endpoint& endpoint);
+std::unique_ptr<Link> NewTcpLink(const Endpoint& endpoint, const SubscriberOptions& options);
+
+// Connects a stream Unix socket to `path` within the deadline and checks that the peer runs as
+// this user (SO_PEERCRED). Shared with the server (is anyone listening?) and tests of raw clients.
+Result<util::UniqueFd> ConnectUnix(const std::string& path, const util::Deadline& deadline);
+// Resolves and connects within the deadline (asio), returning the connected socket's fd with
+// TCP_NODELAY set. Shared with tests that play a raw client.
+Result<util::UniqueFd> ConnectTcp(const Endpoint& endpoint, const util::Deadline& deadline);
+
+}  // namespace weightsync::transport::link

@@ -1,0 +1,97 @@
+#include "transport/link/publisher_session.h"
+
+#include <poll.h>
+
+#include <cerrno>
+
+#include "util/logging.h"
+#include "wire/handshake.h"
+
+namespace weightsync::transport::link {
+namespace {
+
+using util::Deadline;
+
+constexpr int kPollSliceMs = 50;
+
+}  // namespace
+
+Status StepDelivery::Unexpected(wire::FrameType type) {
+  return Status::ProtocolError("expected update_request, got ", wire::FrameTypeName(type));
+}
+
+Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch,
+                                                          const SessionConfig& config) {
+  auto give_up = [&] {
+    return config.stopping->load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke();
+  };
+  wire::Hello hello;
+  Status s = ch.ReceiveExpect(wire::FrameType::kHello, &hello, Deadline(config.timeout));
+  if (!s.ok()) return s.WithContext("handshake");
+  // An authenticated peer speaking our protocol: full-size frames from here on.
+  ch.set_max_payload(wire::kMaxPayloadBytes);
+  if (hello.protocol_version != wire::kProtocolVersion) {
+    return Status::FailedPrecondition("subscriber speaks protocol version ",
+                                      hello.protocol_version, ", publisher speaks ",
+                                      wire::kProtocolVersion);
+  }
+  return config.source->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up);
+}
+
+Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome& welcome,
+                  StepDelivery& delivery, bool* streaming) {
+  auto give_up = [&] {
+    return config.stopping->load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke();
+  };
+  wire::UpdateRequest request;
+  wire::StepEnd end;
+  while (!config.stopping->load(std::memory_order_acquire)) {
+    // Idle between updates: wait for the next request without a deadline, but wake to notice
+    // the server stopping.
+    pollfd p{ch.fd(), POLLIN, 0};
+    int r = ::poll(&p, 1, kPollSliceMs);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    WS_ASSIGN_OR_RETURN(wire::FrameHeader header, ch.Receive(Deadline(config.timeout)));
+    if (header.type == wire::FrameType::kError) {
+      wire::ErrorMessage err;
+      WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &err));
+      return wire::ToStatus(err);
+    }
+    if (header.type != wire::FrameType::kUpdateRequest) return delivery.Unexpected(header.type);
+    WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
+    // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
+    // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
+    WS_ASSIGN_OR_RETURN(wire::StepBegin begin,
+                        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms),
+                                               give_up));
+    Status s = ch.Send(wire::FrameType::kStepBegin,
+                       AsOffered(begin, request, welcome.slot_count), Deadline(config.timeout));
+    if (begin.step == request.after_step) {  // up to date: nothing pinned
+      WS_RETURN_IF_ERROR(s);
+      continue;
+    }
+    if (s.ok()) s = delivery.Deliver(begin, ch, Deadline(config.timeout), streaming);
+    config.source->Unpin(begin, &end);
+    if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step));
+    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
+  }
+  return Status::Ok();
+}
+
+void EndSession(Channel& ch, const SessionConfig& config, const Status& s, bool streaming,
+                std::string_view component) {
+  if (s.ok() || config.stopping->load(std::memory_order_acquire)) return;
+  if (s.code() == StatusCode::kPeerLost) {
+    WS_LOG(DEBUG, component) << "session with " << config.peer << " ended: " << s;
+    return;
+  }
+  WS_LOG(WARN, component) << "session with " << config.peer << " closed: " << s;
+  // A session this side ends is ended with an error frame that says why, unless it ended in the
+  // middle of a step's bytes (the subscriber then sees the connection close mid-data).
+  if (streaming) return;
+  (void)ch.Send(wire::FrameType::kError,
+                wire::ErrorMessage{s.code(), s.message().substr(0, wire::kMaxErrorMessageBytes)},
+                Deadline(std::chrono::milliseconds(200)));
+}
+
+}  // namespace weightsync::transport::link

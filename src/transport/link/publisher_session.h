@@ -1,0 +1,59 @@
+// The publisher's half of a subscriber session, the same for every link:
+//   Hello → (layout) → ... → { UpdateRequest → StepBegin → delivery → StepEnd }*
+// What differs by link is only the handshake around the Welcome (a Unix socket passes the store's
+// fd with it; tcp authenticates first and then takes the subscriber's Select) and how a pinned
+// step's bytes reach the subscriber (StepDelivery). The subscriber's half of the same exchange
+// is step_exchange.h.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "transport/link/channel.h"
+#include "transport/link/version_source.h"
+#include "util/deadline.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+
+struct SessionConfig {
+  std::chrono::milliseconds timeout;  // each frame; a subscriber reading a pinned step
+  std::string peer;                   // for logs: "subscriber 10.0.0.7:5123"
+  VersionSource* source = nullptr;
+  const std::atomic<bool>* stopping = nullptr;
+};
+
+// How the bytes of a pinned step reach the subscriber over this session.
+class StepDelivery {
+ public:
+  virtual ~StepDelivery() = default;
+  // Runs after StepBegin went out, with the version pinned; returns once the subscriber has what
+  // it needs: over a Unix socket its CopyDone (it read the shared memory itself); over tcp the
+  // bytes written to the connection, or sent over NCCL. `streaming`: set while a step's bytes
+  // are on the connection (an error frame sent then would land in the middle of them).
+  virtual Status Deliver(const wire::StepBegin& begin, Channel& ch,
+                         const util::Deadline& deadline, bool* streaming) = 0;
+  // A frame other than update_request arrived where one was due: the error that ends the session.
+  virtual Status Unexpected(wire::FrameType type);
+};
+
+// Receives the subscriber's Hello (its protocol version and how long it waits), then waits for the
+// layout (the first Publish) that long: the Welcome and the store's fd to send.
+Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch, const SessionConfig& config);
+
+// Serves steps until the subscriber leaves, breaks the protocol or the server stops. Waiting for
+// a step is bounded by the subscriber's wait (UpdateRequest::wait_ms), delivering a pinned one by
+// config.timeout (a stalled reader loses the version).
+Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome& welcome,
+                  StepDelivery& delivery, bool* streaming);
+
+// Ends a session with what `s` says: logged (a departed peer quietly), and — unless the peer left
+// or a step's bytes were streaming — an error frame telling the subscriber why.
+void EndSession(Channel& ch, const SessionConfig& config, const Status& s, bool streaming,
+                std::string_view component);
+
+}  // namespace weightsync::transport::link

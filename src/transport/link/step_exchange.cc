@@ -1,0 +1,44 @@
+#include "transport/link/step_exchange.h"
+
+#include <unistd.h>
+
+namespace weightsync::transport::link {
+
+wire::Hello SubscriberHello(const util::Deadline& deadline) {
+  return wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber,
+                     static_cast<uint32_t>(::getpid()),
+                     static_cast<uint64_t>(deadline.RemainingMs())};
+}
+
+Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
+                            std::optional<int64_t> step, int64_t after_step,
+                            wire::StepBegin* begin, const util::Deadline& deadline) {
+  wire::UpdateRequest req{step.value_or(-1), after_step,
+                          static_cast<uint64_t>(deadline.RemainingMs())};
+  WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
+  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepBegin, begin, deadline));
+  if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing
+  if (begin->step < after_step || (step && begin->step != *step)) {
+    return Status::ProtocolError(peer, ": asked for step ",
+                                 step ? std::to_string(*step) : std::string("latest"),
+                                 " after ", after_step, ", publisher offered step ", begin->step);
+  }
+  return begin->step;
+}
+
+Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel, const std::string& peer,
+                                                 int64_t step, uint32_t digest_count,
+                                                 wire::StepEnd* end,
+                                                 const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepEnd, end, deadline));
+  if (end->step != step) {
+    return Status::ProtocolError(peer, ": step end for step ", end->step, ", expected ", step);
+  }
+  if (end->digests.size() != digest_count) {
+    return Status::ProtocolError(peer, ": step ", end->step, " carries ", end->digests.size(),
+                                 " digests, the plan needs ", digest_count);
+  }
+  return std::span<const uint64_t>(end->digests);
+}
+
+}  // namespace weightsync::transport::link

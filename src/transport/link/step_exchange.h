@@ -1,0 +1,34 @@
+// The subscriber's half of one step on the control channel, the same for every transport:
+// UpdateRequest → StepBegin (validated against what was asked), and StepEnd (validated against
+// the step and the plan). Transport-specific checks (slot index, data path) stay in the handles.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "util/deadline.h"
+#include "weightsync/status.h"
+#include "transport/link/channel.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+
+// The subscriber's Hello: this protocol version, its pid, and how long it waits for the
+// publisher's layout (the time left of `deadline`).
+wire::Hello SubscriberHello(const util::Deadline& deadline);
+
+// Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
+// offered; `after_step` means up to date.
+Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
+                            std::optional<int64_t> step, int64_t after_step,
+                            wire::StepBegin* begin, const util::Deadline& deadline);
+
+// Receives the StepEnd of `step` into `end`; it must carry exactly `digest_count` digests.
+Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel, const std::string& peer,
+                                                 int64_t step, uint32_t digest_count,
+                                                 wire::StepEnd* end,
+                                                 const util::Deadline& deadline);
+
+}  // namespace weightsync::transport::link

@@ -1,0 +1,148 @@
+#include "transport/link/tcp_session.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "cuda/nccl_link.h"
+#include "transport/link/channel.h"
+#include "transport/link/publisher_session.h"
+#include "transport/path/nccl_path.h"
+#include "util/logging.h"
+#include "wire/handshake.h"
+
+namespace weightsync::transport::link {
+namespace {
+
+using util::Deadline;
+
+// A host store's step: the selected tensors' bytes, in Select order, straight from the pinned
+// version (scatter-gather send, no staging copy). Prepared once per session.
+class SocketDelivery final : public StepDelivery {
+ public:
+  SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, const uint8_t* base)
+      : welcome_(welcome), select_(select), base_(base), parts_(select.tensors.size()) {}
+  Status Deliver(const wire::StepBegin& begin, Channel& ch, const Deadline& deadline,
+                 bool* streaming) override {
+    const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const wire::TensorPlacement& t = welcome_.tensors[select_.tensors[i]];
+      uint64_t at = t.offset + (t.region == wire::Region::kSlot ? slot_base
+                                                                : welcome_.direct_offset);
+      parts_[i] = {const_cast<uint8_t*>(base_ + at), t.spec.nbytes};
+    }
+    *streaming = true;
+    WS_RETURN_IF_ERROR(ch.WriteAll(parts_, deadline));
+    *streaming = false;
+    return Status::Ok();
+  }
+  // A subscriber asking for NCCL from a host store is told why not.
+  Status Unexpected(wire::FrameType type) override {
+    if (type == wire::FrameType::kNcclSetup) {
+      return Status::FailedPrecondition(
+          "nccl_setup refused: this publisher keeps its arena in host memory, whose bytes come "
+          "over the tcp connection itself; nccl moves GPU arenas only");
+    }
+    return StepDelivery::Unexpected(type);
+  }
+
+ private:
+  const wire::Welcome& welcome_;
+  const wire::Select& select_;
+  const uint8_t* base_;
+  std::vector<iovec> parts_;
+};
+
+// A GPU store's step: a grouped broadcast over the session's NCCL communicator.
+class NcclDelivery final : public StepDelivery {
+ public:
+  NcclDelivery(path::NcclSender* sender, const gpu::nccl::Watch& watch)
+      : sender_(sender), watch_(watch) {}
+  Status Deliver(const wire::StepBegin& begin, Channel& /*ch*/, const Deadline& deadline,
+                 bool* /*streaming*/) override {
+    // Unpinned only once NCCL has read the whole slot (or the communicator was aborted).
+    return sender_->Send(begin.slot, deadline, watch_);
+  }
+
+ private:
+  path::NcclSender* sender_;
+  const gpu::nccl::Watch& watch_;
+};
+
+// A GPU arena's bytes go over NCCL: the subscriber asks with NcclSetup right after Select, and
+// gets the unique id of a two-rank communicator both sides then join. Once per session.
+Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionConfig& config,
+                                                    const wire::Welcome& welcome, int arena_fd,
+                                                    const wire::Select& select,
+                                                    const gpu::nccl::Watch& watch) {
+  util::Deadline deadline(config.timeout);
+  WS_ASSIGN_OR_RETURN(wire::FrameHeader header, ch.Receive(deadline));
+  if (header.type == wire::FrameType::kError) {
+    wire::ErrorMessage err;
+    WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &err));
+    return wire::ToStatus(err);
+  }
+  if (header.type != wire::FrameType::kNcclSetup) {
+    return Status::ProtocolError("expected nccl_setup, got ", wire::FrameTypeName(header.type),
+                                 ": this publisher keeps its arena on cuda:", welcome.device,
+                                 ", which a tcp subscriber receives over nccl only");
+  }
+  wire::NcclSetup setup;
+  WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &setup));
+  WS_RETURN_IF_ERROR(
+      gpu::nccl::NcclAvailable().WithContext("nccl transport on the publisher's host"));
+  const int version = gpu::nccl::NcclVersionCode();
+  if (!path::CompatibleVersions(version, static_cast<int>(setup.nccl_version))) {
+    return Status::FailedPrecondition(
+        "NCCL versions differ: publisher ", gpu::nccl::NcclVersionString(version), ", subscriber ",
+        gpu::nccl::NcclVersionString(static_cast<int>(setup.nccl_version)),
+        " (both ranks of a communicator need the same NCCL major.minor)");
+  }
+  WS_ASSIGN_OR_RETURN(auto sender, path::NcclSender::Prepare(arena_fd, welcome, select.tensors));
+  WS_ASSIGN_OR_RETURN(gpu::nccl::UniqueId id, gpu::nccl::NewUniqueId());
+  wire::NcclId answer{static_cast<uint32_t>(version), id};
+  WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kNcclId, answer, deadline));
+  WS_RETURN_IF_ERROR(sender->Connect(id, deadline, watch));
+  WS_LOG(INFO, "tcp") << "nccl communicator with " << config.peer << " ready in "
+                      << static_cast<int>(sender->link()->connect_seconds() * 1000)
+                      << " ms: rank 0 on cuda:" << sender->device()
+                      << ", subscriber rank 1 on cuda:" << setup.device << ", NCCL "
+                      << gpu::nccl::NcclVersionString(version) << ", " << sender->bytes_per_step()
+                      << " bytes per step";
+  return sender;
+}
+
+Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
+  WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
+  const wire::Welcome& welcome = *layout.first;
+  WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
+  wire::Select select;
+  WS_RETURN_IF_ERROR(
+      ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
+  for (uint32_t t : select.tensors) {
+    if (t >= welcome.tensors.size()) {
+      return Status::ProtocolError("select: tensor index ", t, " but the publisher has ",
+                                   welcome.tensors.size(), " tensors");
+    }
+  }
+  if (welcome.arena_kind == wire::ArenaKind::kCudaMem) {
+    const gpu::nccl::Watch watch{ch.fd(), config.stopping, "subscriber " + config.peer};
+    WS_ASSIGN_OR_RETURN(auto sender, SetUpNccl(ch, config, welcome, layout.second, select, watch));
+    NcclDelivery delivery(sender.get(), watch);
+    return ServeSteps(ch, config, welcome, delivery, streaming);
+  }
+  SocketDelivery delivery(welcome, select, config.source->arena_base());
+  return ServeSteps(ch, config, welcome, delivery, streaming);
+}
+
+}  // namespace
+
+void RunSession(int fd, const SessionConfig& config) {
+  Channel ch(util::UniqueFd(::dup(fd)), "subscriber " + config.peer);
+  bool streaming = false;
+  Status s = Serve(ch, config, &streaming);
+  EndSession(ch, config, s, streaming, "tcp");
+}
+
+}  // namespace weightsync::transport::link

@@ -1,0 +1,20 @@
+// One authenticated subscriber's session on the tcp publisher, on its own thread:
+//   Hello → Welcome → Select → { UpdateRequest → StepBegin → data bytes → StepEnd }*
+// The data of a step is the selected tensors' bytes, in Select order, straight from the pinned
+// version (scatter-gather send, no staging copy). When the store is GPU memory the data goes over
+// NCCL instead (path/nccl_path.h):
+//   ... Select → NcclSetup → NcclId → (both join a two-rank communicator)
+//   { UpdateRequest → StepBegin → grouped ncclBroadcast (root) of the slot's selected tensors → StepEnd }*
+// The communicator lives as long as the session; any failure aborts it and ends the session. The
+// step loop itself is publisher_session.h's, shared with the Unix link.
+#pragma once
+
+#include "transport/link/publisher_session.h"
+
+namespace weightsync::transport::link {
+
+// Serves until the peer leaves, breaks the protocol or the server stops; logs why it ended.
+// Borrows `fd` (the caller closes it).
+void RunSession(int fd, const SessionConfig& config);
+
+}  // namespace weightsync::transport::link

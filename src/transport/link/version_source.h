@@ -1,0 +1,51 @@
+// VersionSource: what a transport's server needs from the publisher core — the arena layout and
+// pinned versions. Implemented by Publisher::Impl; shared by the shm and tcp servers.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <utility>
+
+#include "util/deadline.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+
+// What the server needs from the publisher core.
+class VersionSource {
+ public:
+  virtual ~VersionSource() = default;
+  // Waits until the arena exists; returns its layout and fd (owned by the source).
+  virtual Result<std::pair<const wire::Welcome*, int>> WaitLayout(
+      const util::Deadline& deadline, const std::function<bool()>& give_up) = 0;
+  // Waits until a version satisfies `request`, pins it and describes it. A StepBegin whose step
+  // equals request.after_step means "up to date" and pins nothing.
+  virtual Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request,
+                                          const util::Deadline& deadline,
+                                          const std::function<bool()>& give_up) = 0;
+  // Copies the pinned version's digests into `end` and unpins it.
+  virtual void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) = 0;
+  // Address of arena offset 0 in this process (the TCP server sends from it).
+  virtual const uint8_t* arena_base() const = 0;
+};
+
+// The StepBegin a server sends for the version `pinned` (Acquire's answer), which Unpin needs
+// unchanged. Normally `pinned` itself; two fail points (docs/env_vars.md) make it misreport, so
+// tests prove the subscriber's checks: "publisher.offer_older_step" (flip) offers a step older
+// than the subscriber's committed one, "publisher.offer_bad_slot" (flip) a slot past the arena's
+// `slot_count`.
+wire::StepBegin AsOffered(const wire::StepBegin& pinned, const wire::UpdateRequest& request,
+                          uint32_t slot_count);
+
+// How long the publisher waits on a subscriber's behalf (for its layout, a step, the subscriber
+// reading it): the subscriber's own wait (Hello/UpdateRequest::wait_ms) plus a grace period, so
+// that a live subscriber always gives up first (its leaving ends the wait as PeerLost) and a
+// publisher never ends a session because a wait of its own ran out.
+inline util::Deadline PeerWaitDeadline(uint64_t wait_ms) {
+  constexpr uint64_t kGraceMs = 2000;
+  return util::Deadline(std::chrono::milliseconds(std::min(wait_ms, wire::kMaxWaitMs) + kGraceMs));
+}
+
+}  // namespace weightsync::transport::link

@@ -1,0 +1,66 @@
+// DataPath: how the bytes of a step move from the publisher's store into the subscriber's
+// destinations — one implementation per way a byte moves (host mmap copy, tcp read, host arena →
+// GPU, GPU arena → host, GPU arena → GPU over cuda-ipc, nccl), chosen by the table in
+// transport/path_table.h. A path lands bytes through the shared landing code (host_landing.h,
+// gpu_landing.h): staging in staged mode, the destinations in place, conversions at commit.
+//
+// Prepared once per transfer handle (Prepare), then every step: Copy → (the publisher's digests
+// arrive) → Verify (when asked) → Commit. Release undoes Prepare in reverse order; a failed call
+// leaves the path unusable and its handle releases it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "transport/link/link.h"
+#include "util/deadline.h"
+#include "util/unique_fd.h"
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::path {
+
+// What a path prepares against. Everything outlives the path except `store_fd`, which the path
+// takes (to map or import the publisher's store) or leaves.
+struct PathContext {
+  link::Link* link = nullptr;           // the control connection (tcp paths read or set up on it)
+  const wire::Welcome* welcome = nullptr;
+  util::UniqueFd* store_fd = nullptr;   // Unix links: the publisher's store
+  const plan::Plan* plan = nullptr;
+  const std::vector<plan::Destination>* destinations = nullptr;
+  UpdateMode mode = UpdateMode::kStaged;
+  const SubscriberOptions* options = nullptr;
+  const util::Deadline* deadline = nullptr;
+  // CPU workers: copy threads (option or default), or hashing threads on the GPU paths.
+  int CopyThreads() const;
+  int HashingThreads() const;
+};
+
+class DataPath {
+ public:
+  virtual ~DataPath() = default;
+  // What this machine needs for the path (a CUDA device, the NCCL library), checked before
+  // anything is asked of the publisher: Unavailable saying what is missing.
+  virtual Status Available(const PathContext& ctx) { return Status::Ok(); }
+  virtual Status Prepare(const PathContext& ctx) = 0;
+  // Moves the step `begin` (pinned by the publisher) into staging or the destinations. `verify`:
+  // Verify will follow (a path that reads some of the publisher's bytes in place hashes them now,
+  // while they are pinned).
+  virtual Status Copy(const wire::StepBegin& begin, bool verify,
+                      const util::Deadline& deadline) = 0;
+  // Checks what landed against the publisher's digests. Corruption names the tensor and range.
+  virtual Status Verify(std::span<const uint64_t> digests, int64_t step,
+                        const util::Deadline& deadline) = 0;
+  // Staged: staging → destinations. Both modes: converted tensors into their destinations.
+  virtual Status Commit(const util::Deadline& deadline) = 0;
+  // ", GPU arena from cuda:0 into cuda:1" and the like: the prepare log line's details.
+  virtual std::string Describe() const { return ""; }
+  // Undoes Prepare in reverse order; each failure logged with its cause, the rest still released.
+  virtual Status Release() = 0;
+};
+
+}  // namespace weightsync::transport::path

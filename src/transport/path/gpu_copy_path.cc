@@ -1,0 +1,189 @@
+#include "transport/path/gpu_copy_path.h"
+
+#include <functional>
+
+#include "util/fail_point.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::path {
+
+GpuCopyPath::~GpuCopyPath() {
+  if (Status s = Release(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "path cleanup: " << s;
+}
+
+Status GpuCopyPath::Prepare(const PathContext& ctx) {
+  const wire::Welcome& welcome = *ctx.welcome;
+  const plan::Plan* plan = ctx.plan;
+  const std::vector<plan::Destination>& destinations = *ctx.destinations;
+  const UpdateMode mode = ctx.mode;
+  const bool on_publisher_gpu = ctx.options->convert_on_publisher_gpu;
+  welcome_device_ = welcome.device;
+  WS_ASSIGN_OR_RETURN(int device, GpuLanding::DestinationDevice(destinations, "cuda-ipc"));
+  if (welcome.direct_bytes > 0) {
+    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+  }
+  util::UniqueFd arena_fd = std::move(*ctx.store_fd);
+  WS_ASSIGN_OR_RETURN(arena_,
+                      gpu::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, device));
+  WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
+  auto slot_base = [&](uint32_t k) -> const uint8_t* {
+    return arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+  };
+  conversions_ = plan->converted.size();
+  // In place, converted tensors are converted straight out of the publisher's arena.
+  const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty();
+  WS_RETURN_IF_ERROR(
+      receiver_.Prepare(plan, destinations, mode, device, direct ? slot_base(0) : nullptr));
+  // Where the conversions run (in place only): on the publisher's GPU when asked and possible,
+  // else here. A failed attempt there is logged and the batches are built again here.
+  source_device_ = -1;
+  if (direct && on_publisher_gpu) {
+    gpu::ScopedDevice restore;  // the attempt visits the publisher's GPU
+    Status s = PrepareSourceGpu(*plan, destinations, device);
+    if (s.ok()) {
+      Status built = BuildBatches(welcome, plan, destinations, direct, slot_base);
+      if (built.ok()) {
+        // With verify, the publisher's GPU also hashes the bytes it converts (locally).
+        receiver_.SetConvertedDigestStream(source_queue_.stream());
+        return Status::Ok();
+      }
+      s = built;
+    }
+    WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
+                             << " (the destinations' GPU), not the publisher's: " << s;
+    WS_RETURN_IF_ERROR(gpu::SetDevice(device));
+    source_queue_ = gpu::CopyQueue();
+    source_device_ = -1;
+  }
+  return BuildBatches(welcome, plan, destinations, direct, slot_base);
+}
+
+Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
+                                      const std::vector<plan::Destination>& destinations,
+                                      int device) {
+  WS_FAIL_POINT_RETURN("cuda_ipc.publisher_gpu");
+  const int owner = arena_.owner_device();
+  if (owner < 0) return Status::Unavailable("the driver does not say which GPU holds the arena");
+  if (owner == device) return Status::Unavailable("the publisher's GPU is this one");
+  WS_RETURN_IF_ERROR(arena_.GrantAccess(owner).WithContext("the arena for cuda:" +
+                                                           std::to_string(owner)));
+  WS_RETURN_IF_ERROR(gpu::EnablePeerAccess(owner, device));
+  // Only what the conversions write must be writable from there (copies stay on this device).
+  for (uint32_t k : plan.converted) {
+    const plan::PlannedTensor& t = plan.tensors[k];
+    for (uint32_t index : {t.destination, t.scale_destination}) {
+      if (index == plan::kNoDestination) continue;
+      const plan::Destination& d = destinations[index];
+      if (d.data == nullptr || d.spec.nbytes == 0) continue;
+      WS_ASSIGN_OR_RETURN(bool writable, gpu::DeviceCanWrite(owner, d.data, d.spec.nbytes));
+      if (!writable) {
+        return Status::Unavailable("destination '", d.spec.name, "' is not writable from cuda:",
+                                   owner);
+      }
+    }
+  }
+  WS_ASSIGN_OR_RETURN(source_queue_, gpu::CopyQueue::Create(owner));
+  source_device_ = owner;
+  return Status::Ok();
+}
+
+Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
+                                  const std::vector<plan::Destination>& destinations, bool direct,
+                                  const std::function<const uint8_t*(uint32_t)>& slot_base) {
+  // Copy batches and conversion launches, built once: a step submits one batch. Conversions are
+  // prepared on the device that will run them (its stream, its job table).
+  const bool at_source = source_device_ >= 0;
+  void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
+  WS_RETURN_IF_ERROR(gpu::SetDevice(at_source ? source_device_ : receiver_.device()));
+  slot_batches_.clear();
+  slot_batches_.resize(welcome.slot_count);
+  Status status;
+  for (uint32_t k = 0; k < welcome.slot_count && status.ok(); ++k) {
+    Batch& batch = slot_batches_[k];
+    batch.base = slot_base(k);
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset;
+      if (direct && t.transform != plan::Transform::kCopy) {
+        status = batch.conversions
+                     .Add(t, src, destinations[t.destination].data,
+                          t.transform == plan::Transform::kQuantizeFp8
+                              ? destinations[t.scale_destination].data
+                              : nullptr,
+                          destinations[t.destination].spec.name, conversion_stream)
+                     .WithContext("cuda-ipc");
+        if (!status.ok()) break;
+        continue;
+      }
+      batch.copies.Add(receiver_.Received(t), src, t.nbytes);
+    }
+    if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
+  }
+  if (!status.ok()) slot_batches_.clear();  // job tables freed on the device they were made on
+  status.Update(gpu::SetDevice(receiver_.device()));
+  return status;
+}
+
+Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
+                         const util::Deadline& deadline) {
+  Batch& b = slot_batches_[begin.slot];
+  gpu::CopyQueue& queue = receiver_.queue();
+  WS_RETURN_IF_ERROR(gpu::SetDevice(receiver_.device()));
+  // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
+  // once (first, so they overlap the conversions on the publisher's GPU).
+  WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies));
+  if (source_device_ >= 0 && !b.conversions.empty()) {
+    // On the publisher's GPU: read its memory locally, write the converted bytes across the
+    // link, hash what was converted while the step is pinned; this device's stream waits for it
+    // all (on the GPU) before the step counts as copied.
+    gpu::ScopedDevice restore;
+    WS_RETURN_IF_ERROR(gpu::SetDevice(source_device_));
+    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    if (verify) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
+    WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
+  } else {
+    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
+    if (verify && !b.conversions.empty()) {
+      WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
+    }
+  }
+  WS_RETURN_IF_ERROR(queue.Wait(deadline));
+  return receiver_.MaybeInjectBitFlip();
+}
+
+Status GpuCopyPath::Release() {
+  Status result;
+  // Nothing in flight on this device's stream either (a cancelled step): its conversions use the
+  // job tables freed with the batches below.
+  result.Update(receiver_.queue().Drain());
+  // Reverse order of creation: the publisher-GPU queue (drained: its kernels write the
+  // destinations), the receiver (digests, staging, stream), then the mapping.
+  if (source_device_ >= 0) {
+    // Unbounded: the kernels there are finite, and until they end they read the arena and write
+    // the destinations. Their job tables are freed with the batches, that device current.
+    gpu::ScopedDevice restore;
+    result.Update(source_queue_.Drain());
+    result.Update(gpu::SetDevice(source_device_));
+    slot_batches_.clear();
+    result.Update(source_queue_.Close());
+    source_device_ = -1;
+  }
+  slot_batches_.clear();
+  result.Update(receiver_.Release());
+  result.Update(arena_.Close());
+  return result;
+}
+
+std::string GpuCopyPath::Describe() const {
+  std::string text = ", GPU arena from cuda:" + std::to_string(welcome_device_) + " into cuda:" +
+                     std::to_string(receiver_.device());
+  if (conversions_ == 0) return text;
+  const int at = source_device_ >= 0 ? source_device_ : receiver_.device();
+  return text + "; " + std::to_string(conversions_) + " conversions on cuda:" +
+         std::to_string(at) +
+         (source_device_ >= 0 ? " (the publisher's GPU: only converted bytes cross the link)"
+                              : "");
+}
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,68 @@
+// GpuCopyPath (cuda-ipc): a publisher's GPU store on this host into CUDA destinations — the
+// store imported once from its POSIX fd and mapped for the destinations' device, and per slot the
+// prepared batch of copies (one per planned tensor) into a GpuLanding; in place, conversions read
+// the publisher's bytes directly (optionally on its own GPU).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/vmm.h"
+#include "plan/plan.h"
+#include "transport/path/data_path.h"
+#include "transport/path/gpu_landing.h"
+#include "util/deadline.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::path {
+
+class GpuCopyPath final : public DataPath {
+ public:
+  ~GpuCopyPath() override;
+  // Imports the publisher's GPU store for the destinations' device (every destination on one CUDA
+  // device) and builds the per-slot copy batches into a GpuLanding. In place, with
+  // SubscriberOptions::convert_on_publisher_gpu, the conversions run on the GPU holding the store
+  // when this process can use it; the prepare log says where.
+  Status Prepare(const PathContext& ctx) override;
+  // `verify`: Verify will follow (see GpuLanding::HashConvertedSource).
+  Status Copy(const wire::StepBegin& begin, bool verify, const util::Deadline& deadline) override;
+  Status Verify(std::span<const uint64_t> digests, int64_t step,
+                const util::Deadline& deadline) override {
+    return receiver_.Verify(digests, step, deadline);
+  }
+  Status Commit(const util::Deadline& deadline) override { return receiver_.Commit(deadline); }
+  std::string Describe() const override;
+  Status Release() override;  // the landing (digests, staging, stream), then the mapping
+  // The device the conversions run on: the publisher's GPU, or -1 for the destinations' one.
+  int conversion_source_device() const { return source_device_; }
+  int device() const { return receiver_.device(); }
+
+ private:
+  gpu::ImportedAllocation arena_;
+  GpuLanding receiver_;
+  int welcome_device_ = -1;  // the publisher's device, in its numbering (for the log)
+  size_t conversions_ = 0;
+  // Prepared per slot: the copy batch, every unconverted planned tensor's (dst, src, size), and,
+  // in place, the conversion launches reading the slot straight from the publisher's GPU over
+  // the peer link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once).
+  struct Batch {
+    gpu::CopyBatch copies;
+    Conversions conversions;
+    const uint8_t* base = nullptr;
+  };
+  std::vector<Batch> slot_batches_;
+  // Conversions on the publisher's GPU: its device and a stream there; -1 when they run here.
+  int source_device_ = -1;
+  gpu::CopyQueue source_queue_;
+
+  Status PrepareSourceGpu(const plan::Plan& plan,
+                          const std::vector<plan::Destination>& destinations, int device);
+  Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
+                      const std::vector<plan::Destination>& destinations, bool direct,
+                      const std::function<const uint8_t*(uint32_t)>& slot_base);
+};
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,244 @@
+#include "transport/path/gpu_landing.h"
+
+#include "cuda/gpu_digest_reference.h"
+#include "util/fail_point.h"
+#include "util/ledger.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::path {
+
+using util::LedgerAdd;
+using util::LedgerItem;
+
+// ---- GpuLanding ---------------------------------------------------------------------------
+
+Result<int> GpuLanding::DestinationDevice(const std::vector<plan::Destination>& destinations,
+                                           std::string_view transport) {
+  int device = -1;
+  for (const auto& d : destinations) {
+    if (!d.device.is_cuda() || (device >= 0 && d.device.index != device)) {
+      return Status::InvalidArgument(
+          transport, ": destination '", d.spec.name, "' is on ", DeviceString(d.device),
+          "; a GPU transfer delivers into destinations on one CUDA device",
+          device >= 0 ? " (cuda:" + std::to_string(device) + ")" : std::string());
+    }
+    device = d.device.index;
+  }
+  if (device < 0) return Status::InvalidArgument(transport, ": no destination tensors");
+  return device;
+}
+
+Status GpuLanding::Prepare(const plan::Plan* plan,
+                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                            int device, const uint8_t* converted_source) {
+  plan_ = plan;
+  device_ = device;
+  converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;
+  destinations_.clear();
+  names_.clear();
+  for (const auto& d : destinations) {
+    destinations_.push_back(d.data);
+    names_.push_back(d.spec.name);
+  }
+  WS_ASSIGN_OR_RETURN(queue_, gpu::CopyQueue::Create(device_));
+  if (mode == UpdateMode::kStaged) {
+    WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
+    LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(shadow_.size()));
+  } else if (plan->landing_bytes > 0 && converted_source_ == nullptr) {
+    WS_ASSIGN_OR_RETURN(landing_, gpu::DeviceBuffer::Allocate(plan->landing_bytes));
+    LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(landing_.size()));
+  }
+  // One prepared digest per segment over where its bytes land, each with its own chunk scratch
+  // and output word: a step only launches them.
+  uint64_t chunks = 0;
+  for (const auto& s : plan->segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
+  WS_ASSIGN_OR_RETURN(chunk_hashes_,
+                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+  WS_ASSIGN_OR_RETURN(digests_device_,
+                      gpu::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
+  digests_host_.assign(plan->segments.size(), 0);
+  commit_.Clear();
+  if (shadow_.data() != nullptr) {
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0 || t.transform != plan::Transform::kCopy) continue;
+      commit_.Add(destinations_[t.destination], shadow_.as<uint8_t>() + t.shadow_offset,
+                  t.nbytes);
+    }
+  }
+  digest_launches_.clear();
+  digest_launches_.reserve(plan->segments.size());
+  uint64_t chunk_at = 0;
+  for (size_t i = 0; i < plan->segments.size(); ++i) {
+    const plan::Segment& s = plan->segments[i];
+    uint8_t* where = Received(s);
+    uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
+    WS_ASSIGN_OR_RETURN(auto launch,
+                        gpu::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
+                                           std::max<uint64_t>(n, 1),
+                                           digests_device_.as<uint64_t>() + i, queue_.stream()));
+    digest_launches_.push_back(std::move(launch));
+    chunk_at += n;
+  }
+  if (converted_source_ != nullptr) return Status::Ok();  // the mover converts
+  return PrepareConversions();
+}
+
+Status GpuLanding::HashConvertedSource(const uint8_t* base) {
+  if (converted_source_ == nullptr) return Status::Ok();
+  const bool moved = base != converted_source_;
+  converted_source_ = base;
+  for (size_t i = 0; i < plan_->segments.size(); ++i) {
+    const plan::Segment& s = plan_->segments[i];
+    if (!s.converted) continue;
+    if (moved) WS_RETURN_IF_ERROR(digest_launches_[i].SetRange(base + s.src_offset, s.bytes));
+    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
+  }
+  return Status::Ok();
+}
+
+void GpuLanding::SetConvertedDigestStream(gpu::StreamHandle stream) {
+  for (size_t i = 0; i < plan_->segments.size(); ++i) {
+    if (plan_->segments[i].converted) digest_launches_[i].set_stream(stream);
+  }
+}
+
+Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
+                        std::string_view name, gpu::StreamHandle stream) {
+  if (t.transform == plan::Transform::kQuantizeFp8) {
+    fp8_tensors_.push_back(gpu::Fp8GroupTensor{
+        src, dst, scale_dst, t.rows, t.cols,
+        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32});
+    return Status::Ok();
+  }
+  Result<gpu::PreparedLaunch> launch = gpu::PrepareCast(t.from, t.to, src, dst, t.elements, stream);
+  if (!launch.ok()) {
+    return launch.status().WithContext("preparing the " +
+                                       std::string(plan::TransformName(t.transform)) + " of '" +
+                                       std::string(name) + "'");
+  }
+  casts_.push_back(std::move(launch).value());
+  return Status::Ok();
+}
+
+Status Conversions::Finish(gpu::StreamHandle stream) {
+  if (fp8_tensors_.empty()) return Status::Ok();
+  Result<gpu::PreparedFp8Group> group = gpu::PrepareQuantizeFp8Group(fp8_tensors_, stream);
+  if (!group.ok()) {
+    return group.status().WithContext("preparing the fp8 quantization of " +
+                                      std::to_string(fp8_tensors_.size()) + " tensor(s)");
+  }
+  fp8_ = std::move(group).value();
+  return Status::Ok();
+}
+
+Status Conversions::Launch() {
+  for (gpu::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
+  return fp8_.Launch();
+}
+
+void Conversions::Clear() {
+  casts_.clear();
+  fp8_tensors_.clear();
+  fp8_ = gpu::PreparedFp8Group();
+}
+
+// Launches built once over fixed pointers (where the published bytes land → the destination):
+// a commit only enqueues them.
+Status GpuLanding::PrepareConversions() {
+  conversions_.Clear();
+  for (uint32_t k : plan_->converted) {
+    const plan::PlannedTensor& t = plan_->tensors[k];
+    if (t.elements == 0) continue;
+    WS_RETURN_IF_ERROR(conversions_.Add(
+        t, Received(t), destinations_[t.destination],
+        t.transform == plan::Transform::kQuantizeFp8 ? destinations_[t.scale_destination] : nullptr,
+        names_[t.destination], queue_.stream()));
+  }
+  return conversions_.Finish(queue_.stream());
+}
+
+uint8_t* GpuLanding::Received(const plan::PlannedTensor& t) const {
+  if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + t.shadow_offset;
+  return t.transform != plan::Transform::kCopy ? landing_.as<uint8_t>() + t.landing_offset
+                                               : destinations_[t.destination];
+}
+
+uint8_t* GpuLanding::Received(const plan::Segment& s) const {
+  if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + s.shadow_offset;
+  if (!s.converted) return destinations_[s.destination] + s.dst_offset;
+  // Converted straight from the publisher's bytes: the digest reads them there (read only).
+  if (converted_source_ != nullptr) return const_cast<uint8_t*>(converted_source_) + s.src_offset;
+  return landing_.as<uint8_t>() + s.landing_offset;
+}
+
+Status GpuLanding::MaybeInjectBitFlip() {
+  if (util::FailPoints::Check("subscriber.flip_received").action != util::FailAction::kFlip ||
+      plan_->segments.empty()) {
+    return Status::Ok();
+  }
+  const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
+  // Never flip the publisher's own bytes (a segment converted straight from its arena).
+  if (s.bytes == 0 || (s.converted && converted_source_ != nullptr)) return Status::Ok();
+  uint8_t* where = Received(s);
+  uint8_t byte = 0;
+  WS_RETURN_IF_ERROR(gpu::CopyToHost(&byte, where + s.bytes / 2, 1));
+  byte ^= 0x04;
+  return gpu::CopyToDevice(where + s.bytes / 2, &byte, 1);
+}
+
+Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
+                           const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  for (size_t i = 0; i < digest_launches_.size(); ++i) {
+    // Segments converted straight from the publisher were hashed during the copy.
+    if (converted_source_ != nullptr && plan_->segments[i].converted) continue;
+    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
+  }
+  WS_RETURN_IF_ERROR(queue_.Enqueue(digests_host_.data(), digests_device_.data(),
+                                    digests_host_.size() * 8));
+  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
+  size_t bad = 0, first = digests_host_.size();
+  for (size_t i = 0; i < digests_host_.size(); ++i) {
+    if (digests_host_[i] != digests[plan_->segments[i].digest_index]) {
+      ++bad;
+      first = std::min(first, i);
+    }
+  }
+  if (bad == 0) return Status::Ok();
+  const plan::Segment& s = plan_->segments[first];
+  // Offsets are into the tensor as published (for a converted tensor, before converting).
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
+                            s.converted ? "published bytes [" : "bytes [",
+                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
+                            s.digest_index, ") do not match the publisher's GPU digest; ", bad,
+                            " corrupt segment(s) in all; nothing committed");
+}
+
+Status GpuLanding::Commit(const util::Deadline& deadline) {
+  if (commit_.empty() && conversions_.empty()) return Status::Ok();
+  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_));
+  WS_RETURN_IF_ERROR(conversions_.Launch());
+  return queue_.Wait(deadline);
+}
+
+Status GpuLanding::Release() {
+  Status result;
+  // A cancelled or timed-out step's copies and kernels may still run: they end before anything
+  // they touch (staging, digests, the arena mapping the caller releases next) goes.
+  result.Update(queue_.Drain());
+  // Reverse order of creation.
+  conversions_.Clear();
+  digest_launches_.clear();
+  result.Update(digests_device_.Close());
+  result.Update(chunk_hashes_.Close());
+  LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size() + landing_.size()));
+  result.Update(landing_.Close());
+  result.Update(shadow_.Close());
+  result.Update(queue_.Close());
+  return result;
+}
+
+// ---- GpuCopyPath --------------------------------------------------------------------------
+
+}  // namespace weightsync::transport::path

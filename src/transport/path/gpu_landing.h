@@ -1,0 +1,101 @@
+// GpuLanding: where a step's bytes land on the subscriber's GPU, whatever moves them there
+// (cuda-ipc copies from the publisher's imported store, host-to-GPU copies, or NCCL receives): a
+// device staging buffer (staged mode) or the destinations themselves (in place), one prepared
+// GPU-digest launch per plan segment over those bytes, and the prepared commit (a copy batch and
+// the conversions), all on a dedicated stream waited for by event with a deadline. Prepared once;
+// a step allocates nothing. The GPU paths' shared landing code, as host_landing.h is the host
+// paths'.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/kernels.h"
+#include "cuda/vmm.h"
+#include "plan/plan.h"
+#include "util/deadline.h"
+#include "weightsync/options.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::path {
+
+// A step's conversions, prepared once over fixed pointers: one cast launch per cast tensor and one
+// grouped launch (gpu::PrepareQuantizeFp8Group) for every fp8 tensor, so the quantization runs as
+// a single grid and no tensor waits for the previous one's tail.
+class Conversions {
+ public:
+  // Adds planned tensor `t` (a cast or an fp8 quantization) reading `src`; `name` labels errors.
+  Status Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
+             std::string_view name, gpu::StreamHandle stream);
+  Status Finish(gpu::StreamHandle stream);  // prepares the grouped fp8 launch
+  Status Launch();
+  bool empty() const { return casts_.empty() && fp8_.empty() && fp8_tensors_.empty(); }
+  void Clear();
+
+ private:
+  std::vector<gpu::PreparedLaunch> casts_;
+  std::vector<gpu::Fp8GroupTensor> fp8_tensors_;
+  gpu::PreparedFp8Group fp8_;
+};
+
+class GpuLanding {
+ public:
+  // The one CUDA device every destination is on. InvalidArgument names the first destination
+  // that is not on a CUDA device, or on another one ("<transport>: destination 'x' is on cpu").
+  static Result<int> DestinationDevice(const std::vector<plan::Destination>& destinations,
+                                       std::string_view transport);
+
+  // Creates the stream, the staging buffer (staged mode), the digest launches and the commit
+  // batch on `device` (DestinationDevice's answer).
+  // `converted_source` (in place only): the mover converts tensors straight from the publisher's
+  // bytes, mapped here (slot base; segments at base + src_offset), so nothing lands for them and
+  // Commit converts nothing; their digests hash those bytes (SetConvertedSource per step).
+  Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
+                 UpdateMode mode, int device, const uint8_t* converted_source = nullptr);
+  // Points the converted segments' digests at this step's source bytes (no allocation) and
+  // launches them now, on the stream, while the publisher still pins the step; Verify then only
+  // launches the other segments' digests and compares.
+  Status HashConvertedSource(const uint8_t* base);
+  // Moves those digest launches to `stream` (another device's: the publisher's GPU hashes its own
+  // memory; the chunk hashes and digests still land in this receiver's buffers, over peer access).
+  void SetConvertedDigestStream(gpu::StreamHandle stream);
+  // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
+  // destination, or the landing buffer when it is converted at commit.
+  uint8_t* Received(const plan::PlannedTensor& t) const;
+  uint8_t* Received(const plan::Segment& s) const;
+  // The stream the digests and the commit run on (mover copies may run on it too).
+  gpu::CopyQueue& queue() { return queue_; }
+  // Test hook (fail point subscriber.flip_received): flips one received bit.
+  Status MaybeInjectBitFlip();
+  Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
+  // Staged: staging → destinations. Both modes: the prepared conversion launches.
+  Status Commit(const util::Deadline& deadline);
+  int device() const { return device_; }
+  uint64_t staging_bytes() const { return shadow_.size(); }
+  Status Release();  // digests, staging, stream
+
+ private:
+  Status PrepareConversions();
+
+  const plan::Plan* plan_ = nullptr;
+  const uint8_t* converted_source_ = nullptr;  // see Prepare; null: converted at Commit
+  std::vector<uint8_t*> destinations_;
+  std::vector<std::string> names_;
+  int device_ = -1;
+  gpu::CopyQueue queue_;
+  gpu::DeviceBuffer shadow_;
+  gpu::DeviceBuffer landing_;  // in place: converted tensors' published bytes
+  gpu::DeviceBuffer chunk_hashes_;
+  gpu::DeviceBuffer digests_device_;
+  std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
+  std::vector<uint64_t> digests_host_;
+  gpu::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
+  // Prepared conversions (casts, one grouped fp8 launch) from where the published bytes land.
+  Conversions conversions_;
+};
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,136 @@
+#include "transport/path/gpu_to_host_path.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "cuda/device.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::path {
+
+GpuToHostPath::~GpuToHostPath() {
+  if (Status s = Release(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "path cleanup: " << s;
+}
+
+Status GpuToHostPath::Available(const PathContext& ctx) {
+  return gpu::CudaAvailable().WithContext(ctx.link->peer() + " keeps its arena on cuda:" +
+                                          std::to_string(ctx.welcome->device) +
+                                          " and the destinations are in host memory");
+}
+
+Status GpuToHostPath::Prepare(const PathContext& ctx) {
+  const wire::Welcome& welcome = *ctx.welcome;
+  const plan::Plan* plan = ctx.plan;
+  const std::vector<plan::Destination>& destinations = *ctx.destinations;
+  if (welcome.direct_bytes > 0) {
+    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+  }
+  welcome_ = &welcome;
+  plan_ = plan;
+  gpu::ScopedDevice restore;
+  // Mapped for the GPU that holds the arena, whose copy engines then read local memory. The
+  // publisher's ordinal may mean another GPU here (CUDA_VISIBLE_DEVICES): the driver says which.
+  const int guess = welcome.device >= 0 && welcome.device < gpu::DeviceCount() ? welcome.device : 0;
+  util::UniqueFd arena_fd = std::move(*ctx.store_fd);
+  WS_ASSIGN_OR_RETURN(arena_,
+                      gpu::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, guess));
+  WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
+  device_ = guess;
+  if (arena_.owner_device() >= 0 && arena_.owner_device() != guess) {
+    WS_RETURN_IF_ERROR(arena_.GrantAccess(arena_.owner_device()));
+    device_ = arena_.owner_device();
+  }
+  WS_ASSIGN_OR_RETURN(queue_, gpu::CopyQueue::Create(device_));
+  WS_RETURN_IF_ERROR(host_.Prepare(plan, destinations, ctx.mode, ctx.HashingThreads()));
+  WS_RETURN_IF_ERROR(Pin());
+  slot_batches_.assign(welcome.slot_count, {});
+  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
+    const uint8_t* slot = arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    for (const plan::PlannedTensor& t : plan->tensors) {
+      if (t.nbytes == 0) continue;
+      slot_batches_[k].Add(host_.ReceivedTensor(t),
+                           slot + welcome.tensors[t.publisher_index].offset, t.nbytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status GpuToHostPath::Pin() {
+  // Where the bytes land, page-aligned and merged: cudaHostRegister refuses a page twice.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  for (const plan::PlannedTensor& t : plan_->tensors) {
+    if (t.nbytes == 0) continue;
+    const auto begin = reinterpret_cast<uintptr_t>(host_.ReceivedTensor(t));
+    ranges.emplace_back(begin / page * page, (begin + t.nbytes + page - 1) / page * page);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  pins_.clear();
+  pins_.reserve(merged.size());
+  for (const auto& [begin, end] : merged) {
+    Result<gpu::HostRegistration> pin = gpu::HostRegistration::Register(
+        reinterpret_cast<const void*>(begin), end - begin, /*read_only=*/false);
+    if (!pin.ok()) {
+      // All or nothing: a partly pinned set would only make the timing harder to explain.
+      pageable_reason_ = pin.status().ToString();
+      for (gpu::HostRegistration& p : pins_) (void)p.Close();
+      pins_.clear();
+      WS_LOG(INFO, "cuda-ipc") << "host destinations stay pageable (copies from cuda:" << device_
+                               << " go through the driver's bounce buffers): " << pin.status();
+      return Status::Ok();
+    }
+    pins_.push_back(std::move(pin).value());
+  }
+  pageable_reason_.clear();
+  return Status::Ok();
+}
+
+Status GpuToHostPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
+                           const util::Deadline& deadline) {
+  const uint32_t slot = begin.slot;
+  if (slot >= slot_batches_.size()) {
+    return Status::Internal("cuda-ipc: slot ", slot, " of ", slot_batches_.size());
+  }
+  gpu::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[slot]));
+  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
+  host_.MaybeInjectBitFlip();
+  return Status::Ok();
+}
+
+Status GpuToHostPath::Release() {
+  if (welcome_ == nullptr) return Status::Ok();  // never prepared: no CUDA call at all
+  Status result;
+  gpu::ScopedDevice restore;
+  slot_batches_.clear();
+  // Reverse order of creation: no copy may still write the pinned memory or read the arena.
+  result.Update(queue_.Drain());  // a cancelled step's copies may still run
+  result.Update(queue_.Close());
+  for (gpu::HostRegistration& p : pins_) result.Update(p.Close());
+  pins_.clear();
+  result.Update(host_.Release());
+  result.Update(arena_.Close());
+  pageable_reason_.clear();
+  welcome_ = nullptr;
+  plan_ = nullptr;
+  device_ = -1;
+  return result;
+}
+
+std::string GpuToHostPath::Describe() const {
+  return ", GPU arena into host memory by the copy engines of cuda:" + std::to_string(device_) +
+         (pageable_reason_.empty() ? ", pinned" : ", pageable (" + pageable_reason_ + ")");
+}
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,29 @@
+// HostCopyPath: a publisher's host store (shared memory on this host) into host destinations —
+// the store mapped read-only once, each step copied by CPU threads bucket by bucket (host
+// landing: staging, or the destinations in place).
+#pragma once
+
+#include "transport/path/data_path.h"
+#include "transport/path/host_landing.h"
+#include "transport/store/shm_segment.h"
+
+namespace weightsync::transport::path {
+
+class HostCopyPath final : public DataPath {
+ public:
+  ~HostCopyPath() override;
+  Status Prepare(const PathContext& ctx) override;
+  Status Copy(const wire::StepBegin& begin, bool verify, const util::Deadline& deadline) override;
+  Status Verify(std::span<const uint64_t> digests, int64_t step,
+                const util::Deadline& deadline) override;
+  Status Commit(const util::Deadline& deadline) override;
+  Status Release() override;
+
+ private:
+  const wire::Welcome* welcome_ = nullptr;
+  std::string peer_;
+  store::Mapping mapping_;
+  HostLanding landing_;
+};
+
+}  // namespace weightsync::transport::path

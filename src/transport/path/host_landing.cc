@@ -1,0 +1,151 @@
+#include "transport/path/host_landing.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/gpu_digest_reference.h"
+#include "cuda/transform_reference.h"
+#include "util/fail_point.h"
+#include "util/hash.h"
+
+namespace weightsync::transport::path {
+namespace {
+constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
+}  // namespace
+
+Status HostLanding::Prepare(const plan::Plan* plan,
+                             const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                             int threads) {
+  plan_ = plan;
+  destinations_.clear();
+  names_.clear();
+  for (const auto& d : destinations) {
+    destinations_.push_back(d.data);
+    names_.push_back(d.spec.name);
+  }
+  if (mode == UpdateMode::kStaged) {
+    WS_ASSIGN_OR_RETURN(shadow_, util::StagingBuffer::Allocate(plan->shadow_bytes));
+  } else if (plan->landing_bytes > 0) {
+    WS_ASSIGN_OR_RETURN(landing_, util::StagingBuffer::Allocate(plan->landing_bytes));
+  }
+  convert_status_.assign(plan->converted.size(), Status::Ok());
+  threads = std::max(1, threads);
+  workers_ = std::make_unique<util::WorkerPool>(threads);
+  return Status::Ok();
+}
+
+void HostLanding::CopyBucket(void* context, uint32_t bucket) {
+  auto* self = static_cast<HostLanding*>(context);
+  const plan::Bucket& b = self->plan_->buckets[bucket];
+  for (uint32_t i = 0; i < b.segment_count; ++i) {
+    const plan::Segment& s = self->plan_->segments[b.first_segment + i];
+    const uint8_t* base = s.region == wire::Region::kSlot ? self->slot_base_ : self->direct_base_;
+    std::memcpy(self->ReceivedBytes(s), base + s.src_offset, s.bytes);
+  }
+}
+
+void HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base) {
+  slot_base_ = slot_base;
+  direct_base_ = direct_base;
+  workers_->Run(static_cast<uint32_t>(plan_->buckets.size()), &HostLanding::CopyBucket, this);
+}
+
+uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes) {
+  return kind == wire::DigestKind::kXxh3 ? util::Hash64(data, bytes) : gpu::GpuDigest(data, bytes);
+}
+
+uint64_t HostLanding::Digest(const plan::Segment& s) const {
+  return HostDigest(digest_kind_, ReceivedBytes(s), s.bytes);
+}
+
+void HostLanding::VerifySegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostLanding*>(context);
+  const plan::Segment& s = self->plan_->segments[index];
+  if (self->Digest(s) != self->digests_[s.digest_index]) {
+    uint32_t seen = self->first_mismatch_.load(std::memory_order_relaxed);
+    // Keep the lowest failing segment so the error is deterministic.
+    while (index < seen && !self->first_mismatch_.compare_exchange_weak(
+                               seen, index, std::memory_order_relaxed)) {
+    }
+  }
+}
+
+void HostLanding::MaybeInjectBitFlip() {
+  if (util::FailPoints::Check("subscriber.flip_received").action == util::FailAction::kFlip &&
+      !plan_->segments.empty()) {
+    const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
+    if (s.bytes > 0) ReceivedBytes(s)[s.bytes / 2] ^= 0x04;  // one bit, as a bad DIMM would
+  }
+}
+
+Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind kind,
+                            int64_t step) {
+  digests_ = digests;
+  digest_kind_ = kind;
+  first_mismatch_.store(kNoMismatch, std::memory_order_relaxed);
+  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::VerifySegment,
+                this);
+  const uint32_t bad = first_mismatch_.load(std::memory_order_relaxed);
+  if (bad == kNoMismatch) return Status::Ok();
+  // The failure path may take its time: count every corrupt segment for the message.
+  size_t count = 0;
+  for (const auto& s : plan_->segments) count += Digest(s) != digests[s.digest_index];
+  const plan::Segment& s = plan_->segments[bad];
+  // Offsets are into the tensor as published (for a converted tensor, before converting).
+  return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
+                            s.converted ? "published bytes [" : "bytes [",
+                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
+                            s.digest_index, ") do not match the publisher's digest; ", count,
+                            " corrupt segment(s) in all; nothing committed");
+}
+
+void HostLanding::CommitSegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostLanding*>(context);
+  const plan::Segment& s = self->plan_->segments[index];
+  if (s.converted) return;  // ConvertTensor writes it
+  std::memcpy(self->destinations_[s.destination] + s.dst_offset,
+              self->shadow_.data() + s.shadow_offset, s.bytes);
+}
+
+void HostLanding::ConvertTensor(void* context, uint32_t index) {
+  auto* self = static_cast<HostLanding*>(context);
+  const plan::PlannedTensor& t = self->plan_->tensors[self->plan_->converted[index]];
+  const uint8_t* src = self->ReceivedTensor(t);
+  uint8_t* dst = self->destinations_[t.destination];
+  Status& out = self->convert_status_[index];
+  if (t.transform == plan::Transform::kCast) {
+    out = gpu::reference::Cast(t.from, t.to, src, dst, t.elements);
+  } else {
+    out = gpu::reference::QuantizeFp8(
+        reinterpret_cast<const uint16_t*>(src), t.rows, t.cols, dst,
+        self->destinations_[t.scale_destination],
+        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32);
+  }
+}
+
+Status HostLanding::Commit() {
+  if (shadow_.data() != nullptr) {
+    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::CommitSegment,
+                  this);
+  }
+  if (plan_->converted.empty()) return Status::Ok();
+  workers_->Run(static_cast<uint32_t>(plan_->converted.size()), &HostLanding::ConvertTensor,
+                this);
+  for (size_t i = 0; i < convert_status_.size(); ++i) {
+    if (!convert_status_[i].ok()) {
+      const plan::PlannedTensor& t = plan_->tensors[plan_->converted[i]];
+      return convert_status_[i].WithContext("converting '" + names_[t.destination] + "' (" +
+                                            plan::TransformName(t.transform) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status HostLanding::Release() {
+  workers_.reset();
+  Status result = landing_.Close();
+  result.Update(shadow_.Close());
+  return result;
+}
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,83 @@
+// HostLanding: the receiving end of a transfer into host memory — the staging (shadow) buffer of
+// staged mode, the worker threads, digest verification and the commit copy. Shared by the
+// transports whose bytes land in host memory (shm from a memfd arena, tcp from a socket).
+// Prepared once per handle; Verify/Commit allocate nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "plan/plan.h"
+#include "util/staging_buffer.h"
+#include "util/worker_pool.h"
+#include "weightsync/options.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::path {
+
+// A segment's digest computed on the CPU with the publisher's digest kind (xxh3, or the CPU
+// implementation of the GPU digest).
+uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes);
+
+class HostLanding {
+ public:
+  // Allocates the shadow (staged mode) or the landing buffer of converted tensors (in place) and
+  // starts `threads` workers. `plan` must outlive this.
+  Status Prepare(const plan::Plan* plan, const std::vector<plan::Destination>& destinations,
+                 UpdateMode mode, int threads);
+
+  // Where the bytes of segment / planned tensor land this step: the shadow in staged mode; in
+  // place, the destination, or the landing buffer for a tensor converted at commit.
+  uint8_t* ReceivedBytes(const plan::Segment& s) const {
+    if (shadow_.data() != nullptr) return shadow_.data() + s.shadow_offset;
+    return s.converted ? landing_.data() + s.landing_offset
+                       : destinations_[s.destination] + s.dst_offset;
+  }
+  uint8_t* ReceivedTensor(const plan::PlannedTensor& t) const {
+    if (shadow_.data() != nullptr) return shadow_.data() + t.shadow_offset;
+    return t.transform != plan::Transform::kCopy ? landing_.data() + t.landing_offset
+                                                 : destinations_[t.destination];
+  }
+
+  // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
+  // arena-allocated ones.
+  void CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base);
+  // Checks every received segment against `digests` (computed with `kind`). Corruption names the
+  // first failing tensor and byte range and counts the failing segments.
+  Status Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step);
+  // Staged: shadow → destinations. Both modes: converted tensors are converted into their
+  // destinations (the CPU implementations of the GPU transforms).
+  Status Commit();
+  // Test hook: flips one bit of the received bytes when the fail point fires.
+  void MaybeInjectBitFlip();
+
+  util::WorkerPool* workers() { return workers_.get(); }
+  Status Release();  // workers, then the shadow
+
+ private:
+  static void CopyBucket(void* context, uint32_t bucket);
+  static void VerifySegment(void* context, uint32_t index);
+  static void CommitSegment(void* context, uint32_t index);
+  static void ConvertTensor(void* context, uint32_t index);
+  uint64_t Digest(const plan::Segment& s) const;
+
+  const plan::Plan* plan_ = nullptr;
+  std::vector<uint8_t*> destinations_;
+  std::vector<std::string> names_;
+  util::StagingBuffer shadow_;
+  util::StagingBuffer landing_;
+  std::vector<Status> convert_status_;  // one per converted tensor, reused every commit
+  std::unique_ptr<util::WorkerPool> workers_;
+  // Per-step scratch, set before each parallel run.
+  const uint8_t* slot_base_ = nullptr;
+  const uint8_t* direct_base_ = nullptr;
+  std::span<const uint64_t> digests_;
+  wire::DigestKind digest_kind_ = wire::DigestKind::kXxh3;
+  std::atomic<uint32_t> first_mismatch_{0};
+};
+
+}  // namespace weightsync::transport::path

@@ -1,0 +1,46 @@
+#include "transport/path/tcp_read_path.h"
+
+#include "util/fail_point.h"
+#include "util/logging.h"
+
+namespace weightsync::transport::path {
+
+TcpReadPath::~TcpReadPath() {
+  if (Status s = Release(); !s.ok()) WS_LOG(WARN, "tcp") << "path cleanup: " << s;
+}
+
+Status TcpReadPath::Prepare(const PathContext& ctx) {
+  link_ = ctx.link;
+  plan_ = ctx.plan;
+  digest_kind_ = ctx.welcome->digest_kind;
+  parts_.assign(plan_->tensors.size(), iovec{});
+  return landing_.Prepare(plan_, *ctx.destinations, ctx.mode, ctx.CopyThreads());
+}
+
+Status TcpReadPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
+                         const util::Deadline& deadline) {
+  for (size_t i = 0; i < plan_->tensors.size(); ++i) {
+    const plan::PlannedTensor& t = plan_->tensors[i];
+    parts_[i] = {landing_.ReceivedTensor(t), t.nbytes};
+  }
+  WS_FAIL_POINT_RETURN("tcp.before_data");
+  Status s = link_->channel().ReadAll(parts_, deadline);
+  if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step) + " data");
+  landing_.MaybeInjectBitFlip();
+  return Status::Ok();
+}
+
+Status TcpReadPath::Verify(std::span<const uint64_t> digests, int64_t step,
+                           const util::Deadline& /*deadline*/) {
+  return landing_.Verify(digests, digest_kind_, step);
+}
+
+Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) { return landing_.Commit(); }
+
+Status TcpReadPath::Release() {
+  Status s = landing_.Release();
+  if (!s.ok()) WS_LOG(WARN, "tcp") << "release: " << s;
+  return s;
+}
+
+}  // namespace weightsync::transport::path

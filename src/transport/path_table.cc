@@ -1,0 +1,106 @@
+#include "transport/path_table.h"
+
+#include <string>
+
+#include "transport/path/gpu_copy_path.h"
+#include "transport/path/gpu_to_host_path.h"
+#include "transport/path/host_copy_path.h"
+#include "transport/path/host_to_gpu_path.h"
+#include "transport/path/nccl_path.h"
+#include "transport/path/tcp_read_path.h"
+
+namespace weightsync::transport {
+namespace {
+
+using link::LinkKind;
+using wire::ArenaKind;
+
+template <typename Path>
+std::unique_ptr<path::DataPath> Make() {
+  return std::make_unique<Path>();
+}
+
+template <LinkKind kLink, ArenaKind kStore, DestinationKind kDestinations>
+bool Serves(LinkKind link, ArenaKind store, DestinationKind destinations) {
+  return link == kLink && store == kStore && destinations == kDestinations;
+}
+
+constexpr PathEntry kPaths[] = {
+    {"shm", "host store -> host memory: CPU threads copy from the store mapped read-only",
+     &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kHost>,
+     &Make<path::HostCopyPath>},
+    {"host-to-gpu",
+     "host store -> one CUDA device: the copy engines read the store, pinned once",
+     &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kCuda>,
+     &Make<path::HostToGpuPath>},
+    {"gpu-to-host",
+     "GPU store -> host memory: the store's GPU copy engines write pinned host memory",
+     &Serves<LinkKind::kUnix, ArenaKind::kCudaMem, DestinationKind::kHost>,
+     &Make<path::GpuToHostPath>},
+    {"cuda-ipc", "GPU store -> one CUDA device: copy-engine batches from the imported store",
+     &Serves<LinkKind::kUnix, ArenaKind::kCudaMem, DestinationKind::kCuda>,
+     &Make<path::GpuCopyPath>},
+    {"tcp", "host store -> host memory: the bytes stream on the connection into place",
+     &Serves<LinkKind::kTcp, ArenaKind::kHostMemfd, DestinationKind::kHost>,
+     &Make<path::TcpReadPath>},
+    {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>,
+     &Make<path::NcclPath>},
+};
+
+std::string StoreText(const wire::Welcome& welcome) {
+  return welcome.arena_kind == ArenaKind::kCudaMem
+             ? "GPU memory (cuda:" + std::to_string(welcome.device) + ")"
+             : std::string("host memory");
+}
+
+// "destination 'w' is on cpu", or for a mix the first destination of each kind.
+std::string WhereText(const std::vector<plan::Destination>& destinations) {
+  if (destinations.empty()) return "no destinations";
+  std::string text = "destination '" + destinations[0].spec.name + "' is on " +
+                     DeviceString(destinations[0].device);
+  for (const plan::Destination& d : destinations) {
+    if (d.device != destinations[0].device) {
+      text += ", '" + d.spec.name + "' is on " + DeviceString(d.device);
+      break;
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+DestinationKind KindOf(const std::vector<plan::Destination>& destinations) {
+  if (destinations.empty() || !destinations[0].device.is_cuda()) {
+    for (const plan::Destination& d : destinations) {
+      if (d.device.is_cuda()) return DestinationKind::kMixed;
+    }
+    return DestinationKind::kHost;
+  }
+  for (const plan::Destination& d : destinations) {
+    if (d.device != destinations[0].device) return DestinationKind::kMixed;
+  }
+  return DestinationKind::kCuda;
+}
+
+std::span<const PathEntry> PathTable() { return kPaths; }
+
+Result<const PathEntry*> ChoosePath(const link::Link& link, const wire::Welcome& welcome,
+                                    const std::vector<plan::Destination>& destinations) {
+  if (link.kind() == LinkKind::kUnix && welcome.arena_kind == ArenaKind::kNone) {
+    return Status::ProtocolError(link.peer(), ": welcome on a local socket names no arena");
+  }
+  const DestinationKind kind = KindOf(destinations);
+  for (const PathEntry& entry : kPaths) {
+    if (entry.can_serve(link.kind(), welcome.arena_kind, kind)) return &entry;
+  }
+  const char* into = kind == DestinationKind::kHost   ? "host memory"
+                     : kind == DestinationKind::kCuda ? "CUDA tensors"
+                                                      : "host and CUDA memory at once";
+  return Status::NotSupported(link.peer(), " keeps its arena in ", StoreText(welcome),
+                              "; no data path moves it over ", link::LinkKindName(link.kind()),
+                              " into ", into, ": ", WhereText(destinations),
+                              " (weightsync info lists the paths)");
+}
+
+}  // namespace weightsync::transport

@@ -1,0 +1,31 @@
+#include "transport/store/version_store.h"
+
+#include <algorithm>
+
+namespace weightsync::transport::store {
+
+SegmentLayout CutSegments(const StoreLayout& layout) {
+  SegmentLayout out;
+  std::vector<uint32_t> first_digest(layout.tensors.size());
+  uint32_t digest = 0;
+  for (uint32_t i = 0; i < layout.tensors.size(); ++i) {
+    const PublishedTensor& t = layout.tensors[i];
+    const uint64_t nbytes = t.placement.spec.nbytes;
+    first_digest[i] = digest;
+    for (uint64_t off = 0, k = 0; off < nbytes; off += layout.segment_bytes, ++k) {
+      if (t.alias_of >= 0) {
+        out.copies.emplace_back(digest++, first_digest[t.alias_of] + static_cast<uint32_t>(k));
+      } else {
+        out.segments.push_back({i, off, std::min(layout.segment_bytes, nbytes - off), digest++});
+      }
+    }
+  }
+  out.digest_count = digest;
+  return out;
+}
+
+Result<uint64_t> VersionStore::AllocateDirect(uint64_t /*bytes*/) {
+  return Status::NotSupported("this store holds no tensors of its own");
+}
+
+}  // namespace weightsync::transport::store

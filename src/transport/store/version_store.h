@@ -1,0 +1,86 @@
+// VersionStore: where a publisher keeps its versions, and how one is written. A version is a slot
+// of the store holding a copy of every registered tensor (tensors allocated in the store itself
+// are shared by all slots), plus one digest per segment of every tensor. Two stores today: the
+// host memfd arena (host_store.cc) and the GPU cuMem arena (gpu_store.cc); subscribers on this
+// host map the store from the fd passed with the Welcome, tcp sends from it.
+//
+// Prepared once (Freeze, at the first Publish): the slots, the copies and the digest work of every
+// segment. Publish(slot) only runs them: it allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "util/deadline.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::store {
+
+// One published tensor as the store writes it.
+struct PublishedTensor {
+  wire::TensorPlacement placement;  // name, dtype, shape; region and offset in the store
+  const uint8_t* source = nullptr;  // caller memory copied at each Publish; null: in the store
+  // ≥ 0: the same bytes as tensor `alias_of` (tied weights, registered under two names): not
+  // copied again; its digests are that tensor's.
+  int64_t alias_of = -1;
+};
+
+struct StoreLayout {
+  std::vector<PublishedTensor> tensors;  // manifest order
+  uint64_t slot_bytes = 0;               // bytes of slot-resident tensors, 64-byte aligned
+  uint32_t slots = 2;
+  uint64_t segment_bytes = 0;            // > 0
+  int copy_threads = 0;                  // host store: copy + hash workers (0: default)
+};
+
+// The digest ranges of a layout, shared by the stores: each tensor cut into segments of at most
+// segment_bytes, digests numbered in manifest order; a tied tensor's digests are copied from its
+// original's instead of being computed.
+struct Segment {
+  uint32_t tensor = 0;     // index into StoreLayout::tensors
+  uint64_t offset = 0;     // within the tensor
+  uint64_t bytes = 0;
+  uint32_t digest = 0;     // index into the version's digests
+};
+struct SegmentLayout {
+  std::vector<Segment> segments;                          // of tensors that are hashed
+  std::vector<std::pair<uint32_t, uint32_t>> copies;      // (tied digest, original digest)
+  uint32_t digest_count = 0;
+};
+SegmentLayout CutSegments(const StoreLayout& layout);
+
+class VersionStore {
+ public:
+  virtual ~VersionStore() = default;
+  // A tensor that lives in the store itself (host store only): `bytes` zero-filled bytes at the
+  // returned offset from direct_base(), shared by every version.
+  virtual Result<uint64_t> AllocateDirect(uint64_t bytes);
+  virtual uint8_t* direct_base() const { return nullptr; }
+  // Fixes the layout and prepares every Publish; fills the Welcome's store fields (kind, sizes,
+  // device, digest kind, segment size, tensors). A failed Freeze keeps nothing it built and may
+  // be called again.
+  virtual Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) = 0;
+  // Writes version `slot`: every registered tensor copied in, `digests` (digest_count of them)
+  // computed. `cuda_stream` (GPU store): the copies start after the work queued on it.
+  virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
+                         const util::Deadline& deadline) = 0;
+  virtual int fd() const = 0;                 // what subscribers on this host map
+  virtual const uint8_t* base() const = 0;    // host store: offset 0 here (tcp sends from it)
+  virtual uint32_t digest_count() const = 0;  // per version, after Freeze
+  virtual uint64_t copy_bytes() const = 0;    // bytes one Publish copies
+  // "2 slots of 4096 bytes in host memory, 44 segments, 2 threads": for the publisher's log.
+  virtual std::string Describe() const = 0;
+  virtual Status Close() = 0;
+};
+
+// The host store: a memfd arena reserving address space now (AllocateDirect works before Freeze).
+Result<std::unique_ptr<VersionStore>> NewHostStore(const std::string& name);
+// The GPU store on `device`: a cuMem arena allocated at Freeze.
+Result<std::unique_ptr<VersionStore>> NewGpuStore(int device);
+
+}  // namespace weightsync::transport::store

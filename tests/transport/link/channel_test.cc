@@ -1,0 +1,113 @@
+// The channel's payload cap: lowered while the peer is unauthenticated, a header claiming more is
+// refused from the header alone; raised afterwards, full-size frames pass. And the handshake bound
+// itself: computed from the encodings of the frames a peer may send before it is authenticated.
+#include "transport/link/channel.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "testing/test_util.h"
+#include "wire/handshake.h"
+#include "wire/messages.h"
+
+namespace weightsync::transport::link {
+namespace {
+
+using util::Deadline;
+using namespace wire;
+
+std::vector<uint8_t> FrameBytes(FrameType type, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(kHeaderBytes);
+  EncodeHeader(type, payload, std::span<uint8_t, kHeaderBytes>(out.data(), kHeaderBytes));
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+// A channel on one end of a socket pair, the raw other end for the test to write.
+struct Pair {
+  Pair() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    channel = std::make_unique<Channel>(util::UniqueFd(fds[0]), "peer",
+                                        kMaxHandshakePayloadBytes);
+    raw = util::UniqueFd(fds[1]);
+  }
+  void Write(const std::vector<uint8_t>& bytes) {
+    ASSERT_EQ(::send(raw.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  std::unique_ptr<Channel> channel;
+  util::UniqueFd raw;
+};
+
+TEST(WireHandshakeBound, SizesMatchTheEncodings) {
+  std::vector<uint8_t> out;
+  Encode(Hello{kProtocolVersion, Role::kSubscriber, 1}, &out);
+  EXPECT_EQ(out.size(), kHelloBytes);
+  out.clear();
+  Encode(Challenge{kProtocolVersion, 1, Nonce{}, true}, &out);
+  EXPECT_EQ(out.size(), kChallengeBytes);
+  out.clear();
+  Encode(Auth{Role::kSubscriber, Nonce{}, Mac{}}, &out);
+  EXPECT_EQ(out.size(), kAuthBytes);
+  out.clear();
+  Encode(AuthOk{Mac{}}, &out);
+  EXPECT_EQ(out.size(), kAuthOkBytes);
+  out.clear();
+  Encode(ErrorMessage{StatusCode::kInternal, std::string(kMaxErrorMessageBytes + 100, 'e')}, &out);
+  EXPECT_EQ(out.size(), kMaxErrorBytes);
+  // The largest of them, and no larger: 4 KiB instead of 64 MiB for a stranger's header.
+  EXPECT_EQ(kMaxHandshakePayloadBytes, kMaxErrorBytes);
+  EXPECT_EQ(kMaxHandshakePayloadBytes, 4099u);
+}
+
+TEST(WireChannelCap, HeaderClaimingMoreThanTheCapIsRefusedWithoutItsPayload) {
+  Pair p;
+  std::vector<uint8_t> header = FrameBytes(FrameType::kHello, {});
+  const uint32_t claimed = kMaxHandshakePayloadBytes + 1;
+  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<uint8_t>(claimed >> (8 * i));
+  p.Write(header);  // the payload never follows
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = p.channel->Receive(Deadline(std::chrono::seconds(5)));
+  ASSERT_STATUS_IS(kProtocolError, r);
+  EXPECT_NE(r.status().message().find("peer: frame header (hello): payload length 4100 exceeds "
+                                      "limit 4099"),
+            std::string::npos)
+      << r.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+}
+
+TEST(WireChannelCap, RaisedCapAcceptsFullFrames) {
+  Pair p;
+  std::vector<uint8_t> at_cap(kMaxHandshakePayloadBytes, 0x5A);
+  p.Write(FrameBytes(FrameType::kError, at_cap));
+  auto r = p.channel->Receive(Deadline(std::chrono::seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->length, kMaxHandshakePayloadBytes);
+
+  p.channel->set_max_payload(kMaxPayloadBytes);
+  EXPECT_EQ(p.channel->max_payload(), kMaxPayloadBytes);
+  std::vector<uint8_t> big(64 << 10, 0xA5);
+  p.Write(FrameBytes(FrameType::kWelcome, big));
+  r = p.channel->Receive(Deadline(std::chrono::seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->length, big.size());
+}
+
+TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
+  Pair p;
+  std::vector<uint8_t> over(kMaxHandshakePayloadBytes + 1, 0);
+  ASSERT_STATUS_IS(kResourceExhausted, p.channel->SendPayload(FrameType::kWelcome, over,
+                                                             Deadline(std::chrono::seconds(1))));
+  p.channel->set_max_payload(0xFFFFFFFFu);
+  EXPECT_EQ(p.channel->max_payload(), kMaxPayloadBytes);
+  Channel wide(util::UniqueFd(), "nobody", 0xFFFFFFFFu);
+  EXPECT_EQ(wide.max_payload(), kMaxPayloadBytes);
+}
+
+}  // namespace
+}  // namespace weightsync::transport::link

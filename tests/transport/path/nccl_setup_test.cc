@@ -1,0 +1,278 @@
+// The nccl transport's set-up, where it can be checked without a GPU: the run-time loader
+// (missing library, missing symbol, version strings), and the tcp conversation around it — a
+// subscriber of CUDA tensors facing a publisher whose arena is GPU memory gets Unavailable with a
+// clear reason when this machine has no NCCL or no GPU (and sends the publisher nothing it cannot
+// follow through); a host-arena publisher refuses nccl_setup; mismatched memory kinds are
+// NotSupported naming the tensor. The GPU end to end is tests/gpu/nccl_test.cc.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <thread>
+
+#include "cuda/device.h"
+#include "testing/test_util.h"
+#include "transport/link/endpoint.h"
+#include "cuda/nccl_api.h"
+#include "transport/path/nccl_path.h"
+#include "cuda/nccl_link.h"
+#include "transport/link/link.h"
+#include "transport/link/channel.h"
+#include "wire/handshake.h"
+
+namespace weightsync {
+namespace {
+
+using testing::SyntheticModel;
+using util::Deadline;
+
+bool Contains(const Status& s, std::string_view part) {
+  return s.message().find(part) != std::string::npos;
+}
+
+// ---- the loader ----------------------------------------------------------------------------
+
+TEST(NcclLoader, MissingLibraryIsUnavailableNamingIt) {
+  auto lib = gpu::nccl::OpenNcclLibrary("libweightsync-no-such-nccl.so.2");
+  ASSERT_STATUS_IS(kUnavailable, lib);
+  EXPECT_TRUE(Contains(lib.status(), "libweightsync-no-such-nccl.so.2")) << lib.status();
+  EXPECT_TRUE(Contains(lib.status(), "WEIGHTSYNC_NCCL_LIBRARY")) << lib.status();
+}
+
+TEST(NcclLoader, LibraryWithoutTheSymbolsIsUnavailableNamingTheSymbol) {
+  // libc loads fine but is not NCCL: the first entry point is missing.
+  auto lib = gpu::nccl::OpenNcclLibrary("libc.so.6");
+  ASSERT_STATUS_IS(kUnavailable, lib);
+  EXPECT_TRUE(Contains(lib.status(), "ncclGetVersion")) << lib.status();
+  EXPECT_TRUE(Contains(lib.status(), "libc.so.6")) << lib.status();
+}
+
+TEST(NcclLoader, VersionStringsAndCompatibility) {
+  EXPECT_EQ(gpu::nccl::NcclVersionString(22809), "2.28.9");
+  EXPECT_EQ(gpu::nccl::NcclVersionString(21800), "2.18.0");
+  EXPECT_EQ(gpu::nccl::NcclVersionString(2804), "2.8.4");  // the old encoding
+  EXPECT_TRUE(transport::path::CompatibleVersions(22809, 22803));
+  EXPECT_FALSE(transport::path::CompatibleVersions(22809, 22705));
+}
+
+TEST(NcclLoader, AvailabilityIsAnsweredWithAReason) {
+  // Whatever this machine has, the answer is OK or Unavailable with a reason, never a crash; a
+  // build without CUDA says so.
+  Status s = gpu::nccl::NcclAvailable();
+  if (!s.ok()) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_FALSE(s.message().empty());
+    EXPECT_EQ(gpu::nccl::NcclVersionCode(), 0);
+  } else {
+    EXPECT_GE(gpu::nccl::NcclVersionCode(), gpu::nccl::kMinNcclVersionCode);
+  }
+  if (!gpu::BuiltWithCuda()) {
+    EXPECT_TRUE(Contains(s, "built without CUDA")) << s;
+  }
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), 0);
+}
+
+// ---- a publisher that says its arena is GPU memory -------------------------------------------
+
+// Speaks the publisher's side of a tcp session up to Welcome (a GPU arena on cuda:0 with one
+// float32 tensor), then reports what the subscriber sent next.
+class FakeGpuPublisher {
+ public:
+  FakeGpuPublisher() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listen_, 4), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&addr), &len);
+    endpoint_ = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeGpuPublisher() {
+    ::shutdown(listen_, SHUT_RDWR);  // wakes an accept that never got a connection
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  // What followed the Welcome: a frame type name, "closed" or "silent".
+  std::string next() {
+    if (thread_.joinable()) thread_.join();
+    return next_;
+  }
+
+ private:
+  void Serve() {
+    int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    transport::link::Channel ch(util::UniqueFd(fd), "fake subscriber");
+    Deadline deadline(std::chrono::seconds(5));
+    wire::Challenge challenge{wire::kProtocolVersion, 7, *wire::RandomNonce(), false};
+    if (!ch.Send(wire::FrameType::kChallenge, challenge, deadline).ok()) return;
+    wire::Auth auth;
+    if (!ch.ReceiveExpect(wire::FrameType::kAuth, &auth, deadline).ok()) return;
+    wire::AuthOk ok{};  // no token: all-zero MACs
+    if (!ch.Send(wire::FrameType::kAuthOk, ok, deadline).ok()) return;
+    wire::Hello hello;
+    if (!ch.ReceiveExpect(wire::FrameType::kHello, &hello, deadline).ok()) return;
+    wire::Welcome w;
+    w.session_id = 7;
+    w.lineage = "fake";
+    w.arena_bytes = 4u << 20;
+    w.slots_offset = 0;
+    w.slot_bytes = 2u << 20;
+    w.slot_count = 2;
+    w.segment_bytes = 64u << 20;
+    w.arena_kind = wire::ArenaKind::kCudaMem;
+    w.device = 0;
+    w.digest_kind = wire::DigestKind::kGpu64;
+    w.tensors.push_back({TensorSpec{"w", DType::kFloat32, {4}, 16}, wire::Region::kSlot, 0});
+    if (!ch.Send(wire::FrameType::kWelcome, w, deadline).ok()) return;
+    auto h = ch.Receive(Deadline(std::chrono::seconds(3)));
+    if (h.ok()) {
+      next_ = std::string(wire::FrameTypeName(h->type));
+    } else {
+      next_ = h.status().code() == StatusCode::kPeerLost ? "closed" : "silent";
+    }
+  }
+
+  int listen_ = -1;
+  std::string endpoint_;
+  std::thread thread_;
+  std::string next_ = "nothing";
+};
+
+std::unique_ptr<Subscriber> Connect(const std::string& endpoint,
+                                     const std::vector<NamedTensor>& dst) {
+  SubscriberOptions o;
+  o.endpoint = endpoint;
+  o.timeout = std::chrono::milliseconds(4000);
+  auto s = Subscriber::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK((*s)->Register(dst));
+  return std::move(s).value();
+}
+
+// Destinations "on cuda:0" that are never written: every test here fails before any byte moves.
+std::vector<NamedTensor> FakeCudaDestinations() {
+  static float never_written[4];
+  return {{"w", TensorView{never_written, DType::kFloat32, {4}, {Device::Kind::kCUDA, 0}}}};
+}
+
+TEST(NcclSetup, WithoutNcclOrGpuASubscriberOfCudaTensorsGetsUnavailable) {
+  if (gpu::nccl::NcclAvailable().ok() && gpu::CudaAvailable().ok()) {
+    GTEST_SKIP() << "this machine can run nccl: tests/gpu/nccl_test.cc covers it";
+  }
+  FakeGpuPublisher pub;
+  auto sub = Connect(pub.endpoint(), FakeCudaDestinations());
+  auto stats = sub->Update();
+  ASSERT_STATUS_IS(kUnavailable, stats);
+  const Status& s = stats.status();
+  EXPECT_TRUE(Contains(s, "needs the nccl transport")) << s;
+  EXPECT_TRUE(Contains(s, "cuda:0")) << s;
+  // Why exactly: no CUDA in this build, no NCCL library, or no device.
+  EXPECT_TRUE(Contains(s, "built without CUDA") || Contains(s, "NCCL library") ||
+              Contains(s, "no CUDA device"))
+      << s;
+  // Nothing was asked of the publisher that this side could not follow through.
+  EXPECT_EQ(pub.next(), "closed");
+  EXPECT_EQ(gpu::nccl::LiveCommunicators(), 0);
+  EXPECT_EQ(static_cast<float*>(FakeCudaDestinations()[0].view.data)[0], 0.0f);
+}
+
+TEST(NcclSetup, HostDestinationsForAGpuArenaAreNotSupported) {
+  FakeGpuPublisher pub;
+  std::vector<float> host(4, -1.0f);
+  auto sub = Connect(pub.endpoint(), {{"w", TensorView{host.data(), DType::kFloat32, {4}}}});
+  auto stats = sub->Update();
+  ASSERT_STATUS_IS(kNotSupported, stats);
+  EXPECT_TRUE(Contains(stats.status(), "keeps its arena in GPU memory (cuda:0); no data path "
+                                       "moves it over tcp into host memory"))
+      << stats.status();
+  EXPECT_TRUE(Contains(stats.status(), "destination 'w' is on cpu")) << stats.status();
+  EXPECT_EQ(pub.next(), "closed");
+  EXPECT_EQ(host[0], -1.0f);
+}
+
+// ---- a real publisher of host tensors --------------------------------------------------------
+
+class HostTcpPublisher : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PublisherOptions o;
+    o.endpoint = "tcp://127.0.0.1:0";
+    o.timeout = std::chrono::milliseconds(3000);
+    auto p = Publisher::Create(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pub_ = std::move(p).value();
+    ASSERT_OK(pub_->Register(model_.Tensors()));
+    model_.Fill(1);
+    ASSERT_TRUE(pub_->Publish(1).ok());
+  }
+  SyntheticModel model_{3, 1000};
+  std::unique_ptr<Publisher> pub_;
+};
+
+TEST_F(HostTcpPublisher, RefusesNcclSetupWithAReason) {
+  auto ep = transport::link::ParseEndpoint(pub_->endpoint());
+  ASSERT_OK(ep);
+  Deadline deadline(std::chrono::seconds(4));
+  auto fd = transport::link::ConnectTcp(*ep, deadline);
+  ASSERT_OK(fd);
+  transport::link::Channel ch(std::move(fd).value(), "publisher");
+  wire::Challenge challenge;
+  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kChallenge, &challenge, deadline));
+  wire::Auth auth{wire::Role::kSubscriber, *wire::RandomNonce(), {}};
+  ASSERT_OK(ch.Send(wire::FrameType::kAuth, auth, deadline));
+  wire::AuthOk ok;
+  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kAuthOk, &ok, deadline));
+  ASSERT_OK(ch.Send(wire::FrameType::kHello,
+                    wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 1}, deadline));
+  wire::Welcome welcome;
+  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kWelcome, &welcome, deadline));
+  EXPECT_NE(welcome.arena_kind, wire::ArenaKind::kCudaMem);
+  ASSERT_OK(ch.Send(wire::FrameType::kSelect, wire::Select{{0, 1, 2}}, deadline));
+  ASSERT_OK(ch.Send(wire::FrameType::kNcclSetup, wire::NcclSetup{22809, 0}, deadline));
+  wire::NcclId id;
+  Status s = ch.ReceiveExpect(wire::FrameType::kNcclId, &id, deadline);
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s, "nccl_setup refused")) << s;
+  EXPECT_TRUE(Contains(s, "host memory")) << s;
+}
+
+TEST_F(HostTcpPublisher, CudaDestinationsForAHostArenaAreNotSupported) {
+  auto like = model_.Tensors();
+  auto storage = SyntheticModel::PoisonedStorage(like);
+  auto dst = SyntheticModel::Views(like, storage);
+  for (auto& t : dst) t.view.device = {Device::Kind::kCUDA, 0};
+  auto sub = Connect(pub_->endpoint(), dst);
+  auto stats = sub->Update();
+  ASSERT_STATUS_IS(kNotSupported, stats);
+  EXPECT_TRUE(Contains(stats.status(), "keeps its arena in host memory")) << stats.status();
+  EXPECT_TRUE(Contains(stats.status(), "is on cuda:0")) << stats.status();
+}
+
+TEST_F(HostTcpPublisher, MixedHostAndCudaDestinationsAreNotSupported) {
+  auto like = model_.Tensors();
+  auto storage = SyntheticModel::PoisonedStorage(like);
+  auto dst = SyntheticModel::Views(like, storage);
+  dst[1].view.device = {Device::Kind::kCUDA, 0};
+  auto sub = Connect(pub_->endpoint(), dst);
+  auto stats = sub->Update();
+  ASSERT_STATUS_IS(kNotSupported, stats);
+  EXPECT_TRUE(Contains(stats.status(), "'" + like[1].name + "' is on cuda:0")) << stats.status();
+  // The same subscriber with host destinations only still works.
+  ASSERT_OK(sub->Close());
+  auto host_dst = SyntheticModel::Views(like, storage);
+  auto good = Connect(pub_->endpoint(), host_dst);
+  auto ok = good->Update();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(host_dst, 1, &why)) << why;
+}
+
+}  // namespace
+}  // namespace weightsync
