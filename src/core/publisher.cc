@@ -1,10 +1,8 @@
 #include "weightsync/publisher.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <unordered_map>
 
@@ -15,6 +13,7 @@
 #include "util/deadline.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
+#include "util/mutex.h"
 #include "util/token.h"
 #include "wire/messages.h"
 
@@ -60,23 +59,27 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Manifest manifest;
   wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
+  // Registration state above is written only before the first Publish (under publish_mu) and
+  // read-only once `frozen`: the servers' threads read the Welcome and the store after that.
+  util::Mutex publish_mu;  // serializes Register/Allocate/Publish/BeginWrite/Close
+  mutable util::Mutex mu;  // the versions, between Publish and the session threads
+  util::CondVar cv;
   struct Version {
     int64_t step = -1;  // -1: holds no available version
     int readers = 0;
     bool writing = false;
-    std::vector<uint64_t> digests;
   };
-  std::vector<Version> versions;  // guarded by mu
-  int latest = -1;                // guarded by mu
-  int64_t latest_step = -1;       // guarded by mu
-  bool direct_writing = false;    // guarded by mu
-  bool closed = false;            // guarded by mu
-  bool frozen = false;            // guarded by mu
-  std::mutex publish_mu;          // serializes Publish/BeginWrite/Close
+  std::vector<Version> versions WS_GUARDED_BY(mu);
+  // Digests per slot: written by Publish while the slot is `writing` (no reader can pin it then),
+  // copied out by Unpin under mu while the slot is pinned (Publish cannot take it then).
+  std::vector<std::vector<uint64_t>> digests;
+  int latest WS_GUARDED_BY(mu) = -1;
+  int64_t latest_step WS_GUARDED_BY(mu) = -1;
+  bool direct_writing WS_GUARDED_BY(mu) = false;
+  bool closed WS_GUARDED_BY(mu) = false;
+  bool frozen WS_GUARDED_BY(mu) = false;
 
-  Status Freeze();
+  Status Freeze() WS_REQUIRES(mu);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
   Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
@@ -143,9 +146,9 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
 
 Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   Impl& d = *impl_;
-  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  util::MutexLock publish_lock(&d.publish_mu);
   {
-    std::lock_guard<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (d.frozen) return Status::FailedPrecondition("Register() after the first Publish()");
   }
@@ -209,9 +212,9 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
 Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
                                        const std::vector<int64_t>& shape) {
   Impl& d = *impl_;
-  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  util::MutexLock publish_lock(&d.publish_mu);
   {
-    std::lock_guard<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
   }
@@ -251,7 +254,7 @@ Status Publisher::Impl::Freeze() {
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
   WS_FAIL_POINT_RETURN("publisher.freeze");
   versions.resize(options.slots);
-  for (auto& v : versions) v.digests.assign(store->digest_count(), 0);
+  digests.assign(options.slots, std::vector<uint64_t>(store->digest_count(), 0));
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << tensors.size() << " tensors, "
                             << manifest.total_bytes() << " bytes (" << welcome.direct_bytes
                             << " arena-allocated), " << store->Describe();
@@ -260,8 +263,8 @@ Status Publisher::Impl::Freeze() {
 
 Status Publisher::BeginWrite() {
   Impl& d = *impl_;
-  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
-  std::unique_lock<std::mutex> lock(d.mu);
+  util::MutexLock publish_lock(&d.publish_mu);
+  util::MutexLock lock(&d.mu);
   if (d.closed) return Status::FailedPrecondition("publisher is closed");
   if (!d.frozen) return Status::Ok();  // nothing published yet: nobody can be reading
   d.direct_writing = true;
@@ -272,11 +275,11 @@ Status Publisher::BeginWrite() {
     if (readers == 0) break;
     if (deadline.expired()) {
       d.direct_writing = false;
-      d.cv.notify_all();
+      d.cv.NotifyAll();
       return Status::Timeout("BeginWrite: ", readers, " subscriber(s) still reading after ",
                              d.options.timeout.count(), " ms");
     }
-    d.cv.wait_for(lock, kWaitSlice);
+    d.cv.WaitFor(&d.mu, kWaitSlice);
   }
   // The allocated tensors are about to change: no held version describes them any more.
   if (d.has_direct) {
@@ -288,10 +291,10 @@ Status Publisher::BeginWrite() {
 Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& options) {
   Impl& d = *impl_;
   auto start = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  util::MutexLock publish_lock(&d.publish_mu);
   uint32_t k = 0;
   {
-    std::unique_lock<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (step < 0) return Status::InvalidArgument("step ", step, " is negative");
     if (step <= d.latest_step) {
@@ -325,23 +328,23 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
         return Status::Timeout("Publish(", step, "): every slot is still being read after ",
                                d.options.timeout.count(), " ms");
       }
-      d.cv.wait_for(lock, kWaitSlice);
+      d.cv.WaitFor(&d.mu, kWaitSlice);
     }
     k = static_cast<uint32_t>(chosen);
     d.versions[k].step = -1;
     d.versions[k].writing = true;
     if (d.latest == chosen) d.latest = -1;
   }
-  Status published = d.store->Publish(k, d.versions[k].digests, options.cuda_stream,
+  Status published = d.store->Publish(k, d.digests[k], options.cuda_stream,
                                       Deadline(d.options.timeout));
   if (!published.ok()) {
-    std::lock_guard<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
     return published.WithContext("Publish(" + std::to_string(step) + ")");
   }
   PublishStats stats;
   {
-    std::lock_guard<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     d.versions[k].writing = false;
     d.versions[k].step = step;
     if (d.has_direct) {
@@ -354,7 +357,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     d.latest_step = step;
     d.direct_writing = false;
   }
-  d.cv.notify_all();
+  d.cv.NotifyAll();
   stats.step = step;
   stats.bytes_copied = d.store->copy_bytes();
   stats.seconds =
@@ -365,14 +368,14 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
 
 Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
     const Deadline& deadline, const std::function<bool()>& give_up) {
-  std::unique_lock<std::mutex> lock(mu);
+  util::MutexLock lock(&mu);
   while (!frozen) {
     if (closed) return Status::Unavailable("publisher closed");
     if (give_up()) return Status::PeerLost("subscriber left before the first publish");
     if (deadline.expired()) {
       return Status::Timeout("no version published while the subscriber waited");
     }
-    cv.wait_for(lock, kWaitSlice);
+    cv.WaitFor(&mu, kWaitSlice);
   }
   if (closed) return Status::Unavailable("publisher closed");
   return std::make_pair(static_cast<const wire::Welcome*>(&welcome), store->fd());
@@ -381,7 +384,7 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
 Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
                                                  const Deadline& deadline,
                                                  const std::function<bool()>& give_up) {
-  std::unique_lock<std::mutex> lock(mu);
+  util::MutexLock lock(&mu);
   if (request.step >= 0 && request.step <= request.after_step) {
     return Status::FailedPrecondition("step ", request.step,
                                       " is not newer than the subscriber's committed step ",
@@ -419,23 +422,23 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
                              " not available within the subscriber's wait of ", request.wait_ms,
                              " ms (latest is ", latest_step, ")");
     }
-    cv.wait_for(lock, kWaitSlice);
+    cv.WaitFor(&mu, kWaitSlice);
   }
 }
 
 void Publisher::Impl::Unpin(const wire::StepBegin& begin, wire::StepEnd* end) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    util::MutexLock lock(&mu);
     Version& v = versions[begin.slot];
     end->step = begin.step;
-    end->digests.assign(v.digests.begin(), v.digests.end());
+    end->digests.assign(digests[begin.slot].begin(), digests[begin.slot].end());
     --v.readers;
   }
-  cv.notify_all();
+  cv.NotifyAll();
 }
 
 int64_t Publisher::latest_step() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  util::MutexLock lock(&impl_->mu);
   return impl_->latest_step;
 }
 
@@ -447,13 +450,13 @@ const std::string& Publisher::lineage() const { return impl_->welcome.lineage; }
 
 Status Publisher::Close() {
   Impl& d = *impl_;
-  std::lock_guard<std::mutex> publish_lock(d.publish_mu);
+  util::MutexLock publish_lock(&d.publish_mu);
   {
-    std::lock_guard<std::mutex> lock(d.mu);
+    util::MutexLock lock(&d.mu);
     if (d.closed) return Status::Ok();
     d.closed = true;
   }
-  d.cv.notify_all();
+  d.cv.NotifyAll();
   Status result;
   // Reverse order of creation: the server (connections), then the store.
   if (d.server) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -19,6 +18,7 @@
 #include "util/deadline.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
+#include "util/mutex.h"
 #include "util/worker_pool.h"
 
 namespace weightsync {
@@ -72,48 +72,52 @@ enum class Held : uint8_t {
 struct Subscriber::Impl {
   SubscriberOptions options;
   std::string sources_text;  // "local://a" or "local://a, local://b" for error context
-  std::vector<Source> sources;
-  core::DestinationSet registered;  // what Register/Unregister left
+
+  // One update at a time, held for the whole update, and by every call that changes what an
+  // update uses (Register, Sleep, Close, ...). The sources' handles are driven from the pool's
+  // threads during an update, on behalf of the thread holding it.
+  util::Mutex update_mu;
+  std::vector<Source> sources WS_GUARDED_BY(update_mu);
+  core::DestinationSet registered WS_GUARDED_BY(update_mu);  // what Register/Unregister left
   // The registration changed since the last commit: the destinations do not all hold the
   // committed version, so the next update moves every byte even if the step is the same.
-  bool registration_changed = false;
-
+  bool registration_changed WS_GUARDED_BY(update_mu) = false;
   // The prepared state: the sources that deliver something (each with its transfer handle:
   // connection, mappings, plan, staging, workers) and, with several, one thread per source so
   // their links carry their shares at the same time.
-  bool prepared = false;
-  std::vector<Source*> active;
-  std::unique_ptr<util::WorkerPool> pool;
+  bool prepared WS_GUARDED_BY(update_mu) = false;
+  std::vector<Source*> active WS_GUARDED_BY(update_mu);
+  std::unique_ptr<util::WorkerPool> pool WS_GUARDED_BY(update_mu);
+  bool closed WS_GUARDED_BY(update_mu) = false;
+  uint64_t prepare_count WS_GUARDED_BY(update_mu) = 0;
 
-  std::mutex update_mu;  // one update at a time; held for the whole update
   std::atomic<bool> cancel{false};  // set by Cancel(), cleared when an update starts
   // Written under update_mu; atomic because committed_step()/weights_valid() read them from any
   // thread (e.g. Python while its worker thread updates).
   std::atomic<int64_t> committed{-1};
   std::atomic<bool> valid{true};
-  mutable std::mutex lineage_mu;
-  std::string committed_lineage;  // guarded by lineage_mu; the first active source's
-  bool closed = false;
-  uint64_t prepare_count = 0;
+  mutable util::Mutex lineage_mu;
+  std::string committed_lineage WS_GUARDED_BY(lineage_mu);  // the first active source's
 
-  Status ReleaseHandles(std::string_view why);
+  Status ReleaseHandles(std::string_view why) WS_REQUIRES(update_mu);
   plan::ConvertOptions Convert() const {
     return {options.convert_dtypes, options.fp8_scale_suffix, options.convert_on_publisher_gpu};
   }
-  Status CheckCanRegister(const char* what) const;
-  Status Prepare(const Deadline& deadline);
-  Status PrepareShares(const Deadline& deadline);
-  Held HeldVersion() const;
-  Status CheckLineage(Held held, const UpdateOptions& update) const;
+  Status CheckCanRegister(const char* what) const WS_REQUIRES(update_mu);
+  Status Prepare(const Deadline& deadline) WS_REQUIRES(update_mu);
+  Status PrepareShares(const Deadline& deadline) WS_REQUIRES(update_mu);
+  Held HeldVersion() const WS_REQUIRES(update_mu);
+  Status CheckLineage(Held held, const UpdateOptions& update) const WS_REQUIRES(update_mu);
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after,
-                            const Deadline& deadline);
-  void RecordCommitted(int64_t step);
+                            const Deadline& deadline) WS_REQUIRES(update_mu);
+  void RecordCommitted(int64_t step) WS_REQUIRES(update_mu);
+  Result<UpdateStats> Update(const UpdateOptions& update) WS_REQUIRES(update_mu);
 
   // Runs fn(source) for every active source, concurrently when there are several, and combines
   // the results. Allocates nothing on success.
   template <typename Fn>
-  Status ForEachSource(Fn&& fn);
-  Status CombinedStatus() const;
+  Status ForEachSource(Fn&& fn) WS_REQUIRES(update_mu);
+  Status CombinedStatus() const WS_REQUIRES(update_mu);
 };
 
 template <typename Fn>
@@ -163,6 +167,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  {
+  util::MutexLock lock(&impl->update_mu);  // nobody else sees it yet; the analysis wants it held
   std::vector<std::string> names;
   if (!options.endpoint.empty() || options.endpoints.empty()) names.push_back(options.endpoint);
   names.insert(names.end(), options.endpoints.begin(), options.endpoints.end());
@@ -177,6 +183,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
     WS_ASSIGN_OR_RETURN(source.endpoint, transport::link::ParseEndpoint(name));
     impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
     impl->sources.push_back(std::move(source));
+  }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
@@ -194,8 +201,8 @@ Status Subscriber::Impl::CheckCanRegister(const char* what) const {
 
 Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::Busy("Register() during an update");
+  if (!d.update_mu.TryLock()) return Status::Busy("Register() during an update");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   WS_RETURN_IF_ERROR(d.CheckCanRegister("Register()"));
   WS_RETURN_IF_ERROR(d.registered.Add(tensors));
   d.registration_changed = true;
@@ -204,8 +211,8 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
 
 Status Subscriber::Unregister(const std::vector<std::string>& names) {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::Busy("Unregister() during an update");
+  if (!d.update_mu.TryLock()) return Status::Busy("Unregister() during an update");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   WS_RETURN_IF_ERROR(d.CheckCanRegister("Unregister()"));
   WS_RETURN_IF_ERROR(d.registered.Remove(names));
   d.registration_changed = true;
@@ -214,8 +221,8 @@ Status Subscriber::Unregister(const std::vector<std::string>& names) {
 
 Result<Manifest> Subscriber::PublishedManifest() {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::Busy("PublishedManifest() during an update");
+  if (!d.update_mu.TryLock()) return Status::Busy("PublishedManifest() during an update");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   d.cancel.store(false, std::memory_order_release);
   Deadline deadline(d.options.timeout, &d.cancel);
@@ -398,34 +405,38 @@ void Subscriber::Impl::RecordCommitted(int64_t step) {
   }
   committed.store(step, std::memory_order_relaxed);
   registration_changed = false;
-  std::lock_guard<std::mutex> lock(lineage_mu);
+  util::MutexLock lock(&lineage_mu);
   committed_lineage = active[0]->welcome->lineage;  // SSO or reused capacity: no allocation
 }
 
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   Impl& d = *impl_;
+  if (!d.update_mu.TryLock()) return Status::Busy("another update is in flight on this subscriber");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
+  return d.Update(update);
+}
+
+Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   auto t0 = Clock::now();
-  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::Busy("another update is in flight on this subscriber");
-  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  CallerDevice caller_device(d.registered.any_cuda());
-  if (d.registered.empty()) {
+  if (closed) return Status::FailedPrecondition("subscriber is closed");
+  CallerDevice caller_device(registered.any_cuda());
+  if (registered.empty()) {
     return Status::FailedPrecondition("Update() before Register(): no destination tensors");
   }
-  const bool verify = update.verify.value_or(d.options.verify);
-  d.cancel.store(false, std::memory_order_release);
-  Deadline deadline(d.options.timeout, &d.cancel);
+  const bool verify = update.verify.value_or(options.verify);
+  cancel.store(false, std::memory_order_release);
+  Deadline deadline(options.timeout, &cancel);
   UpdateStats stats;
   std::string step_text = update.step ? std::to_string(*update.step) : std::string("latest");
   bool touched_destinations = false;
 
   // Any failure from here on destroys the handle; the next update prepares a new one.
-  auto fail = [&](const Status& s) -> Status {
-    if (touched_destinations) d.valid.store(false, std::memory_order_relaxed);
-    (void)d.ReleaseHandles("update failed");
-    Status out = s.WithContext("update to step " + step_text + " from " + d.sources_text);
+  auto fail = [&](const Status& s) WS_REQUIRES(update_mu) -> Status {
+    if (touched_destinations) valid.store(false, std::memory_order_relaxed);
+    (void)ReleaseHandles("update failed");
+    Status out = s.WithContext("update to step " + step_text + " from " + sources_text);
     if (touched_destinations) {
-      out = Status(out.code(), out.message() + (d.options.mode == UpdateMode::kInPlace
+      out = Status(out.code(), out.message() + (options.mode == UpdateMode::kInPlace
                                                     ? " (in_place: weights are now marked invalid)"
                                                     : " (failed while committing: weights are now "
                                                       "marked invalid)"));
@@ -436,28 +447,29 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   // A reused handle whose publisher went away (a trainer that restarted while this one slept
   // between updates) fails at its first request, before anything moved: that is no failure of
   // the update, so it prepares once more, against whoever serves the endpoint now.
-  const int64_t committed = d.committed.load(std::memory_order_relaxed);
+  const int64_t committed_step = committed.load(std::memory_order_relaxed);
   const bool strict =
-      d.options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
+      options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
   Held held = Held::kNothing;
   int64_t after = -1;
   Result<int64_t> step = int64_t{-1};  // set by the first BeginStep
   auto t_wait = Clock::now();
   for (bool retried = false;; retried = true) {
-    if (!d.prepared) {
-      Status s = d.Prepare(deadline);
+    if (!prepared) {
+      Status s = Prepare(deadline);
       if (!s.ok()) return fail(s.WithContext("prepare"));
       stats.handle_created = true;
       stats.prepare_seconds = Seconds(t0, Clock::now());
     }
-    stats.prepare_count = d.prepare_count;
+    stats.prepare_count = prepare_count;
     // Steps compare only within one publisher session: after a restart the committed step number
     // says nothing about what the new session's step of that number holds.
-    held = d.HeldVersion();
-    after = held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed : -1;
+    held = HeldVersion();
+    after = held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed_step
+                                                                                   : -1;
     // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
-    if (Status s = d.CheckLineage(held, update); !s.ok()) {
-      return s.WithContext("update to step " + step_text + " from " + d.sources_text);
+    if (Status s = CheckLineage(held, update); !s.ok()) {
+      return s.WithContext("update to step " + step_text + " from " + sources_text);
     }
     if (update.step && *update.step <= after) {
       return Status::FailedPrecondition("step ", *update.step,
@@ -465,26 +477,26 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
                                         " (steps only move forward)");
     }
     t_wait = Clock::now();
-    step = d.BeginStep(update.step, after, deadline);
+    step = BeginStep(update.step, after, deadline);
     if (step.ok()) break;
     if (retried || stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
       return fail(step.status());
     }
-    WS_LOG(INFO, "subscriber") << d.sources_text << " went away since the last update ("
+    WS_LOG(INFO, "subscriber") << sources_text << " went away since the last update ("
                                << step.status() << "); preparing again";
-    (void)d.ReleaseHandles("publisher went away");
+    (void)ReleaseHandles("publisher went away");
   }
   auto t_copy = Clock::now();
   stats.wait_seconds = Seconds(t_wait, t_copy);
   stats.step = *step;
   step_text = std::to_string(*step);
-  stats.lineage.Assign(d.active[0]->welcome->lineage);
+  stats.lineage.Assign(active[0]->welcome->lineage);
   if (*step == after) {
     if (held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
       return Status::FailedPrecondition(
-          "update from ", d.sources_text, ": the publisher restarted lineage '",
-          d.active[0]->welcome->lineage, "' and its latest step ", *step,
-          " is not newer than the committed step ", committed,
+          "update from ", sources_text, ": the publisher restarted lineage '",
+          active[0]->welcome->lineage, "' and its latest step ", *step,
+          " is not newer than the committed step ", committed_step,
           " of its previous session; the strict lineage policy waits for a newer step (or "
           "update with accept_new_lineage)");
     }
@@ -493,25 +505,25 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
     return stats;
   }
   if (held == Held::kRestarted || held == Held::kOtherLineage) {
-    const wire::Welcome& now = *d.active[0]->welcome;
+    const wire::Welcome& now = *active[0]->welcome;
     WS_LOG(WARN, "subscriber")
-        << d.sources_text << ": "
+        << sources_text << ": "
         << (held == Held::kRestarted ? "publisher restarted lineage '" + now.lineage + "'"
                                      : "new lineage '" + now.lineage + "'")
         << (now.resumed_from >= 0 ? " resumed from step " + std::to_string(now.resumed_from)
                                   : std::string())
-        << ": its step " << *step << " replaces committed step " << committed << " of lineage '"
-        << d.active[0]->committed_lineage << "'";
+        << ": its step " << *step << " replaces committed step " << committed_step << " of lineage '"
+        << active[0]->committed_lineage << "'";
     stats.lineage_changed = true;
   }
 
-  const bool staged = d.options.mode == UpdateMode::kStaged;
+  const bool staged = options.mode == UpdateMode::kStaged;
   touched_destinations = !staged;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
   Status s =
-      d.ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
+      ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
   if (!s.ok()) return fail(s);
-  s = d.ForEachSource([&](Source& src) {
+  s = ForEachSource([&](Source& src) {
     Result<std::span<const uint64_t>> digests = src.handle->EndStep(deadline);
     if (!digests.ok()) return digests.status();
     src.digests = *digests;
@@ -522,7 +534,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   stats.copy_seconds = Seconds(t_copy, t_verify);
 
   if (verify) {
-    s = d.ForEachSource(
+    s = ForEachSource(
         [&](Source& src) { return src.handle->Verify(src.digests, *step, deadline); });
     if (!s.ok()) return fail(s);
     stats.verified = true;
@@ -534,13 +546,13 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   // written.
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_commit");
   touched_destinations = true;
-  s = d.ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
+  s = ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
   if (!s.ok()) return fail(s);
   auto t_end = Clock::now();
   stats.commit_seconds = Seconds(t_commit, t_end);
-  d.RecordCommitted(*step);
-  d.valid.store(true, std::memory_order_relaxed);
-  for (const Source* src : d.active) {
+  RecordCommitted(*step);
+  valid.store(true, std::memory_order_relaxed);
+  for (const Source* src : active) {
     stats.bytes += src->handle->plan().total_bytes;
     stats.tensors += src->handle->plan().tensors.size();
   }
@@ -551,8 +563,8 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
 
 Status Subscriber::Sleep() {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.update_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return Status::Busy("Sleep() during an update");
+  if (!d.update_mu.TryLock()) return Status::Busy("Sleep() during an update");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   CallerDevice caller_device(d.registered.any_cuda());
   return d.ReleaseHandles("sleep");
 }
@@ -561,7 +573,7 @@ Status Subscriber::Close() {
   Impl& d = *impl_;
   // Waits for an update in flight (bounded by its deadline) rather than pulling memory from
   // under it.
-  std::lock_guard<std::mutex> lock(d.update_mu);
+  util::MutexLock lock(&d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;
   CallerDevice caller_device(d.registered.any_cuda());
@@ -579,7 +591,7 @@ int64_t Subscriber::committed_step() const {
 }
 bool Subscriber::weights_valid() const { return impl_->valid.load(std::memory_order_relaxed); }
 std::string Subscriber::committed_lineage() const {
-  std::lock_guard<std::mutex> lock(impl_->lineage_mu);
+  util::MutexLock lock(&impl_->lineage_mu);
   return impl_->committed_lineage;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+
+#include "util/mutex.h"
 #include <string>
 #include <thread>
 
@@ -21,8 +23,8 @@ struct Point {
 };
 
 struct Registry {
-  std::mutex mu;
-  std::map<std::string, Point, std::less<>> points;
+  Mutex mu;
+  std::map<std::string, Point, std::less<>> points WS_GUARDED_BY(mu);
   // Fast path: no point armed at all.
   std::atomic<int> armed{0};
   std::once_flag env_once;
@@ -33,7 +35,7 @@ Registry& Reg() {
   return *r;
 }
 
-void RecountArmed(Registry& r) {
+void RecountArmed(Registry& r) WS_REQUIRES(r.mu) {
   int n = 0;
   for (auto& [name, p] : r.points) n += (p.action != FailAction::kNone && p.remaining != 0);
   r.armed.store(n, std::memory_order_release);
@@ -76,7 +78,7 @@ Status ParseSpec(std::string_view spec) {
 
 void FailPoints::Arm(std::string_view name, FailAction action, int64_t arg, int64_t count) {
   Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
+  MutexLock lock(&r.mu);
   Point& p = r.points[std::string(name)];
   p.action = action;
   p.arg = arg;
@@ -86,7 +88,7 @@ void FailPoints::Arm(std::string_view name, FailAction action, int64_t arg, int6
 
 void FailPoints::Disarm(std::string_view name) {
   Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
+  MutexLock lock(&r.mu);
   auto it = r.points.find(name);
   if (it != r.points.end()) it->second.action = FailAction::kNone;
   RecountArmed(r);
@@ -94,14 +96,14 @@ void FailPoints::Disarm(std::string_view name) {
 
 void FailPoints::DisarmAll() {
   Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
+  MutexLock lock(&r.mu);
   r.points.clear();
   RecountArmed(r);
 }
 
 int64_t FailPoints::Hits(std::string_view name) {
   Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
+  MutexLock lock(&r.mu);
   auto it = r.points.find(name);
   return it == r.points.end() ? 0 : it->second.hits;
 }
@@ -120,7 +122,7 @@ FailHit FailPoints::Check(std::string_view name) {
   if (r.armed.load(std::memory_order_acquire) == 0) return {};
   FailHit hit;
   {
-    std::lock_guard<std::mutex> lock(r.mu);
+    MutexLock lock(&r.mu);
     auto it = r.points.find(name);
     if (it == r.points.end()) return {};
     Point& p = it->second;

@@ -36,10 +36,10 @@ WorkerPool::WorkerPool(int threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   for (auto& t : workers_) {
     t.join();
     LedgerAdd(LedgerItem::kThreads, -1);
@@ -56,16 +56,16 @@ void WorkerPool::Drain() {
 
 void WorkerPool::WorkerLoop() {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    while (!stop_ && generation_ == seen) start_cv_.Wait(&mu_);
     if (stop_) return;
     seen = generation_;
     ++active_;
-    lock.unlock();
+    mu_.Unlock();
     Drain();
-    lock.lock();
-    if (--active_ == 0) done_cv_.notify_all();
+    mu_.Lock();
+    if (--active_ == 0) done_cv_.NotifyAll();
   }
 }
 
@@ -76,10 +76,10 @@ void WorkerPool::Run(uint32_t count, TaskFn fn, void* context) {
     return;
   }
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // A worker that woke late for the previous job may still be inside Drain(); let it leave
     // before this job's fields change.
-    done_cv_.wait(lock, [&] { return active_ == 0; });
+    while (active_ != 0) done_cv_.Wait(&mu_);
     fn_ = fn;
     context_ = context;
     count_ = count;
@@ -87,13 +87,13 @@ void WorkerPool::Run(uint32_t count, TaskFn fn, void* context) {
     ++generation_;
     ++active_;  // the caller
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   Drain();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   --active_;
   // Workers that woke late find no index left and leave at once; wait for all to leave so the
   // next Run cannot race with a worker still reading this job's fields.
-  done_cv_.wait(lock, [&] { return active_ == 0; });
+  while (active_ != 0) done_cv_.Wait(&mu_);
 }
 
 }  // namespace weightsync::util

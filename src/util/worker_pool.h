@@ -4,11 +4,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "util/mutex.h"
 
 namespace weightsync::util {
 
@@ -31,12 +31,14 @@ class WorkerPool {
   void WorkerLoop();
   void Drain();
 
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  uint64_t generation_ = 0;   // guarded by mu_
-  int active_ = 0;            // workers inside the current job, guarded by mu_
-  bool stop_ = false;         // guarded by mu_
+  Mutex mu_;
+  CondVar start_cv_;
+  CondVar done_cv_;
+  uint64_t generation_ WS_GUARDED_BY(mu_) = 0;
+  int active_ WS_GUARDED_BY(mu_) = 0;  // workers inside the current job
+  bool stop_ WS_GUARDED_BY(mu_) = false;
+  // The job: written under mu_ before the generation moves, read by Drain() without it (the
+  // mutex handoff publishes them before any index is claimed).
   TaskFn fn_ = nullptr;
   void* context_ = nullptr;
   uint32_t count_ = 0;

@@ -15,7 +15,7 @@ Status SessionThreads::Start(util::UniqueFd fd, std::string_view what,
   auto session = std::make_unique<Session>();
   session->fd = std::move(fd);
   Session* s = session.get();
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(&mu_);
   active_.fetch_add(1, std::memory_order_relaxed);
   LedgerAdd(LedgerItem::kConnections, 1);
   Status started = util::StartThread(&s->thread, what, [this, s, serve = std::move(serve)] {
@@ -42,7 +42,7 @@ void SessionThreads::CloseAll() { Reap(true); }
 void SessionThreads::Reap(bool all) {
   std::list<std::unique_ptr<Session>> finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(&mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       if (all || (*it)->done.load(std::memory_order_acquire)) {
         finished.push_back(std::move(*it));

@@ -7,10 +7,10 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "util/mutex.h"
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
 
@@ -38,8 +38,8 @@ class SessionThreads {
   };
   void Reap(bool all);
 
-  std::mutex mu_;
-  std::list<std::unique_ptr<Session>> sessions_;  // guarded by mu_
+  util::Mutex mu_;
+  std::list<std::unique_ptr<Session>> sessions_ WS_GUARDED_BY(mu_);
   std::atomic<int> active_{0};
 };
 

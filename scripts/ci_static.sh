@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Static CI checks (docs/ci.md), each preceded by a canary that MUST fail, so a check that cannot
+# fail is caught:
+#   format          every C++ source and header is clang-format clean (.clang-format: Google base,
+#                   100 columns); canary .ci/canaries/misformatted.cc
+#   thread-safety   the library, tests and CLI built with clang -Wthread-safety -Werror: every
+#                   WS_GUARDED_BY member touched with its mutex held (src/util/mutex.h); canary
+#                   .ci/canaries/thread_safety_violation.cc
+#
+#   scripts/ci_static.sh [format|thread-safety|all]     (default all)
+# Environment: JOBS (default 2), TSA_BUILD (default build-tsa).
+set -euo pipefail
+{
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+TSA_BUILD=${TSA_BUILD:-build-tsa}
+which=${1:-all}
+case "$which" in format|thread-safety|all) ;; *) echo "usage: $0 [format|thread-safety|all]" >&2; exit 2 ;; esac
+log() { echo "ci_static: $*"; }
+fail() { echo "ci_static: FAIL: $*" >&2; exit 1; }
+
+bash scripts/install_deps.sh
+missing=()
+for p in clang clang-format; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$which" = format ] || [ "$which" = all ]; then
+  if clang-format --dry-run --Werror .ci/canaries/misformatted.cc >/dev/null 2>&1; then
+    fail "canary misformatted.cc passed the format check: the check proves nothing"
+  fi
+  log "canary misformatted.cc failed the format check as it must"
+  mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' | grep -v '^\.ci/canaries/')
+  if ! clang-format --dry-run --Werror "${files[@]}"; then
+    fail "files above are not clang-format clean: run clang-format -i on them"
+  fi
+  log "format: ${#files[@]} files clean"
+fi
+
+if [ "$which" = thread-safety ] || [ "$which" = all ]; then
+  flags="-Wthread-safety -Werror=thread-safety -Wno-unused-command-line-argument"
+  out=$(clang++ -std=c++20 $flags -Isrc -Iinclude -fsyntax-only \
+          .ci/canaries/thread_safety_violation.cc 2>&1) && rc=0 || rc=$?
+  if [ "$rc" -eq 0 ] || ! grep -q "requires holding mutex" <<<"$out"; then
+    echo "$out" | tail -20 >&2
+    fail "canary thread_safety_violation.cc compiled: the thread-safety check proves nothing"
+  fi
+  log "canary thread_safety_violation.cc failed to compile as it must"
+  cmake -S . -B "$TSA_BUILD" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWS_CUDA=OFF \
+        -DCMAKE_CXX_FLAGS="$flags" >/dev/null
+  cmake --build "$TSA_BUILD" -j"$JOBS"
+  log "thread-safety: library, tests and CLI build clean"
+fi
+exit
+}
