@@ -23,8 +23,9 @@ enum class MatchPolicy : uint8_t {
 };
 
 // Tensors registered with a Publisher may live in host memory or on one CUDA device: a publisher
-// of CUDA tensors keeps its arena on that device and subscribers on the same host receive over
-// cuda-ipc (GPU to GPU).
+// of CUDA tensors keeps its store on that device; subscribers on the same host receive over
+// cuda-ipc (into CUDA tensors) or the GPU's copy engines (into host memory), subscribers on other
+// hosts over NCCL.
 struct PublisherOptions {
   // "local://NAME": a Unix socket, owner-only, in $WEIGHTSYNC_SOCKET_DIR or /tmp/weightsync-UID;
   // subscribers on this host map the publisher's shared memory.
@@ -111,8 +112,8 @@ struct SubscriberOptions {
   // In place over cuda-ipc, when the publisher's GPU is another device this process can use (it
   // is visible here, it can reach the destinations' GPU, and every converted destination is
   // writable from it), run the conversions there: they read the published bytes from that GPU's
-  // own memory and only the converted bytes cross the link (bf16 → fp8: half of them; 1.85x
-  // faster than the bf16 copy on 2xH200). Off by default because it costs the publisher's GPU:
+  // own memory and only the converted bytes cross the link (bf16 → fp8: half of them; measured
+  // figures in docs/gpu.md). Off by default because it costs the publisher's GPU:
   // this process creates a CUDA context there (hundreds of MiB) and the kernels use its SMs for
   // the update. Otherwise the conversions run on the destinations' GPU, reading the published
   // bytes across the link. The prepare log line says where they run and, after a failed attempt,

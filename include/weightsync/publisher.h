@@ -1,15 +1,24 @@
-// A Publisher makes versions of named CPU tensors available to Subscribers on the same host.
+// A Publisher makes versions of named tensors — in host memory, or on one CUDA device — available
+// to Subscribers: on this host over a Unix socket ("local://NAME": they map its store), on any
+// host over tcp ("tcp://HOST:PORT": the bytes stream on the connection, or over NCCL for CUDA
+// tensors).
 //
 // Two ways to hand over tensors:
-//  * Register(): the tensors stay in caller memory; Publish(step) copies them into a shared-memory
-//    slot, so the trainer may change them as soon as Publish returns.
-//  * Allocate(): the tensor lives in the shared-memory arena itself; Publish(step) copies nothing.
-//    Call BeginWrite() before changing allocated tensors: it waits until no subscriber is reading
-//    them, and makes the previous version unavailable until the next Publish.
+//  * Register(): the tensors stay in caller memory; Publish(step) copies them into a slot of the
+//    publisher's store (shared memory, or a GPU arena for CUDA tensors), so the trainer may change
+//    them as soon as Publish returns. A tensor registered under two names (tied weights) is
+//    copied once.
+//  * Allocate() (host tensors): the tensor lives in the shared-memory store itself;
+//    Publish(step) copies nothing. Call BeginWrite() before changing allocated tensors: it waits
+//    until no subscriber is reading them, and makes the previous version unavailable until the
+//    next Publish.
 // All registration (Register/Allocate) happens before the first Publish.
 //
-// Thread safety: Publish/BeginWrite/Close are serialized internally; connection handling runs on
-// the publisher's own threads.
+// Versions are identified by (lineage, session, step): PublisherOptions::lineage and
+// resume_from_step say which line of versions a (restarted) trainer continues.
+//
+// Thread safety: Register/Allocate/Publish/BeginWrite/Close are serialized internally; connection
+// handling runs on the publisher's own threads.
 #pragma once
 
 #include <cstdint>
