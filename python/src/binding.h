@@ -97,10 +97,10 @@ std::pair<void*, nb::object> AllocateDeviceMemory(const Device& device, uint64_t
 
 // A view over `data` (`dtype`, `shape`) on `device` in `framework`'s type, whose base keeps
 // `owner` alive; no copy. For NumPy, element types it lacks come back as ml_dtypes arrays when
-// ml_dtypes is installed, else as raw bits (uint16 for bfloat16, uint8 for float8); torch, CuPy
-// and DLPack get their DLPack codes (bfloat16 4, float8_e4m3fn 10, float8_e5m2 12, float8_e8m0fnu
-// 14). tfloat32 comes back as float32; float4_e2m1fn as the packed uint8 bytes. CUDA memory in
-// NumPy is an InvalidArgument.
+// ml_dtypes is installed, else as raw bits (uint16 for bfloat16, uint8 for float8), and CuPy
+// always gets those raw bits; torch and DLPack get their DLPack codes (bfloat16 4, float8_e4m3fn
+// 10, float8_e5m2 12, float8_e8m0fnu 14). tfloat32 comes back as float32; float4_e2m1fn as the
+// packed uint8 bytes. CUDA memory in NumPy, and host memory in CuPy, is an InvalidArgument.
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
                      Framework framework = Framework::kNumpy, const Device& device = Device{});
 

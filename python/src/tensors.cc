@@ -653,11 +653,12 @@ void* PlaceholderAddress() {
 
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
                      Framework framework, const Device& device) {
-  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy, which has none of
-  // those, gets the raw bits (then an ml_dtypes view). DLPack has no tfloat32 (float32 bits), and
-  // weightsync's packed float4 travels as its bytes, as for NumPy.
+  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy and CuPy, which
+  // have none of those, get the raw bits (NumPy then an ml_dtypes view). DLPack has no tfloat32
+  // (float32 bits), and weightsync's packed float4 travels as its bytes, as for NumPy.
   auto [raw, raw_shape] = RawLayout(dtype, shape);
-  const bool own_code = framework != Framework::kNumpy &&
+  // CuPy has no bfloat16/float8 dtypes either: it gets the raw bits, as NumPy without ml_dtypes.
+  const bool own_code = framework != Framework::kNumpy && framework != Framework::kCupy &&
                         Info(dtype).dlpack_code != kNoDLPackCode &&
                         dtype != DType::kFloat4E2M1FN;
   const DTypeInfo& element = Info(own_code ? dtype : raw);

@@ -13,6 +13,9 @@ import pytest
 _SOCKET_DIR = tempfile.mkdtemp(prefix="ws-py-")
 os.environ["WEIGHTSYNC_SOCKET_DIR"] = _SOCKET_DIR
 os.environ.setdefault("WEIGHTSYNC_LOG_LEVEL", "WARN")
+# JAX takes 75% of every GPU at its first use unless told not to; GPU tests share the device with
+# torch and child processes (which inherit this).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 _counter = itertools.count()
 
