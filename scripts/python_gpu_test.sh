@@ -7,8 +7,10 @@
 #   scripts/python_gpu_test.sh build              pip install into $SITE only
 #   scripts/python_gpu_test.sh test [pytest args] build, then pytest -m gpu python/tests
 #   scripts/python_gpu_test.sh example [args]     build, then examples/torch_gpu_rl/run.py
-#   scripts/python_gpu_test.sh bench [args]       build, then bench/python_gpu_update.py with the
-#                                                 C++ bench binary (built into build-gpu/ if missing)
+#   scripts/python_gpu_test.sh bench-build        the C++ bench binary only (build-gpu/bench/
+#                                                 ws_gpu_update, the bench's `cpp` row)
+#   scripts/python_gpu_test.sh bench [args]       build, then bench/python_gpu_update.py (builds
+#                                                 ws_gpu_update too if it is missing)
 # Each command builds first (incremental: build-py/ keeps the CMake build; SKIP_BUILD=1 skips it),
 # so a fresh machine needs nothing else. Times on the H200 machine: build 2-3 min from scratch,
 # tests about 5 min, example 1-2 min, bench 5-8 min: run them as separate commands where one
@@ -109,16 +111,21 @@ example() {
   return $rc
 }
 
+BUILD=${BUILD:-build-gpu}
+bench_build() {
+  say "building $BUILD/bench/ws_gpu_update (log: $OUT/bench_build.log)"
+  { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DWS_CUDA=ON -DWS_BUILD_TESTS=OFF \
+      -DCMAKE_PREFIX_PATH="$PREFIX" -DOPENSSL_ROOT_DIR="$PREFIX" &&
+    cmake --build "$BUILD" -j"$JOBS" --target ws_gpu_update; } > "$OUT/bench_build.log" 2>&1
+  local rc=$?
+  tail -3 "$OUT/bench_build.log"
+  return $rc
+}
+
 bench() {
   ensure_built || return $?
-  local build=${BUILD:-build-gpu}
-  if [ ! -x "$build/bench/ws_gpu_update" ]; then
-    say "building $build/bench/ws_gpu_update (log: $OUT/bench_build.log)"
-    { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DWS_CUDA=ON -DWS_BUILD_TESTS=OFF \
-        -DCMAKE_PREFIX_PATH="$PREFIX" -DOPENSSL_ROOT_DIR="$PREFIX" &&
-      cmake --build "$build" -j"$JOBS" --target ws_gpu_update; } > "$OUT/bench_build.log" 2>&1 ||
-      { tail -20 "$OUT/bench_build.log"; return 1; }
-  fi
+  local build=$BUILD
+  [ -x "$build/bench/ws_gpu_update" ] || bench_build || return $?
   say "bench/python_gpu_update.py (log: $OUT/python_gpu_update.log)"
   bounded "${BENCH_TIMEOUT:-570}" "$PYTHON" bench/python_gpu_update.py --build "$build" \
     --json "$OUT/python_gpu_update.json" "$@" 2> "$OUT/python_gpu_update.log" |
@@ -132,6 +139,7 @@ case "$what" in
   build) build ;;
   test) gpu_tests "$@" ;;
   example) example "$@" ;;
+  bench-build) bench_build ;;
   bench) bench "$@" ;;
   all)
     build || exit $?
@@ -140,5 +148,5 @@ case "$what" in
     example || rc=1
     exit $rc
     ;;
-  *) say "unknown command '$what' (build|test|example|bench|all)"; exit 2 ;;
+  *) say "unknown command '$what' (build|test|example|bench-build|bench|all)"; exit 2 ;;
 esac
