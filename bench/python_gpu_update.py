@@ -369,8 +369,12 @@ def row_cpp(args, nbytes):
 
 
 def _ipc_engine(conn, shapes, device_index):
+    import faulthandler
+
     import torch
 
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(600, exit=True)  # the bench kills it sooner; stacks first
     device = torch.device(f"cuda:{device_index}")
     torch.cuda.set_device(device)
     dst = {n: torch.empty(s, dtype=torch.bfloat16, device=device) for n, s in shapes}
