@@ -141,7 +141,7 @@ def expect_ack(acks, what):
 
 
 def engine_main(args, from_trainer, acks):
-    torch = setup(args.engine_device)
+    setup(args.engine_device)
     import weightsync
     from model import build, greedy, logits, prompt
 
