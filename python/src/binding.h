@@ -91,9 +91,6 @@ Device DeviceArg(nb::handle device);
 // Unavailable (no usable CUDA: the reason CudaStatus() gives, e.g. "built without CUDA", "no CUDA
 // device: ...") or InvalidArgument (an index past CudaDeviceCount()), naming `what` and `device`.
 void RequireCudaDevice(const Device& device, const std::string& what);
-// `bytes` (at least 1) zero-filled bytes of weightsync::DeviceMemory on `device` (CUDA), and the
-// capsule that owns them: the memory is freed when the capsule is (pass it as ArrayView's owner).
-std::pair<void*, nb::object> AllocateDeviceMemory(const Device& device, uint64_t bytes);
 
 // A view over `data` (`dtype`, `shape`) on `device` in `framework`'s type, whose base keeps
 // `owner` alive; no copy. For NumPy, element types it lacks come back as ml_dtypes arrays when
@@ -103,6 +100,19 @@ std::pair<void*, nb::object> AllocateDeviceMemory(const Device& device, uint64_t
 // packed uint8 bytes. CUDA memory in NumPy, and host memory in CuPy, is an InvalidArgument.
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
                      Framework framework = Framework::kNumpy, const Device& device = Device{});
+
+// allocate(name, dtype, shape, framework, device=CUDA device) on either side: zero-filled
+// weightsync::DeviceMemory (at least 1 byte) on `device` and a `framework` view of it, whose base
+// is `owner`, the capsule that frees the memory when it goes. Refuses framework 'numpy' and devices
+// this module cannot use (RequireCudaDevice) before allocating anything.
+struct DeviceTensor {
+  void* data = nullptr;
+  nb::object owner;
+  nb::object view;
+};
+DeviceTensor AllocateDeviceTensor(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, Framework framework,
+                                  const Device& device);
 
 // A non-null, aligned address no view built over it ever reads: for building a view before the
 // memory it will describe exists (Publisher.allocate()).

@@ -218,21 +218,12 @@ void BindPublisher(nb::module_& m) {
               // A GPU arena cannot hold allocated tensors yet (Publisher::Allocate): the tensor is
               // device memory of the publisher's own (weightsync::DeviceMemory), registered, so
               // publish() copies it like a registered tensor; no begin_write() is needed.
-              if (framework == Framework::kNumpy) {
-                ThrowIfError(Status::InvalidArgument(
-                    "allocate('", name, "', device='", DeviceString(device),
-                    "'): framework='numpy' cannot hold CUDA memory; use framework='torch', "
-                    "'cupy' or 'dlpack'"));
-              }
-              RequireCudaDevice(device, "allocate('" + name + "')");
-              const uint64_t bytes = ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
-              auto [data, owner] = AllocateDeviceMemory(device, bytes);
-              nb::object view = ArrayView(data, dt, dims, owner, framework, device);
-              std::vector<NamedTensor> views{{name, TensorView{data, dt, dims, device}}};
+              DeviceTensor t = AllocateDeviceTensor(name, dt, dims, framework, device);
+              std::vector<NamedTensor> views{{name, TensorView{t.data, dt, dims, device}}};
               ThrowIfError(self.publisher->Register(views));
               self.Registered(views);
-              self.sources.push_back(std::move(owner));
-              return view;
+              self.sources.push_back(std::move(t.owner));
+              return t.view;
             }
             // Allocate() cannot be undone, so whatever can fail here fails first: the byte count
             // (the library's rules), then the Python view itself, built once over a placeholder

@@ -507,23 +507,16 @@ void BindSubscriber(nb::module_& m) {
             const Framework framework = FrameworkArg(framework_arg);
             const Device device = DeviceArg(device_arg);
             // Negative dims, overflow: the library's rules, before NumPy sees them.
-            const uint64_t bytes = ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
             if (device.is_cuda()) {
               // Device memory of its own (weightsync::DeviceMemory), owned by the views' base:
               // buffer and view first, registration last, as on the CPU.
-              if (framework == Framework::kNumpy) {
-                ThrowIfError(Status::InvalidArgument(
-                    "allocate('", name, "', device='", DeviceString(device),
-                    "'): framework='numpy' cannot hold CUDA memory; use framework='torch', "
-                    "'cupy' or 'dlpack'"));
-              }
-              RequireCudaDevice(device, "allocate('" + name + "')");
-              auto [data, owner] = AllocateDeviceMemory(device, bytes);
-              nb::object view = ArrayView(data, dt, dims, owner, framework, device);
-              nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
-              ThrowIfError(self.subscriber->Register({{name, TensorView{data, dt, dims, device}}}));
+              DeviceTensor t = AllocateDeviceTensor(name, dt, dims, framework, device);
+              nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), t.view);
+              ThrowIfError(
+                  self.subscriber->Register({{name, TensorView{t.data, dt, dims, device}}}));
               self.Keep(name, nb::object(), entry);
-              return view;
+              return t.view;
             }
             // Buffer and view first, registration last: a failure leaves nothing registered.
             auto [raw_dtype, raw_shape] = RawLayout(dt, dims);

@@ -635,15 +635,27 @@ void FreeDeviceMemory(void* p) noexcept {
 
 }  // namespace
 
-std::pair<void*, nb::object> AllocateDeviceMemory(const Device& device, uint64_t bytes) {
+DeviceTensor AllocateDeviceTensor(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, Framework framework,
+                                  const Device& device) {
+  if (framework == Framework::kNumpy) {
+    ThrowStatus(Status::InvalidArgument("allocate('", name, "', device='", DeviceString(device),
+                                        "'): framework='numpy' cannot hold CUDA memory; use "
+                                        "framework='torch', 'cupy' or 'dlpack'"));
+  }
+  RequireCudaDevice(device, "allocate('" + name + "')");
+  const uint64_t bytes = ThrowIfError(TensorView{nullptr, dtype, shape}.NumBytes());
   // One byte at least, so that every view has an address of its own.
   Result<DeviceMemory> memory = [&] {
     nb::gil_scoped_release release;
     return DeviceMemory::Allocate(device.index, std::max<uint64_t>(bytes, 1));
   }();
   auto* owned = new DeviceMemory(ThrowIfError(std::move(memory)));
-  void* data = owned->data();
-  return {data, nb::capsule(owned, &FreeDeviceMemory)};
+  DeviceTensor out;
+  out.data = owned->data();
+  out.owner = nb::capsule(owned, &FreeDeviceMemory);  // frees `owned` from here on
+  out.view = ArrayView(out.data, dtype, shape, out.owner, framework, device);
+  return out;
 }
 
 void* PlaceholderAddress() {
