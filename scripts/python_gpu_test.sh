@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package on the GPU machine: builds it with the GPU data plane, runs the GPU tests
-# (pytest -m gpu), the GPU example and, on request, the Python GPU benchmark. docs/python.md, "On
-# a GPU machine"; docs/gpu.md.
+# (pytest -m gpu), the GPU example and, on request, the Python GPU benchmark. docs/python.md,
+# "Install and test on a GPU machine"; docs/gpu.md, "From Python".
 #
 #   scripts/python_gpu_test.sh [all]              build, test, example (default)
 #   scripts/python_gpu_test.sh build              pip install into $SITE only
@@ -12,9 +12,10 @@
 #   scripts/python_gpu_test.sh bench [args]       build, then bench/python_gpu_update.py (builds
 #                                                 ws_gpu_update too if it is missing)
 # Each command builds first (incremental: build-py/ keeps the CMake build; SKIP_BUILD=1 skips it),
-# so a fresh machine needs nothing else. Times on the H200 machine: build 2-3 min from scratch,
-# tests about 5 min, example 1-2 min, bench 5-8 min: run them as separate commands where one
-# command may take at most 10 minutes.
+# so a fresh machine needs nothing else. Expected times on the H200 machine (estimates until the
+# first run): build 2-3 min from scratch, tests about 5 min, example 1-2 min, bench-build 2-3 min,
+# bench 5-8 min: run them as separate commands (SKIP_BUILD=1 after the first) where one command
+# may take at most 10 minutes.
 #
 # The machine has CUDA, torch, CuPy, JAX and transformers in its Python (python3; $PYTHON
 # overrides) but no package registry: the Debian -dev packages the build needs travel in .devdeps/
