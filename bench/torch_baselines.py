@@ -15,31 +15,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from model_shapes import model_shapes
+
 GiB = 1 << 30
 
 
-def qwen7b_like_shapes():
-    """Parameter shapes of a Qwen2.5-7B-style decoder (bf16), about 7.6e9 parameters."""
-    h, inter, vocab, layers, kv = 3584, 18944, 152064, 28, 512
-    shapes = [("embed_tokens.weight", (vocab, h))]
-    for i in range(layers):
-        p = f"layers.{i}."
-        shapes += [
-            (p + "self_attn.q_proj.weight", (h, h)),
-            (p + "self_attn.q_proj.bias", (h,)),
-            (p + "self_attn.k_proj.weight", (kv, h)),
-            (p + "self_attn.k_proj.bias", (kv,)),
-            (p + "self_attn.v_proj.weight", (kv, h)),
-            (p + "self_attn.v_proj.bias", (kv,)),
-            (p + "self_attn.o_proj.weight", (h, h)),
-            (p + "mlp.gate_proj.weight", (inter, h)),
-            (p + "mlp.up_proj.weight", (inter, h)),
-            (p + "mlp.down_proj.weight", (h, inter)),
-            (p + "input_layernorm.weight", (h,)),
-            (p + "post_attention_layernorm.weight", (h,)),
-        ]
-    shapes += [("norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
-    return shapes
+def qwen7b_like_shapes(scale=1.0):
+    """Parameter shapes of a Qwen2.5-7B-style decoder (bf16), about 7.6e9 parameters at scale 1:
+    the tensors ws_gpu_update moves (bench/model_shapes.py, tools/model_presets.cc)."""
+    return model_shapes(scale, "qwen2.5-7b")
 
 
 def emit(**kw):
@@ -80,9 +64,9 @@ def single_process_links():
     torch.cuda.empty_cache()
 
 
-def worker(rank, world, q):
+def worker(rank, world, q, scale=1.0, port=29533):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29533"
+    os.environ["MASTER_PORT"] = str(port)
     torch.cuda.set_device(rank)
     t0 = time.perf_counter()
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device(f"cuda:{rank}"))
@@ -90,7 +74,7 @@ def worker(rank, world, q):
     dist.all_reduce(x)
     torch.cuda.synchronize()
     init_s = time.perf_counter() - t0
-    shapes = qwen7b_like_shapes()
+    shapes = qwen7b_like_shapes(scale)
     tensors = [torch.empty(s, dtype=torch.bfloat16, device="cuda") for _, s in shapes]
     if rank == 0:
         for t in tensors:

@@ -6,8 +6,9 @@
 #   PYTHON   interpreter that creates the venv (default: python3)
 #   VENV     venv folder (default: .venv)
 #   JOBS     parallel compile jobs (default: 2)
-#   FRAMEWORKS  DLPack producers the tests exercise, installed from PyPI (default: torch,
-#            jax[cpu], paddlepaddle; FRAMEWORKS="" skips them and their tests skip)
+#   FRAMEWORKS  DLPack producers (and transformers, for examples/torch_gpu_rl) the tests
+#            exercise, installed from PyPI (default: torch, jax[cpu], paddlepaddle, transformers;
+#            FRAMEWORKS="" skips them and their tests skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +47,8 @@ PIP=("$PY" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install safetensors || say "safetensors not installed (bench only); continuing"
 # Frameworks whose tensors the tests pass through DLPack (CPU builds; PyPI's torch also pulls its
 # CUDA wheels). Each is optional: a test that needs one skips where it is absent.
-for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle}; do
+# transformers: examples/torch_gpu_rl (its test skips without it).
+for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle transformers}; do
   "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "${fw%%[*}" 2>/dev/null ||
     "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
 done

@@ -55,9 +55,11 @@ struct ImportedTensor {
 };
 
 // Converts `tensors` (a mapping name → tensor, or an iterable of (name, tensor) pairs; a tensor
-// is any CPU DLPack producer or NumPy array) into views. `dtypes` (mapping name → dtype or None)
-// overrides the element type of raw-bits tensors. `writable`: destinations must accept writes.
-// Never copies: a tensor that is not C-contiguous or not on the CPU is an InvalidArgument.
+// is any DLPack producer on the CPU or a CUDA device, or a NumPy array) into views. `dtypes`
+// (mapping name → dtype or None) overrides the element type of raw-bits tensors. `writable`:
+// destinations must accept writes. Never copies: a tensor that is not C-contiguous, or on a
+// device weightsync does not move, is an InvalidArgument; a CUDA tensor where this module cannot
+// use CUDA is Unavailable, saying why (RequireCudaDevice).
 std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable);
 
 // Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
@@ -75,19 +77,42 @@ std::vector<int64_t> ShapeArg(nb::handle shape);
 
 // What allocate() returns its tensors as (its `framework` argument).
 enum class Framework {
-  kNumpy,   // numpy.ndarray ("numpy")
+  kNumpy,   // numpy.ndarray ("numpy"); CPU memory only
   kTorch,   // torch.Tensor, through torch.utils.dlpack.from_dlpack ("torch")
-  kDLPack,  // an object with __dlpack__/__dlpack_device__ and the buffer protocol ("dlpack")
+  kCupy,    // cupy.ndarray, through cupy.from_dlpack ("cupy")
+  kDLPack,  // an object with __dlpack__/__dlpack_device__ (and, on the CPU, the buffer protocol)
 };
 Framework FrameworkArg(nb::handle framework);
 
-// A view over `data` (`dtype`, `shape`) in `framework`'s type, whose base keeps `owner` alive; no
-// copy. For NumPy, element types it lacks come back as ml_dtypes arrays when ml_dtypes is
-// installed, else as raw bits (uint16 for bfloat16, uint8 for float8); torch and DLPack get their
-// DLPack codes (bfloat16 4, float8_e4m3fn 10, float8_e5m2 12, float8_e8m0fnu 14). tfloat32 comes
-// back as float32; float4_e2m1fn as the packed uint8 bytes.
+// A device argument: None or 'cpu' → the CPU; 'cuda' (= 'cuda:0'), 'cuda:N', an int N or anything
+// whose str() is one of those (torch.device) → CUDA device N. Anything else: InvalidArgument.
+Device DeviceArg(nb::handle device);
+// Returns if `device` is the CPU, or a CUDA device this module can use. Otherwise raises
+// Unavailable (no usable CUDA: the reason CudaStatus() gives, e.g. "built without CUDA", "no CUDA
+// device: ...") or InvalidArgument (an index past CudaDeviceCount()), naming `what` and `device`.
+void RequireCudaDevice(const Device& device, const std::string& what);
+
+// A view over `data` (`dtype`, `shape`) on `device` in `framework`'s type, whose base keeps
+// `owner` alive; no copy. For NumPy, element types it lacks come back as ml_dtypes arrays when
+// ml_dtypes is installed, else as raw bits (uint16 for bfloat16, uint8 for float8), and CuPy
+// always gets those raw bits; torch and DLPack get their DLPack codes (bfloat16 4, float8_e4m3fn
+// 10, float8_e5m2 12, float8_e8m0fnu 14). tfloat32 comes back as float32; float4_e2m1fn as the
+// packed uint8 bytes. CUDA memory in NumPy, and host memory in CuPy, is an InvalidArgument.
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
-                     Framework framework = Framework::kNumpy);
+                     Framework framework = Framework::kNumpy, const Device& device = Device{});
+
+// allocate(name, dtype, shape, framework, device=CUDA device) on either side: zero-filled
+// weightsync::DeviceMemory (at least 1 byte) on `device` and a `framework` view of it, whose base
+// is `owner`, the capsule that frees the memory when it goes. Refuses framework 'numpy' and devices
+// this module cannot use (RequireCudaDevice) before allocating anything.
+struct DeviceTensor {
+  void* data = nullptr;
+  nb::object owner;
+  nb::object view;
+};
+DeviceTensor AllocateDeviceTensor(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, Framework framework,
+                                  const Device& device);
 
 // A non-null, aligned address no view built over it ever reads: for building a view before the
 // memory it will describe exists (Publisher.allocate()).

@@ -23,6 +23,29 @@ nb::dict LedgerDict() {
   return d;
 }
 
+// What weightsync.cuda_status() returns: whether the GPU paths can be used in this process, and
+// if not, why (weightsync::CudaStatus()).
+struct PyCudaStatus {
+  bool available = false;
+  bool built_with_cuda = false;
+  int device_count = 0;
+  std::string reason;  // empty when available
+};
+
+PyCudaStatus ReadCudaStatus() {
+  PyCudaStatus out;
+  out.built_with_cuda = WS_WITH_CUDA != 0;  // the weightsync target's PUBLIC definition
+  Status s;
+  {
+    nb::gil_scoped_release release;  // the first call probes the driver
+    s = CudaStatus();
+    out.device_count = CudaDeviceCount();
+  }
+  out.available = s.ok();
+  if (!s.ok()) out.reason = s.message();
+  return out;
+}
+
 nb::list DTypeNames() {
   nb::list out;
   for (int i = 0; i < kDTypeCount; ++i) {
@@ -44,6 +67,32 @@ NB_MODULE(_weightsync, m) {
   m.def("ledger", &LedgerDict, nb::sig("def ledger() -> dict[str, int]"),
         "Live counts of what weightsync holds in this process (fds, segments, mappings,\n"
         "threads, staging bytes, handles, connections) and cumulative release failures.");
+  nb::class_<PyCudaStatus>(
+      m, "CudaStatus",
+      "What weightsync.cuda_status() returns. True (bool()) when the GPU paths can be used.")
+      .def_ro("available", &PyCudaStatus::available,
+              "CUDA tensors can be registered and allocated in this process.")
+      .def_ro("built_with_cuda", &PyCudaStatus::built_with_cuda,
+              "The extension was built with the GPU data plane (the CUDA toolkit was found).")
+      .def_ro("device_count", &PyCudaStatus::device_count,
+              "Usable CUDA devices (0 unless available).")
+      .def_ro("reason", &PyCudaStatus::reason,
+              "Why the GPU paths cannot be used ('' when available), e.g. 'built without CUDA'\n"
+              "or 'no CUDA device: cudaErrorNoDevice: no CUDA-capable device is detected'.")
+      .def("__bool__", [](const PyCudaStatus& s) { return s.available; })
+      .def("__repr__", [](const PyCudaStatus& s) {
+        std::string r = "CudaStatus(available=";
+        r += s.available ? "True" : "False";
+        r += ", built_with_cuda=";
+        r += s.built_with_cuda ? "True" : "False";
+        r += ", device_count=" + std::to_string(s.device_count) + ", reason=" +
+             nb::cast<std::string>(nb::repr(nb::str(s.reason.c_str(), s.reason.size()))) + ")";
+        return r;
+      });
+  m.def("cuda_status", &ReadCudaStatus, nb::sig("def cuda_status() -> CudaStatus"),
+        "Whether this process can use the GPU paths (CUDA tensors in register() and\n"
+        "allocate(device=...), cuda-ipc, nccl, host <-> GPU), and if not, why. Probes the driver\n"
+        "once; the answer is cached for the life of the process.");
   m.def("dtypes", &DTypeNames, nb::sig("def dtypes() -> list[str]"),
         "Canonical names of the element types weightsync moves, in wire-code order.");
 }

@@ -15,10 +15,19 @@ using namespace nb::literals;
 // The Python-side state of a Publisher: what keeps registered caller memory alive, and how many
 // arena views are still reachable (close() would unmap memory they point at).
 struct PyPublisher {
-  std::vector<nb::ndarray<>> sources;  // registered tensors; declared first, released last
+  // Registered tensors and the owners of allocate()d device memory; declared first, released
+  // last.
+  std::vector<nb::object> sources;
   std::unique_ptr<Publisher> publisher;
-  int live_views = 0;              // arrays from allocate() still alive
+  int live_views = 0;              // arena arrays from allocate() still alive
   bool close_when_unused = false;  // __exit__ with live views: close when the last one dies
+  int cuda_device = -1;            // the device of the registered CUDA tensors, -1: host tensors
+
+  void Registered(const std::vector<NamedTensor>& views) {
+    for (const NamedTensor& t : views) {
+      if (t.view.device.is_cuda()) cuda_device = t.view.device.index;
+    }
+  }
 
   // The bound endpoint (tcp://HOST:0 reports the port it got).
   const std::string& endpoint() const { return publisher->endpoint(); }
@@ -49,6 +58,77 @@ void ReleaseView(void* p) noexcept {
   delete owner;
 }
 
+// Any Python object's attribute as an int stream handle; false when absent or not an int.
+bool IntAttr(nb::handle obj, const char* attr, nb::object* out) {
+  nb::object v = nb::steal(PyObject_GetAttrString(obj.ptr(), attr));
+  if (!v.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (!PyIndex_Check(v.ptr()) || PyBool_Check(v.ptr())) return false;
+  *out = std::move(v);
+  return true;
+}
+
+// The CUDA device a stream object says it belongs to, or -1 when it does not say: torch.cuda.Stream
+// has .device (a torch.device with .index), cupy.cuda.Stream .device_id.
+int StreamDevice(nb::handle stream) {
+  nb::object v;
+  if (IntAttr(stream, "device_id", &v)) return static_cast<int>(PyLong_AsLong(v.ptr()));
+  nb::object device = nb::steal(PyObject_GetAttrString(stream.ptr(), "device"));
+  if (!device.is_valid()) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (IntAttr(device, "index", &v)) return static_cast<int>(PyLong_AsLong(v.ptr()));
+  return -1;
+}
+
+// publish()'s `stream` argument as PublishOptions::cuda_stream. None: torch's current stream on
+// the tensors' device when torch is imported (never imported here) and has initialised CUDA, else
+// the legacy default stream (nullptr). Host tensors: the stream is not used.
+void* StreamArg(nb::handle stream, int cuda_device) {
+  if (stream.is_none()) {
+    if (cuda_device < 0) return nullptr;
+    nb::object torch = nb::steal(PyImport_GetModule(nb::str("torch").ptr()));
+    if (!torch.is_valid()) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    nb::object cuda = nb::steal(PyObject_GetAttrString(torch.ptr(), "cuda"));
+    if (!cuda.is_valid()) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    if (!nb::cast<bool>(cuda.attr("is_initialized")())) return nullptr;  // not torch's tensors
+    nb::object current = cuda.attr("current_stream")(cuda_device);
+    return StreamArg(current, cuda_device);
+  }
+  nb::object handle;
+  if (PyIndex_Check(stream.ptr()) && !PyBool_Check(stream.ptr())) {
+    handle = nb::borrow(stream);
+  } else if (!IntAttr(stream, "cuda_stream", &handle) && !IntAttr(stream, "ptr", &handle)) {
+    throw nb::type_error(("stream: expected None, an int (a cudaStream_t) or a stream object with "
+                          ".cuda_stream (torch.cuda.Stream) or .ptr (cupy.cuda.Stream), got " +
+                          std::string(Py_TYPE(stream.ptr())->tp_name))
+                             .c_str());
+  } else if (const int device = StreamDevice(stream); device >= 0 && cuda_device >= 0 &&
+                                                        device != cuda_device) {
+    ThrowIfError(Status::InvalidArgument(
+        "stream: it belongs to cuda:", device, ", but this publisher's tensors are on cuda:",
+        cuda_device, "; pass a stream of cuda:", cuda_device, " (the one whose work wrote them)"));
+  }
+  const unsigned long long value = PyLong_AsUnsignedLongLong(handle.ptr());
+  if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    ThrowIfError(Status::InvalidArgument(
+        "stream: ", nb::cast<std::string>(nb::repr(handle)),
+        " is not a cudaStream_t (an address: 0 for the legacy default stream, 1 legacy, 2 "
+        "per-thread)"));
+  }
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(value));
+}
+
 }  // namespace
 
 void BindPublisher(nb::module_& m) {
@@ -66,10 +146,12 @@ void BindPublisher(nb::module_& m) {
 
   nb::class_<PyPublisher>(
       m, "Publisher",
-      "Makes versions of named CPU tensors available to Subscribers on the same host.\n\n"
-      "Either register() tensors you own (publish() copies them into shared memory) or\n"
-      "allocate() them in the shared-memory arena (publish() copies nothing; call\n"
-      "begin_write() before changing them). Register/allocate before the first publish().")
+      "Makes versions of named tensors (host tensors, or tensors of one CUDA device) available\n"
+      "to Subscribers.\n\n"
+      "Either register() tensors you own (publish() copies them into shared memory, or into\n"
+      "GPU memory for CUDA tensors) or allocate() them in the shared-memory arena (publish()\n"
+      "copies nothing; call begin_write() before changing them). Register/allocate before the\n"
+      "first publish().")
       .def(
           "__init__",
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
@@ -111,24 +193,38 @@ void BindPublisher(nb::module_& m) {
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
             ThrowIfError(self.publisher->Register(views));
-            for (auto& t : imported) self.sources.push_back(std::move(t.keep));
+            self.Registered(views);
+            for (auto& t : imported) self.sources.push_back(nb::cast(std::move(t.keep)));
           },
           "tensors"_a, "dtypes"_a = nb::none(),
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
                   "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
-          "Registers CPU tensors (any __dlpack__ producer or NumPy array, C-contiguous) by name.\n"
-          "They stay in your memory: publish() copies them, so you may change them as soon as\n"
-          "it returns. The Publisher keeps them alive. `dtypes` maps names to an element type\n"
-          "for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
+          "Registers tensors (any __dlpack__ producer or NumPy array, C-contiguous) by name: host\n"
+          "tensors, or tensors of one CUDA device (the publisher then keeps its versions in GPU\n"
+          "memory). They stay in your memory: publish() copies them, so you may change them as\n"
+          "soon as it returns. The Publisher keeps them alive. `dtypes` maps names to an element\n"
+          "type for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
       .def(
           "allocate",
           [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
-             nb::handle framework_arg) {
+             nb::handle framework_arg, nb::handle device_arg) {
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
             const Framework framework = FrameworkArg(framework_arg);
+            const Device device = DeviceArg(device_arg);
+            if (device.is_cuda()) {
+              // A GPU arena cannot hold allocated tensors yet (Publisher::Allocate): the tensor is
+              // device memory of the publisher's own (weightsync::DeviceMemory), registered, so
+              // publish() copies it like a registered tensor; no begin_write() is needed.
+              DeviceTensor t = AllocateDeviceTensor(name, dt, dims, framework, device);
+              std::vector<NamedTensor> views{{name, TensorView{t.data, dt, dims, device}}};
+              ThrowIfError(self.publisher->Register(views));
+              self.Registered(views);
+              self.sources.push_back(std::move(t.owner));
+              return t.view;
+            }
             // Allocate() cannot be undone, so whatever can fail here fails first: the byte count
             // (the library's rules), then the Python view itself, built once over a placeholder
             // address (nothing reads it) and dropped.
@@ -141,28 +237,43 @@ void BindPublisher(nb::module_& m) {
             nb::capsule capsule(owner, &ReleaseView);  // owns `owner` from here on
             return ArrayView(v.data, v.dtype, v.shape, capsule, framework);
           },
-          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy", "device"_a = nb::none(),
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
                   "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
-                  "'dlpack'] = 'numpy') -> typing.Any"),
+                  "'cupy', 'dlpack'] = 'numpy', device: str | int | typing.Any | None = None) "
+                  "-> typing.Any"),
           "Allocates a zero-filled tensor in the shared-memory arena and returns a view of it\n"
           "(publish() then copies nothing). The view keeps the Publisher alive; close()\n"
           "refuses while views are alive. framework: 'numpy' (bfloat16/float8 as ml_dtypes\n"
           "arrays when ml_dtypes is installed, else raw uint16/uint8 bits), 'torch' (a\n"
-          "torch.Tensor of the dtype itself) or 'dlpack' (an object any DLPack consumer\n"
+          "torch.Tensor of the dtype itself), 'cupy' or 'dlpack' (an object any DLPack consumer\n"
           "imports: torch.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack). A failed\n"
-          "allocate() registers nothing.")
+          "allocate() registers nothing. device='cuda:N' (or 'cuda', N, a torch.device): the\n"
+          "tensor is device memory of the publisher's own, registered like register()'s tensors:\n"
+          "publish() copies it into the GPU arena (no begin_write() needed), and close() does\n"
+          "not wait for its views; not with framework='numpy'.")
       .def(
           "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),
           "Waits until no subscriber reads the allocate()d tensors; call before changing them.")
       .def(
           "publish",
-          [](PyPublisher& self, int64_t step) {
-            return ThrowIfError(self.publisher->Publish(step));
+          [](PyPublisher& self, int64_t step, nb::handle stream) {
+            PublishOptions options;
+            options.cuda_stream = StreamArg(stream, self.cuda_device);
+            nb::gil_scoped_release release;
+            return ThrowIfError(self.publisher->Publish(step, options));
           },
-          "step"_a, nb::call_guard<nb::gil_scoped_release>(),
-          "Makes `step` the latest version (steps must increase). Copies registered tensors.")
+          "step"_a, "stream"_a = nb::none(),
+          nb::sig("def publish(self, step: int, stream: int | typing.Any | None = None) -> "
+                  "PublishStats"),
+          "Makes `step` the latest version (steps must increase). Copies registered tensors.\n"
+          "CUDA tensors are copied on the GPU after the work queued on `stream` (the kernels that\n"
+          "wrote them), without blocking the host or synchronizing the device: a cudaStream_t as\n"
+          "an int, or a stream object with .cuda_stream (torch.cuda.Stream) or .ptr\n"
+          "(cupy.cuda.Stream), of the tensors' device. None: torch's current stream on that\n"
+          "device if torch is imported and has initialised CUDA, else the legacy default stream.\n"
+          "Returns once the version is complete. Host tensors: `stream` is not used.")
       .def_prop_ro(
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")

@@ -469,13 +469,15 @@ void BindSubscriber(nb::module_& m) {
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
                   "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
-          "Registers writable, C-contiguous CPU tensors (any __dlpack__ producer or NumPy\n"
-          "array) as destinations, by name. Updates write them in place (addresses never\n"
-          "change); the Subscriber keeps them alive. Before the first update or after sleep()\n"
-          "(or a failed update); a name registered before takes the new tensor, and the next\n"
-          "update writes every destination. Destinations must not share memory, except exact\n"
-          "aliases (tied weights: the same memory, dtype and shape under two names), which are\n"
-          "written once. `dtypes` maps names to an element type for tensors passed as raw bits.")
+          "Registers writable, C-contiguous tensors (any __dlpack__ producer on the CPU or a\n"
+          "CUDA device, or a NumPy array) as destinations, by name. Updates write them in place\n"
+          "(addresses never change) and return with the bytes in place, so any CUDA stream may\n"
+          "read them then; the Subscriber keeps them alive. Before the first update or after\n"
+          "sleep() (or a failed update); a name registered before takes the new tensor, and the\n"
+          "next update writes every destination. Destinations must not share memory, except\n"
+          "exact aliases (tied weights: the same memory, dtype and shape under two names), which\n"
+          "are written once. `dtypes` maps names to an element type for tensors passed as raw\n"
+          "bits.")
       .def(
           "unregister",
           [](PySubscriber& self, nb::handle names) {
@@ -497,14 +499,25 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "allocate",
           [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
-             nb::handle framework_arg) {
+             nb::handle framework_arg, nb::handle device_arg) {
             self.Settle();
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
             const Framework framework = FrameworkArg(framework_arg);
+            const Device device = DeviceArg(device_arg);
             // Negative dims, overflow: the library's rules, before NumPy sees them.
             ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            if (device.is_cuda()) {
+              // Device memory of its own (weightsync::DeviceMemory), owned by the views' base:
+              // buffer and view first, registration last, as on the CPU.
+              DeviceTensor t = AllocateDeviceTensor(name, dt, dims, framework, device);
+              nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), t.view);
+              ThrowIfError(
+                  self.subscriber->Register({{name, TensorView{t.data, dt, dims, device}}}));
+              self.Keep(name, nb::object(), entry);
+              return t.view;
+            }
             // Buffer and view first, registration last: a failure leaves nothing registered.
             auto [raw_dtype, raw_shape] = RawLayout(dt, dims);
             nb::list raw_dims;
@@ -519,17 +532,21 @@ void BindSubscriber(nb::module_& m) {
             self.Keep(name, nb::object(), entry);
             return view;
           },
-          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy",
+          "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy", "device"_a = nb::none(),
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
                   "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
-                  "'dlpack'] = 'numpy') -> typing.Any"),
+                  "'cupy', 'dlpack'] = 'numpy', device: str | int | typing.Any | None = None) "
+                  "-> typing.Any"),
           "Creates a zero-filled destination the Subscriber owns and registers it; returns a view\n"
           "of it (the same object receive() yields every step, updated in place). framework:\n"
           "'numpy' (bfloat16/float8 as ml_dtypes arrays when ml_dtypes is installed, else raw\n"
           "uint16/uint8 bits), 'torch' (a torch.Tensor of the dtype itself, e.g. bfloat16,\n"
-          "float8_e4m3fn) or 'dlpack' (an object any DLPack consumer imports: torch.from_dlpack,\n"
-          "np.from_dlpack, jax.dlpack.from_dlpack). Zero-copy. A failed allocate() registers\n"
-          "nothing.")
+          "float8_e4m3fn), 'cupy' (a cupy.ndarray) or 'dlpack' (an object any DLPack consumer\n"
+          "imports: torch.from_dlpack, cupy.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack).\n"
+          "device: None or 'cpu' (host memory), 'cuda:N' / 'cuda' (= 'cuda:0') / N / a\n"
+          "torch.device: device memory allocated once (cudaMalloc), freed when the last view of\n"
+          "it and the subscriber are gone (not 'numpy'). Zero-copy. A failed allocate()\n"
+          "registers nothing.")
       .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
            "accept_new_lineage"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"

@@ -1,5 +1,5 @@
-// Tensors in and out: DLPack/NumPy objects → NamedTensor views (never a copy), and arena or
-// subscriber-owned memory → NumPy views that keep their owner alive.
+// Tensors in and out: DLPack/NumPy objects on the CPU or a CUDA device → NamedTensor views (never
+// a copy), and arena, subscriber-owned or device memory → views that keep their owner alive.
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -12,11 +12,37 @@
 namespace weightsync::python {
 namespace {
 
-using CpuArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
-using CpuArrayRo = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+// Any device: the device type is checked after the import, so a refusal can say what is wrong.
+using ContigArray = nb::ndarray<nb::c_contig>;
+using ContigArrayRo = nb::ndarray<nb::ro, nb::c_contig>;
 using AnyArrayRo = nb::ndarray<nb::ro>;
 
+// DLPack device types (dlpack.h DLDeviceType).
 constexpr int32_t kDLCPU = 1;
+constexpr int32_t kDLCUDA = 2;
+constexpr int32_t kDLCUDAHost = 3;  // pinned host memory: host memory to weightsync
+constexpr int32_t kDLCUDAManaged = 13;
+
+std::string DLDeviceName(int32_t type) {
+  switch (type) {
+    case 1: return "CPU";
+    case 2: return "CUDA";
+    case 3: return "CUDA host (pinned)";
+    case 4: return "OpenCL";
+    case 7: return "Vulkan";
+    case 8: return "Metal";
+    case 9: return "VPI";
+    case 10: return "ROCm";
+    case 11: return "ROCm host";
+    case 12: return "ext_dev";
+    case 13: return "CUDA managed";
+    case 14: return "oneAPI";
+    case 15: return "WebGPU";
+    case 16: return "Hexagon";
+    case 17: return "MAIA";
+    default: return "unknown";
+  }
+}
 
 [[noreturn]] void ThrowStatus(Status s) { throw StatusError(std::move(s)); }
 
@@ -160,9 +186,45 @@ bool IsJaxArray(nb::handle obj) {
   return r == 1;
 }
 
+// True when `obj.__dlpack_device__()` names a CUDA device (diagnostics only; never throws).
+bool OnCudaDevice(nb::handle obj) {
+  nb::object method = nb::steal(PyObject_GetAttrString(obj.ptr(), "__dlpack_device__"));
+  if (!method.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object device = nb::steal(PyObject_CallNoArgs(method.ptr()));
+  if (!device.is_valid() || !PyTuple_Check(device.ptr()) || PyTuple_GET_SIZE(device.ptr()) < 1) {
+    PyErr_Clear();
+    return false;
+  }
+  const long type = PyLong_AsLong(PyTuple_GET_ITEM(device.ptr(), 0));
+  if (type == -1 && PyErr_Occurred()) PyErr_Clear();
+  return type == kDLCUDA;
+}
+
 // JAX arrays are immutable: a source registered once never changes, and a destination written in
 // place changes a value JAX treats as constant. Both sides refuse them, saying what works.
-[[noreturn]] void RefuseJaxArray(const std::string& name, bool writable) {
+[[noreturn]] void RefuseJaxArray(const std::string& name, nb::handle obj, bool writable) {
+  if (OnCudaDevice(obj)) {
+    if (!writable) {
+      ThrowStatus(Status::InvalidArgument(
+          "tensor '", name,
+          "': a JAX array is immutable, so a registered one would never change: every publish() "
+          "would copy these same bytes. Publish through a buffer of your own instead: once, "
+          "buf = pub.allocate('", name, "', x.dtype, x.shape, framework='torch', "
+          "device='cuda:N'); before each publish(), buf.copy_(torch.from_dlpack(new_x)) (or "
+          "the CuPy equivalent). See docs/python.md, \"JAX\""));
+    }
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name,
+        "': a JAX array is immutable; weightsync would overwrite it in place behind JAX's back "
+        "(compiled code and caches assume it never changes). Let the subscriber own the buffer: "
+        "view = sub.allocate('", name, "', dtype, shape, framework='dlpack', device='cuda:N'), "
+        "and after each update take a JAX array of it: jnp.array(jax.dlpack.from_dlpack(view)) "
+        "copies (safe); jax.dlpack.from_dlpack(view) alone shares the memory, which the next "
+        "update overwrites"));
+  }
   if (!writable) {
     ThrowStatus(Status::InvalidArgument(
         "tensor '", name,
@@ -202,14 +264,9 @@ bool IsJaxArray(nb::handle obj) {
       ThrowStatus(Status::InvalidArgument(tensor, "its __dlpack__() refused the export: ",
                                           refusal));
     }
-    throw nb::type_error((tensor + "expected a CPU tensor with __dlpack__ or a NumPy array, got " +
-                          TypeName(obj))
+    throw nb::type_error((tensor + "expected a tensor with __dlpack__ (CPU or CUDA) or a NumPy "
+                          "array, got " + TypeName(obj))
                              .c_str());
-  }
-  if (any.device_type() != kDLCPU) {
-    ThrowStatus(Status::InvalidArgument("tensor '", name, "': on DLPack device type ",
-                                        any.device_type(),
-                                        "; the shared-memory transport moves CPU tensors only"));
   }
   bool contiguous = true;
   int64_t expected = 1;
@@ -230,6 +287,27 @@ bool IsJaxArray(nb::handle obj) {
   ThrowStatus(Status::InvalidArgument("tensor '", name, "': not importable through DLPack"));
 }
 
+// Where an imported tensor's memory is, as the C++ API names it; refuses devices weightsync does
+// not move, and CUDA tensors where this module cannot use CUDA (saying why).
+Device ImportedDevice(const std::string& name, const nb::ndarray<>& array) {
+  const int32_t type = array.device_type();
+  if (type == kDLCPU || type == kDLCUDAHost) return Device{};  // pinned host memory is host memory
+  if (type == kDLCUDA) {
+    Device device{Device::Kind::kCUDA, array.device_id()};
+    RequireCudaDevice(device, "tensor '" + name + "'");
+    return device;
+  }
+  if (type == kDLCUDAManaged) {
+    ThrowStatus(Status::InvalidArgument(
+        "tensor '", name, "': in CUDA managed memory (DLPack device type 13), which weightsync "
+        "does not move: pass device memory (e.g. torch.empty(..., device='cuda')) or host "
+        "memory"));
+  }
+  ThrowStatus(Status::InvalidArgument("tensor '", name, "': on DLPack device type ", type, " (",
+                                      DLDeviceName(type),
+                                      "); weightsync moves CPU and CUDA tensors"));
+}
+
 template <typename Array>
 bool TryImport(nb::handle obj, nb::ndarray<>* out) {
   Array a;
@@ -240,9 +318,9 @@ bool TryImport(nb::handle obj, nb::ndarray<>* out) {
 
 ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<DType> override,
                          bool writable) {
-  if (IsJaxArray(obj)) RefuseJaxArray(name, writable);
+  if (IsJaxArray(obj)) RefuseJaxArray(name, obj, writable);
   auto import = [&](nb::handle o, nb::ndarray<>* out) {
-    return writable ? TryImport<CpuArray>(o, out) : TryImport<CpuArrayRo>(o, out);
+    return writable ? TryImport<ContigArray>(o, out) : TryImport<ContigArrayRo>(o, out);
   };
   nb::ndarray<> array;
   std::optional<DType> implied;  // from an ml_dtypes element type NumPy cannot export
@@ -269,6 +347,7 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
     if (!array.is_valid()) ExplainRefusal(name, obj, writable);
   }
 
+  const Device device = ImportedDevice(name, array);
   const nb::dlpack::dtype dt = array.dtype();
   if (dt.lanes != 1) {
     ThrowStatus(Status::InvalidArgument("tensor '", name, "': ", int(dt.lanes),
@@ -306,7 +385,7 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
   }
   ImportedTensor out;
   out.tensor.name = name;
-  out.tensor.view = TensorView{array.data(), dtype, std::move(shape)};
+  out.tensor.view = TensorView{array.data(), dtype, std::move(shape), device};
   out.keep = std::move(array);
   return out;
 }
@@ -487,9 +566,96 @@ Framework FrameworkArg(nb::handle framework) {
   const std::string name = Utf8Arg(framework, "framework");
   if (name == "numpy") return Framework::kNumpy;
   if (name == "torch") return Framework::kTorch;
+  if (name == "cupy") return Framework::kCupy;
   if (name == "dlpack") return Framework::kDLPack;
   ThrowStatus(Status::InvalidArgument("framework '", name,
-                                      "': expected 'numpy', 'torch' or 'dlpack'"));
+                                      "': expected 'numpy', 'torch', 'cupy' or 'dlpack'"));
+}
+
+Device DeviceArg(nb::handle device) {
+  if (device.is_none()) return Device{};
+  auto bad = [&](const std::string& text) {
+    ThrowStatus(Status::InvalidArgument(
+        "device ", text, ": expected None, 'cpu', 'cuda', 'cuda:N' or a torch.device"));
+  };
+  if (PyIndex_Check(device.ptr()) && !PyBool_Check(device.ptr())) {
+    const long long index = PyLong_AsLongLong(device.ptr());
+    if (index == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      bad(Repr(device));
+    }
+    if (index < 0 || index > std::numeric_limits<int>::max()) bad(Repr(device));
+    return Device{Device::Kind::kCUDA, static_cast<int>(index)};
+  }
+  // str, or anything whose str() is one (torch.device('cuda:1') -> 'cuda:1').
+  const std::string text =
+      nb::isinstance<nb::str>(device) ? Utf8Arg(device, "device") : Text(device);
+  if (text == "cpu") return Device{};
+  if (text == "cuda") return Device{Device::Kind::kCUDA, 0};
+  if (StartsWith(text, "cuda:") && text.size() > 5 && text.size() <= 14) {
+    int64_t index = 0;
+    for (char c : text.substr(5)) {
+      if (c < '0' || c > '9') bad("'" + text + "'");
+      index = index * 10 + (c - '0');
+    }
+    if (index > std::numeric_limits<int>::max()) bad("'" + text + "'");
+    return Device{Device::Kind::kCUDA, static_cast<int>(index)};
+  }
+  bad("'" + text + "'");
+  return Device{};
+}
+
+void RequireCudaDevice(const Device& device, const std::string& what) {
+  if (!device.is_cuda()) return;
+  if (Status s = CudaStatus(); !s.ok()) {
+    ThrowStatus(Status::Unavailable(what, " is on ", DeviceString(device),
+                                    ", but this weightsync module cannot use CUDA: ",
+                                    s.message(), " (weightsync.cuda_status())"));
+  }
+  if (device.index >= CudaDeviceCount()) {
+    ThrowStatus(Status::InvalidArgument(what, " is on ", DeviceString(device), ", but ",
+                                        CudaDeviceCount(),
+                                        " CUDA device(s) are visible to this process"));
+  }
+}
+
+namespace {
+
+// Owner of device memory behind allocate()d views: freed when the last view and the
+// Publisher/Subscriber that registered it are gone.
+void FreeDeviceMemory(void* p) noexcept {
+  auto* memory = static_cast<DeviceMemory*>(p);
+  Status s = memory->Close();
+  if (!s.ok()) {
+    PySys_WriteStderr("weightsync: freeing %llu bytes of device memory: %s\n",
+                      static_cast<unsigned long long>(memory->size()), s.ToString().c_str());
+  }
+  delete memory;
+}
+
+}  // namespace
+
+DeviceTensor AllocateDeviceTensor(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, Framework framework,
+                                  const Device& device) {
+  if (framework == Framework::kNumpy) {
+    ThrowStatus(Status::InvalidArgument("allocate('", name, "', device='", DeviceString(device),
+                                        "'): framework='numpy' cannot hold CUDA memory; use "
+                                        "framework='torch', 'cupy' or 'dlpack'"));
+  }
+  RequireCudaDevice(device, "allocate('" + name + "')");
+  const uint64_t bytes = ThrowIfError(TensorView{nullptr, dtype, shape}.NumBytes());
+  // One byte at least, so that every view has an address of its own.
+  Result<DeviceMemory> memory = [&] {
+    nb::gil_scoped_release release;
+    return DeviceMemory::Allocate(device.index, std::max<uint64_t>(bytes, 1));
+  }();
+  auto* owned = new DeviceMemory(ThrowIfError(std::move(memory)));
+  DeviceTensor out;
+  out.data = owned->data();
+  out.owner = nb::capsule(owned, &FreeDeviceMemory);  // frees `owned` from here on
+  out.view = ArrayView(out.data, dtype, shape, out.owner, framework, device);
+  return out;
 }
 
 void* PlaceholderAddress() {
@@ -498,25 +664,46 @@ void* PlaceholderAddress() {
 }
 
 nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape, nb::handle owner,
-                     Framework framework) {
-  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy, which has none of
-  // those, gets the raw bits (then an ml_dtypes view). DLPack has no tfloat32 (float32 bits), and
-  // weightsync's packed float4 travels as its bytes, as for NumPy.
+                     Framework framework, const Device& device) {
+  // DLPack consumers get the element type's own code (bfloat16, float8); NumPy and CuPy, which
+  // have none of those, get the raw bits (NumPy then an ml_dtypes view). DLPack has no tfloat32
+  // (float32 bits), and weightsync's packed float4 travels as its bytes, as for NumPy.
   auto [raw, raw_shape] = RawLayout(dtype, shape);
-  const bool own_code = framework != Framework::kNumpy &&
+  // CuPy has no bfloat16/float8 dtypes either: it gets the raw bits, as NumPy without ml_dtypes.
+  const bool own_code = framework != Framework::kNumpy && framework != Framework::kCupy &&
                         Info(dtype).dlpack_code != kNoDLPackCode &&
                         dtype != DType::kFloat4E2M1FN;
   const DTypeInfo& element = Info(own_code ? dtype : raw);
   const std::vector<int64_t>& dims64 = own_code ? shape : raw_shape;
   const nb::dlpack::dtype dl{element.dlpack_code, element.dlpack_bits, 1};
   std::vector<size_t> dims(dims64.begin(), dims64.end());
+  if (framework == Framework::kCupy && !device.is_cuda()) {
+    ThrowStatus(Status::InvalidArgument(
+        "framework='cupy' holds CUDA memory: pass device='cuda:N' (or 'numpy', 'torch', 'dlpack' "
+        "for host memory)"));
+  }
+  const int device_type = device.is_cuda() ? kDLCUDA : kDLCPU;
+  const int device_id = device.is_cuda() ? device.index : 0;
   switch (framework) {
     case Framework::kTorch:
-      return nb::ndarray<nb::pytorch>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+      return nb::ndarray<nb::pytorch>(data, dims.size(), dims.data(), owner, nullptr, dl,
+                                      device_type, device_id)
+          .cast();
+    case Framework::kCupy:
+      return nb::ndarray<nb::cupy>(data, dims.size(), dims.data(), owner, nullptr, dl,
+                                   device_type, device_id)
+          .cast();
     case Framework::kDLPack:
-      return nb::ndarray<nb::array_api>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();
+      return nb::ndarray<nb::array_api>(data, dims.size(), dims.data(), owner, nullptr, dl,
+                                        device_type, device_id)
+          .cast();
     case Framework::kNumpy:
       break;
+  }
+  if (device.is_cuda()) {
+    ThrowStatus(Status::InvalidArgument("framework='numpy' cannot view memory on ",
+                                        DeviceString(device),
+                                        ": use framework='torch', 'cupy' or 'dlpack'"));
   }
   nb::object array =
       nb::ndarray<nb::numpy>(data, dims.size(), dims.data(), owner, nullptr, dl).cast();

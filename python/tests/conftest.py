@@ -13,12 +13,45 @@ import pytest
 _SOCKET_DIR = tempfile.mkdtemp(prefix="ws-py-")
 os.environ["WEIGHTSYNC_SOCKET_DIR"] = _SOCKET_DIR
 os.environ.setdefault("WEIGHTSYNC_LOG_LEVEL", "WARN")
+# JAX takes 75% of every GPU at its first use unless told not to; GPU tests share the device with
+# torch and child processes (which inherit this).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 _counter = itertools.count()
 
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SOCKET_DIR, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip where weightsync cannot use a CUDA device, saying why."""
+    import weightsync
+
+    status = weightsync.cuda_status()
+    if status.available:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA device: {status.reason}")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:  # not item.keywords: ids say "gpu" too
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _dump_stacks_if_a_gpu_test_hangs(request):
+    """A GPU test that hangs dumps every thread's stack (and exits) instead of stalling the run;
+    its children have their own timeouts (test_gpu.py)."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    import faulthandler
+
+    faulthandler.dump_traceback_later(int(os.environ.get("WS_GPU_TEST_TIMEOUT", "300")),
+                                      exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

@@ -142,7 +142,8 @@ def test_tensor_argument_errors(endpoint):
         ro.flags.writeable = False
         with pytest.raises(ValueError, match="'r': read-only"):
             sub.register({"r": ro})
-        with pytest.raises(TypeError, match="'l': expected a CPU tensor"):
+        with pytest.raises(TypeError,
+                           match=r"'l': expected a tensor with __dlpack__ \(CPU or CUDA\)"):
             sub.register({"l": [1.0, 2.0]})
         with pytest.raises(ValueError, match="'z': .*complex|'z': unsupported"):
             sub.register({"z": np.zeros(2, np.complex64)})

@@ -42,6 +42,25 @@ def test_torch_example(endpoint):
     assert "addresses unchanged" in out
 
 
+def test_torch_gpu_rl_example_on_the_cpu(endpoint):
+    """examples/torch_gpu_rl with --device cpu and a tiny config: the engine's logits equal the
+    trainer's bit for bit after every update (scripts/python_gpu_test.sh runs it on the GPU)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(EXAMPLES / "torch_gpu_rl" / "run.py"),
+         "--device", "cpu", "--config", "tiny", "--steps", "2", "--endpoint", endpoint],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout
+    assert "its logits differ from the trainer's (other initialisation)" in out.stdout, out.stdout
+    for step in (1, 2):
+        assert f"engine:  step {step:3d} logits bit-exact with the trainer's" in out.stdout, \
+            out.stdout
+    assert "engine:  2/2 steps bit-exact; parameters updated in place (addresses unchanged)" \
+        in out.stdout, out.stdout
+    assert "(the same)" in out.stdout, out.stdout
+
+
 def test_compare_safetensors_bench_runs():
     pytest.importorskip("safetensors")
     bench = EXAMPLES.parent / "bench" / "compare_safetensors.py"

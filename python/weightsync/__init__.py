@@ -8,7 +8,8 @@
     sub.register(engine_state)         # destinations, updated in place
     stats = sub.update()               # the latest step; UpdateStats
 
-See docs/python.md.
+Tensors may live on the CPU or a CUDA device (weightsync.cuda_status() says whether this process
+can use the GPU paths, and if not why). See docs/python.md.
 """
 
 from ._errors import (
@@ -31,11 +32,13 @@ from ._errors import (
     Unavailable,
 )
 from ._weightsync import (
+    CudaStatus,
     Publisher,
     PublishStats,
     Received,
     Subscriber,
     UpdateStats,
+    cuda_status,
     dtypes,
     ledger,
 )
@@ -43,11 +46,13 @@ from ._weightsync import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CudaStatus",
     "Publisher",
     "PublishStats",
     "Received",
     "Subscriber",
     "UpdateStats",
+    "cuda_status",
     "dtypes",
     "ledger",
     "Error",
