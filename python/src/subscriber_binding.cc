@@ -23,31 +23,6 @@ using namespace nb::literals;
 
 constexpr auto kSignalSlice = std::chrono::milliseconds(50);
 
-bool Finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
-// If the C++ Subscriber offers Cancel() (see the report for issue 4), an interrupted update is
-// cancelled and awaited instead of left running.
-template <typename S>
-concept Cancellable = requires(S& s) {
-  s.Cancel();
-};
-
-template <typename S>
-bool CancelUpdate(S& s) {
-  if constexpr (Cancellable<S>) {
-    (void)s.Cancel();
-    return true;
-  } else {
-    return false;
-  }
-}
-
 // Runs Subscriber::Update() calls on one thread, started once. Allocation-free per update: the
 // request and the result live in fixed slots.
 class UpdateWorker {
@@ -187,26 +162,15 @@ struct PySubscriber {
   std::unique_ptr<Subscriber> subscriber;
   std::unique_ptr<UpdateWorker> worker;  // started at the first update
   std::string endpoint;
-  // A Python thread waits on the worker (update(), or settling an interrupted one). Only that
-  // thread touches the worker; any other gets Busy, as the C++ API answers concurrent updates.
+  // A Python thread waits on the worker (its update()). Only that thread touches the worker; any
+  // other gets Busy, as the C++ API answers concurrent updates.
   bool waiting = false;
-  bool abandoned = false;  // an interrupted update still runs on the worker
   bool closed = false;
 
   ~PySubscriber() {
     if (!subscriber) return;
-    if (abandoned && Finalizing()) {
-      // Exiting after Ctrl-C: waiting up to `timeout` for the interrupted update would stall
-      // the exit. Leave it to the end of the process instead; everything it may write stays
-      // referenced (leaked on purpose), so it never writes freed memory.
-      (void)subscriber.release();
-      (void)worker.release();
-      (void)kept.release();
-      (void)owned.release();
-      return;
-    }
     {
-      // Close() waits for an update in flight (an interrupted one, bounded by its timeout).
+      // Close() waits for an update in flight on another thread (bounded by its timeout).
       nb::gil_scoped_release release;
       Status s = subscriber->Close();
       worker.reset();
@@ -245,24 +209,6 @@ struct PySubscriber {
     }
   }
 
-  // Lets an interrupted update finish (it holds the C++ update lock) and returns its result.
-  // Requires `waiting`.
-  std::optional<Result<UpdateStats>> SettleAbandoned() {
-    if (!abandoned) return std::nullopt;
-    WaitInterruptibly();
-    abandoned = false;
-    return worker->Take();
-  }
-
-  // Before register/allocate/sleep/close: settles an interrupted update, discarding its result
-  // (the committed step and weights_valid describe what it did). If another thread is waiting,
-  // the C++ call that follows answers Busy itself.
-  void Settle() {
-    if (!abandoned || waiting) return;
-    WaitingScope scope(this);
-    (void)SettleAbandoned();
-  }
-
   // Verifying and committing are not interruptible: an update past its last cancellable wait
   // commits. The interrupt still propagates (the caller asked to stop), and says so: a note and
   // `update_stats` on the exception (KeyboardInterrupt), so no one takes the step for undone.
@@ -295,32 +241,25 @@ struct PySubscriber {
     if (closed) return ThrowIfError(subscriber->Update(options));  // its error
     WaitingScope scope(this);
     if (!worker) worker = std::make_unique<UpdateWorker>(subscriber.get());
-    if (auto previous = SettleAbandoned();
-        previous && previous->ok() && step && (*previous)->step == *step) {
-      return **previous;  // the interrupted call committed exactly what is asked for now
-    }
     worker->Submit(options);
     try {
       WaitInterruptibly();
     } catch (nb::python_error& interrupt) {
-      if (CancelUpdate(*subscriber)) {
-        Result<UpdateStats> r = [&] {
-          // Repeated: the worker may not have entered Update() when the first Cancel() ran.
-          nb::gil_scoped_release release;
-          while (!worker->WaitDone(kSignalSlice)) (void)CancelUpdate(*subscriber);
-          return worker->Take();
-        }();
-        if (r.ok()) NoteCommitted(interrupt, *r);
-      } else {
-        abandoned = true;
-      }
+      // Cancel it and wait for it: nothing keeps running after the exception.
+      Result<UpdateStats> r = [&] {
+        // Repeated: the worker may not have entered Update() when the first Cancel() ran.
+        nb::gil_scoped_release release;
+        (void)subscriber->Cancel();
+        while (!worker->WaitDone(kSignalSlice)) (void)subscriber->Cancel();
+        return worker->Take();
+      }();
+      if (r.ok()) NoteCommitted(interrupt, *r);
       throw;
     }
     return ThrowIfError(worker->Take());
   }
 
   void Close() {
-    Settle();
     closed = true;
     Status s;
     {
@@ -456,7 +395,6 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {
-            self.Settle();
             std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, true);
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
@@ -481,7 +419,6 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "unregister",
           [](PySubscriber& self, nb::handle names) {
-            self.Settle();
             std::vector<std::string> list;
             if (nb::isinstance<nb::str>(names)) {
               list.push_back(Utf8Arg(names, "tensor name"));
@@ -500,7 +437,6 @@ void BindSubscriber(nb::module_& m) {
           "allocate",
           [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
              nb::handle framework_arg, nb::handle device_arg) {
-            self.Settle();
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
@@ -576,7 +512,6 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "published_manifest",
           [](PySubscriber& self) {
-            self.Settle();
             Result<Manifest> m = [&] {
               nb::gil_scoped_release release;
               return self.subscriber->PublishedManifest();
@@ -590,7 +525,6 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "sleep",
           [](PySubscriber& self) {
-            self.Settle();
             nb::gil_scoped_release release;
             ThrowIfError(self.subscriber->Sleep());
           },
