@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "demo_options.h"
 #include "demo_roles.h"
+#include "harness/byte_units.h"
 #include "weightsync/tensor_view.h"
 
 namespace weightsync::tools {
@@ -135,8 +136,9 @@ int Launch(DemoOptions o) {
   std::printf("  model   %s (%s), scale %g: %s\n", model->config.name.c_str(),
               model->config.source.c_str(), model->scale, Describe(model->config).c_str());
   std::printf("          %zu tensors, %s as %s; largest %s %s\n", model->tensors.size(),
-              FormatBytes(model->bytes).c_str(), std::string(DTypeName(model->dtype)).c_str(),
-              largest.name.c_str(), ShapeString(largest.shape).c_str());
+              bench::FormatBytes(model->bytes).c_str(),
+              std::string(DTypeName(model->dtype)).c_str(), largest.name.c_str(),
+              ShapeString(largest.shape).c_str());
   if (!note.empty()) std::printf("          %s\n", note.c_str());
   std::printf(
       "  run     %lld steps, %s updates, verify %s; the publisher publishes step k+1 "
@@ -145,7 +147,7 @@ int Launch(DemoOptions o) {
   std::printf(
       "  memory  about %s across both processes (trainer tensors, %lld arena slots, "
       "destinations%s)\n\n",
-      FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
+      bench::FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
       o.mode == "staged" ? ", shadow" : "");
 
   int notify[2], ack[2];

@@ -57,20 +57,4 @@ uint64_t DemoMemoryNeed(const DemoOptions& options, uint64_t model_bytes);
 
 UpdateMode ParseMode(const std::string& mode);  // valid after ValidateDemoOptions
 
-// Storage for a model's tensors: one buffer, each tensor 64-byte aligned.
-class TensorStorage {
- public:
-  TensorStorage(const std::vector<TensorSpec>& tensors, uint8_t fill);
-  std::vector<NamedTensor> Views() const;
-  uint8_t* data(size_t i) { return buffer_.data() + offsets_[i]; }
-  const uint8_t* data(size_t i) const { return buffer_.data() + offsets_[i]; }
-  uint64_t bytes(size_t i) const { return (*tensors_)[i].nbytes; }
-  size_t size() const { return offsets_.size(); }
-
- private:
-  const std::vector<TensorSpec>* tensors_;
-  std::vector<uint64_t> offsets_;
-  std::vector<uint8_t> buffer_;
-};
-
 }  // namespace weightsync::tools

@@ -51,9 +51,4 @@ class FlagSet {
   bool help_requested_ = false;
 };
 
-// "1GiB" → 1073741824. InvalidArgument names the text.
-Result<uint64_t> ParseBytes(const std::string& text);
-// 1073741824 → "1.00 GiB".
-std::string FormatBytes(uint64_t bytes);
-
 }  // namespace weightsync::tools

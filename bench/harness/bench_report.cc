@@ -1,11 +1,11 @@
-#include "bench_report.h"
+#include "harness/bench_report.h"
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 bool BenchReport::all_targets_met() const {
   for (const auto& f : figures) {
@@ -113,4 +113,4 @@ Status WriteJson(const BenchReport& r, const std::string& path) {
   return Status::Ok();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench
