@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "command_line.h"
 #include "commands.h"
-#include "flags.h"
 #include "harness/bench_figures.h"
 #include "harness/bench_report.h"
 
@@ -22,7 +22,7 @@ constexpr char kSummary[] =
     "  * RSS slope over many steps (target < 1 byte/step).\n"
     "See docs/demo.md for how each figure is measured.";
 
-void ApplyQuick(const FlagSet& flags, bench::BenchOptions* o) {
+void ApplyQuick(const CommandLine& flags, bench::BenchOptions* o) {
   if (!o->quick) return;
   if (!flags.WasSet("bytes")) o->bytes = 64ull << 20;
   if (!flags.WasSet("throughput-steps")) o->throughput_steps = 3;
@@ -48,7 +48,7 @@ Status Validate(const bench::BenchOptions& o) {
 
 int RunBench(int argc, char** argv) {
   bench::BenchOptions o;
-  FlagSet flags("weightsync bench [flags]", kSummary);
+  CommandLine flags("weightsync bench [flags]", kSummary);
   flags.Bool("quick", &o.quick,
              "small sizes and few steps (a few seconds); flags given explicitly still apply");
   flags.Bytes("bytes", &o.bytes, "throughput model size (--quick: 64 MiB)");

@@ -185,7 +185,7 @@ int Launch(DemoOptions o) {
 
 int RunDemo(int argc, char** argv) {
   DemoOptions options;
-  FlagSet flags("weightsync demo [flags]", kSummary);
+  CommandLine flags("weightsync demo [flags]", kSummary);
   DeclareDemoFlags(&flags, &options);
   Status s = flags.Parse(argc, argv);
   if (flags.help_requested()) {

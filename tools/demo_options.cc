@@ -10,7 +10,7 @@
 
 namespace weightsync::tools {
 
-void DeclareDemoFlags(FlagSet* f, DemoOptions* o) {
+void DeclareDemoFlags(CommandLine* f, DemoOptions* o) {
   f->String("model", &o->model, "architecture preset: " + PresetNames());
   f->String("scale", &o->scale,
             "parameter-count factor: layers × F (shapes unchanged); below one layer the\n"
@@ -25,9 +25,10 @@ void DeclareDemoFlags(FlagSet* f, DemoOptions* o) {
   f->String("progress", &o->progress,
             "progress bar on stderr: auto (if a terminal) | always | never");
   f->String("endpoint", &o->endpoint, "endpoint to serve (default local://weightsync-demo-<pid>)");
-  f->String("role", &o->role, "internal: publisher | subscriber", /*hidden=*/true);
-  f->Int("notify-fd", &o->notify_fd, "internal", /*hidden=*/true);
-  f->Int("ack-fd", &o->ack_fd, "internal", /*hidden=*/true);
+  // Hidden (CLI11's empty group): what the launcher passes to the processes it starts.
+  f->String("role", &o->role, "internal: publisher | subscriber")->group("");
+  f->Int("notify-fd", &o->notify_fd, "internal")->group("");
+  f->Int("ack-fd", &o->ack_fd, "internal")->group("");
 }
 
 Status ValidateDemoOptions(const DemoOptions& o) {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "flags.h"
+#include "command_line.h"
 #include "model_presets.h"
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
@@ -32,7 +32,7 @@ struct DemoOptions {
   int64_t ack_fd = -1;     // subscriber → publisher: DoneMessage
 };
 
-void DeclareDemoFlags(FlagSet* flags, DemoOptions* options);
+void DeclareDemoFlags(CommandLine* flags, DemoOptions* options);
 
 // Checks the values that do not need the model (steps, mode, progress, role, fds).
 Status ValidateDemoOptions(const DemoOptions& options);
