@@ -80,6 +80,26 @@ TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
       << bad.output;
 }
 
+TEST_F(CliTest, InfoPrintsThePathTableInOrder) {
+  CliRun info = RunCli("info");
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  const size_t begin =
+      info.output.find("data paths (first that serves a link, store and destinations wins):\n");
+  ASSERT_NE(begin, std::string::npos) << info.output;
+  const size_t end = info.output.find("environment knobs", begin);
+  ASSERT_NE(end, std::string::npos) << info.output;
+  const std::string table = info.output.substr(begin, end - begin);
+  // One row per path, name first, in the table's order of preference, each saying what it moves.
+  size_t at = 0;
+  for (const char* name : {"shm", "host-to-gpu", "gpu-to-host", "cuda-ipc", "tcp", "nccl"}) {
+    const size_t row = table.find("\n  " + std::string(name) + " ", at);
+    ASSERT_NE(row, std::string::npos) << name << " missing (or out of order) in:\n" << table;
+    const std::string line = table.substr(row + 1, table.find('\n', row + 1) - row - 1);
+    EXPECT_NE(line.find(" -> "), std::string::npos) << "no 'store -> destination' in: " << line;
+    at = row + 1;
+  }
+}
+
 TEST_F(CliTest, HelpListsCommandsAndFlags) {
   CliRun top = RunCli("--help");
   EXPECT_EQ(top.exit_code, 0) << top.output;
