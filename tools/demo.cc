@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "command_line.h"
 #include "commands.h"
 #include "demo_options.h"
 #include "demo_roles.h"

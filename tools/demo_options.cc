@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "command_line.h"
 #include "harness/byte_units.h"
 #include "harness/proc_stats.h"
 #include "harness/tensor_storage.h"

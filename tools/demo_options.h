@@ -6,13 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "command_line.h"
 #include "model_presets.h"
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
 
 namespace weightsync::tools {
+
+class CommandLine;  // command_line.h: keeps CLI11 out of the demo processes' sources
 
 struct DemoOptions {
   std::string model = "qwen2.5-0.5b";
