@@ -1,6 +1,6 @@
 // weightsync cuda-ipc on a 7B-like model (Qwen2.5-7B shapes, bf16), publisher on cuda:0 in a child
-// process, subscriber on cuda:1 in this one. Prints one JSON object per figure; bench/gpu_update.py
-// runs it next to the torch baselines and prints the table.
+// process, subscriber on cuda:1 in this one. Prints one JSON object per figure, one line each
+// (nlohmann-json); bench/gpu_update.py runs it next to the torch baselines and prints the table.
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -195,6 +197,18 @@ double Publish(Child& c, int64_t step) {
   return seconds;
 }
 
+// One figure: a JSON object on one line of stdout, its keys in the order given.
+void PrintFigure(const nlohmann::ordered_json& figure) {
+  std::printf("%s\n", figure.dump().c_str());
+  std::fflush(stdout);
+}
+
+// `v` rounded to `decimals` places, as the figures have always been printed (%.6f, %.3f).
+double Decimals(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -273,20 +287,25 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
     }
   }
   double med = Median(steady);
-  std::printf(
-      "{\"what\": \"%s\", \"label\": \"%s\", \"mode\": \"%s\", \"verify\": %s, "
-      "\"tensors\": %zu, \"bytes\": %llu, \"first_update_s\": %.6f, \"first_prepare_s\": %.6f, "
-      "\"steady_median_s\": %.6f, \"steady_min_s\": %.6f, \"steady_GBps\": %.3f, "
-      "\"copy_median_s\": %.6f, \"publish_median_s\": %.6f, \"heap_allocs_per_step\": %.3f}\n",
-      tcp                   ? "weightsync_nccl"
-      : a.host              ? "weightsync_shm_to_gpu"
-      : a.host_destinations ? "weightsync_cuda_ipc_to_host"
-                            : "weightsync_cuda_ipc",
-      label.c_str(),
-      a.staged ? "staged" : "in_place", a.verify ? "true" : "false", specs.size(),
-      static_cast<unsigned long long>(bytes), first, first_prepare, med,
-      *std::min_element(steady.begin(), steady.end()), bytes / med / 1e9, Median(copy),
-      Median(publish), a.steps > 2 ? double(allocations) / (a.steps - 2) : 0.0);
+  const char* what = tcp                   ? "weightsync_nccl"
+                     : a.host              ? "weightsync_shm_to_gpu"
+                     : a.host_destinations ? "weightsync_cuda_ipc_to_host"
+                                           : "weightsync_cuda_ipc";
+  PrintFigure({{"what", what},
+               {"label", label},
+               {"mode", a.staged ? "staged" : "in_place"},
+               {"verify", a.verify},
+               {"tensors", specs.size()},
+               {"bytes", bytes},
+               {"first_update_s", Decimals(first, 6)},
+               {"first_prepare_s", Decimals(first_prepare, 6)},
+               {"steady_median_s", Decimals(med, 6)},
+               {"steady_min_s", Decimals(*std::min_element(steady.begin(), steady.end()), 6)},
+               {"steady_GBps", Decimals(bytes / med / 1e9, 3)},
+               {"copy_median_s", Decimals(Median(copy), 6)},
+               {"publish_median_s", Decimals(Median(publish), 6)},
+               {"heap_allocs_per_step",
+                Decimals(a.steps > 2 ? double(allocations) / (a.steps - 2) : 0.0, 3)}});
   std::fflush(stdout);
   fclose(child.in);
   int status;
@@ -308,9 +327,10 @@ void PrintCopyLimit(const char* what, int device, void* dst, const void* src, ui
     if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   double med = Median(times);
-  std::printf("{\"what\": \"%s\", \"bytes\": %llu, \"median_s\": %.6f, \"GBps\": %.3f}\n", what,
-              static_cast<unsigned long long>(n), med, n / med / 1e9);
-  std::fflush(stdout);
+  PrintFigure({{"what", what},
+               {"bytes", n},
+               {"median_s", Decimals(med, 6)},
+               {"GBps", Decimals(n / med / 1e9, 3)}});
 }
 
 // The PCIe limit the host ↔ GPU rows are held to: one 2 GiB transfer between pinned host memory

@@ -12,6 +12,7 @@ grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || {
 }
 cd .devdeps
 apt-get download libxxhash-dev libxxhash0 libasio-dev libgtest-dev googletest libssl-dev libssl3 \
+  libcli11-dev nlohmann-json3-dev \
   >/dev/null
 ls -1 *.deb
 # pytest for scripts/python_gpu_test.sh, in case the GPU machine's Python lacks it: pure-Python

@@ -1,14 +1,12 @@
-// weightsync bench: prints a table of figures, each beside a baseline measured in the same run,
-// and writes them as JSON.
+// weightsync bench: parses the flags, runs the harness (bench/harness/) and prints a table of
+// figures, each beside a baseline measured in the same run, and writes them as JSON.
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
-#include "bench_figures.h"
-#include "bench_report.h"
+#include "command_line.h"
 #include "commands.h"
-#include "flags.h"
-#include "proc_stats.h"
+#include "harness/bench_figures.h"
+#include "harness/bench_report.h"
 
 namespace weightsync::tools {
 namespace {
@@ -24,7 +22,7 @@ constexpr char kSummary[] =
     "  * RSS slope over many steps (target < 1 byte/step).\n"
     "See docs/demo.md for how each figure is measured.";
 
-void ApplyQuick(const FlagSet& flags, BenchOptions* o) {
+void ApplyQuick(const CommandLine& flags, bench::BenchOptions* o) {
   if (!o->quick) return;
   if (!flags.WasSet("bytes")) o->bytes = 64ull << 20;
   if (!flags.WasSet("throughput-steps")) o->throughput_steps = 3;
@@ -33,7 +31,7 @@ void ApplyQuick(const FlagSet& flags, BenchOptions* o) {
   if (!flags.WasSet("rss-steps")) o->rss_steps = 1000;
 }
 
-Status Validate(const BenchOptions& o) {
+Status Validate(const bench::BenchOptions& o) {
   if (o.throughput_steps < 1 || o.steps < 1 || o.no_reuse_steps < 1 || o.rss_steps < 2) {
     return Status::InvalidArgument(
         "--throughput-steps, --steps and --no-reuse-steps must be "
@@ -49,8 +47,8 @@ Status Validate(const BenchOptions& o) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
-  BenchOptions o;
-  FlagSet flags("weightsync bench [flags]", kSummary);
+  bench::BenchOptions o;
+  CommandLine flags("weightsync bench [flags]", kSummary);
   flags.Bool("quick", &o.quick,
              "small sizes and few steps (a few seconds); flags given explicitly still apply");
   flags.Bytes("bytes", &o.bytes, "throughput model size (--quick: 64 MiB)");
@@ -78,49 +76,14 @@ int RunBench(int argc, char** argv) {
 
   // The per-step figures prepare hundreds of handles; their INFO lines would bury the table.
   ::setenv("WEIGHTSYNC_LOG_LEVEL", "warn", /*overwrite=*/0);
-  BenchReport report;
-  report.machine = MachineDescription();
-  report.config = {
-      {"quick", o.quick ? "yes" : "no"},
-      {"copy threads", o.copy_threads == 0
-                           ? "library default (" +
-                                 std::to_string(std::min(4u, std::thread::hardware_concurrency())) +
-                                 ")"
-                           : std::to_string(o.copy_threads)},
-      {"throughput model", FormatBytes(o.bytes) + " / " + std::to_string(o.tensors) + " tensors"},
-      {"per-step model",
-       std::to_string(o.small_tensors) + " x " + FormatBytes(o.small_tensor_bytes)},
-      {"steps", std::to_string(o.steps)},
-      {"rss steps", std::to_string(o.rss_steps)},
-  };
-  char load[32];
-  std::snprintf(load, sizeof(load), "%.2f", LoadAverage());
-  report.config.push_back({"load average at start", load});
-  std::fprintf(stderr, "weightsync bench: measuring throughput (%s)...\n",
-               FormatBytes(o.bytes).c_str());
-  s = MeasureThroughput(o, &report);
-  if (s.ok()) {
-    std::fprintf(stderr, "weightsync bench: measuring two publishers feeding one subscriber...\n");
-    s = MeasureTwoPublishers(o, &report);
-  }
-  if (s.ok()) {
-    std::fprintf(stderr, "weightsync bench: measuring tcp on loopback (%s)...\n",
-                 FormatBytes(o.bytes).c_str());
-    s = MeasureTcpThroughput(o, &report);
-  }
-  if (s.ok()) {
-    std::fprintf(stderr, "weightsync bench: measuring per-step figures (%lld x %s)...\n",
-                 static_cast<long long>(o.small_tensors),
-                 FormatBytes(o.small_tensor_bytes).c_str());
-    s = MeasureSmallModel(o, &report);
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "weightsync bench: %s\n", s.ToString().c_str());
+  bench::BenchReport report;
+  if (Status m = bench::MeasureAll(o, &report); !m.ok()) {
+    std::fprintf(stderr, "weightsync bench: %s\n", m.ToString().c_str());
     return 1;
   }
-  PrintReport(report);
+  bench::PrintReport(report);
   if (!o.json.empty()) {
-    if (Status w = WriteJson(report, o.json); !w.ok()) {
+    if (Status w = bench::WriteJson(report, o.json); !w.ok()) {
       std::fprintf(stderr, "weightsync bench: %s\n", w.ToString().c_str());
       return 1;
     }

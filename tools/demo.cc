@@ -12,9 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include "command_line.h"
 #include "commands.h"
 #include "demo_options.h"
 #include "demo_roles.h"
+#include "harness/byte_units.h"
 #include "weightsync/tensor_view.h"
 
 namespace weightsync::tools {
@@ -135,8 +137,9 @@ int Launch(DemoOptions o) {
   std::printf("  model   %s (%s), scale %g: %s\n", model->config.name.c_str(),
               model->config.source.c_str(), model->scale, Describe(model->config).c_str());
   std::printf("          %zu tensors, %s as %s; largest %s %s\n", model->tensors.size(),
-              FormatBytes(model->bytes).c_str(), std::string(DTypeName(model->dtype)).c_str(),
-              largest.name.c_str(), ShapeString(largest.shape).c_str());
+              bench::FormatBytes(model->bytes).c_str(),
+              std::string(DTypeName(model->dtype)).c_str(), largest.name.c_str(),
+              ShapeString(largest.shape).c_str());
   if (!note.empty()) std::printf("          %s\n", note.c_str());
   std::printf(
       "  run     %lld steps, %s updates, verify %s; the publisher publishes step k+1 "
@@ -145,7 +148,7 @@ int Launch(DemoOptions o) {
   std::printf(
       "  memory  about %s across both processes (trainer tensors, %lld arena slots, "
       "destinations%s)\n\n",
-      FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
+      bench::FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
       o.mode == "staged" ? ", shadow" : "");
 
   int notify[2], ack[2];
@@ -183,7 +186,7 @@ int Launch(DemoOptions o) {
 
 int RunDemo(int argc, char** argv) {
   DemoOptions options;
-  FlagSet flags("weightsync demo [flags]", kSummary);
+  CommandLine flags("weightsync demo [flags]", kSummary);
   DeclareDemoFlags(&flags, &options);
   Status s = flags.Parse(argc, argv);
   if (flags.help_requested()) {

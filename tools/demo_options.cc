@@ -4,11 +4,14 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "proc_stats.h"
+#include "command_line.h"
+#include "harness/byte_units.h"
+#include "harness/proc_stats.h"
+#include "harness/tensor_storage.h"
 
 namespace weightsync::tools {
 
-void DeclareDemoFlags(FlagSet* f, DemoOptions* o) {
+void DeclareDemoFlags(CommandLine* f, DemoOptions* o) {
   f->String("model", &o->model, "architecture preset: " + PresetNames());
   f->String("scale", &o->scale,
             "parameter-count factor: layers × F (shapes unchanged); below one layer the\n"
@@ -23,9 +26,10 @@ void DeclareDemoFlags(FlagSet* f, DemoOptions* o) {
   f->String("progress", &o->progress,
             "progress bar on stderr: auto (if a terminal) | always | never");
   f->String("endpoint", &o->endpoint, "endpoint to serve (default local://weightsync-demo-<pid>)");
-  f->String("role", &o->role, "internal: publisher | subscriber", /*hidden=*/true);
-  f->Int("notify-fd", &o->notify_fd, "internal", /*hidden=*/true);
-  f->Int("ack-fd", &o->ack_fd, "internal", /*hidden=*/true);
+  // Hidden (CLI11's empty group): what the launcher passes to the processes it starts.
+  f->String("role", &o->role, "internal: publisher | subscriber")->group("");
+  f->Int("notify-fd", &o->notify_fd, "internal")->group("");
+  f->Int("ack-fd", &o->ack_fd, "internal")->group("");
 }
 
 Status ValidateDemoOptions(const DemoOptions& o) {
@@ -67,7 +71,7 @@ Result<DemoModel> BuildAt(const DemoOptions& o, double scale) {
   WS_ASSIGN_OR_RETURN(m.dtype, DTypeFromName(o.dtype));
   WS_ASSIGN_OR_RETURN(m.tensors, BuildTensors(m.config, m.dtype));
   m.scale = scale;
-  m.bytes = TotalBytes(m.tensors);
+  m.bytes = bench::TotalBytes(m.tensors);
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     if (m.tensors[i].nbytes > m.tensors[m.largest].nbytes) m.largest = i;
   }
@@ -91,7 +95,7 @@ Result<DemoModel> BuildDemoModel(const DemoOptions& o) {
 }
 
 Result<DemoModel> ResolveDemoModel(const DemoOptions& o, std::string* note) {
-  const uint64_t available = MemAvailableBytes();
+  const uint64_t available = bench::MemAvailableBytes();
   // Leave room for the rest of the machine (and the page cache the shm arena lives in).
   const uint64_t budget = available * 6 / 10;
   if (o.scale != "auto") {
@@ -99,8 +103,8 @@ Result<DemoModel> ResolveDemoModel(const DemoOptions& o, std::string* note) {
     uint64_t need = DemoMemoryNeed(o, m.bytes);
     if (available > 0 && need > available * 9 / 10) {
       return Status::ResourceExhausted("--model=", o.model, " --scale=", o.scale, ": needs about ",
-                                       FormatBytes(need), " across both processes but only ",
-                                       FormatBytes(available),
+                                       bench::FormatBytes(need), " across both processes but only ",
+                                       bench::FormatBytes(available),
                                        " is available; pass a smaller --scale");
     }
     return m;
@@ -115,43 +119,14 @@ Result<DemoModel> ResolveDemoModel(const DemoOptions& o, std::string* note) {
     WS_ASSIGN_OR_RETURN(DemoModel m, BuildAt(o, rounded));
     if (DemoMemoryNeed(o, m.bytes) <= budget || rounded < 1e-4) {
       std::ostringstream os;
-      os << "scale auto → " << rounded << ": the full model (" << FormatBytes(full.bytes)
-         << ") would need about " << FormatBytes(DemoMemoryNeed(o, full.bytes))
-         << " across both processes; " << FormatBytes(available) << " is available";
+      os << "scale auto → " << rounded << ": the full model (" << bench::FormatBytes(full.bytes)
+         << ") would need about " << bench::FormatBytes(DemoMemoryNeed(o, full.bytes))
+         << " across both processes; " << bench::FormatBytes(available) << " is available";
       *note = os.str();
       return m;
     }
     scale = rounded * 0.9;
   }
-}
-
-TensorStorage::TensorStorage(const std::vector<TensorSpec>& tensors, uint8_t fill)
-    : tensors_(&tensors) {
-  uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    offsets_.push_back(offset);
-    offset = (offset + t.nbytes + 63) / 64 * 64;
-  }
-  // Over-allocate so the base can be aligned; value-initialization touches every page now, not
-  // inside a measured update.
-  buffer_.assign(offset + 64, fill);
-  uint64_t misalign = reinterpret_cast<uintptr_t>(buffer_.data()) % 64;
-  uint64_t shift = misalign ? 64 - misalign : 0;
-  for (auto& o : offsets_) o += shift;
-}
-
-std::vector<NamedTensor> TensorStorage::Views() const {
-  std::vector<NamedTensor> out;
-  for (size_t i = 0; i < offsets_.size(); ++i) {
-    const TensorSpec& s = (*tensors_)[i];
-    NamedTensor t;  // field by field: TensorView's later fields keep their defaults (CPU)
-    t.name = s.name;
-    t.view.data = const_cast<uint8_t*>(data(i));
-    t.view.dtype = s.dtype;
-    t.view.shape = s.shape;
-    out.push_back(std::move(t));
-  }
-  return out;
 }
 
 }  // namespace weightsync::tools

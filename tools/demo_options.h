@@ -6,13 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "flags.h"
 #include "model_presets.h"
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
 
 namespace weightsync::tools {
+
+class CommandLine;  // command_line.h: keeps CLI11 out of the demo processes' sources
 
 struct DemoOptions {
   std::string model = "qwen2.5-0.5b";
@@ -32,7 +33,7 @@ struct DemoOptions {
   int64_t ack_fd = -1;     // subscriber → publisher: DoneMessage
 };
 
-void DeclareDemoFlags(FlagSet* flags, DemoOptions* options);
+void DeclareDemoFlags(CommandLine* flags, DemoOptions* options);
 
 // Checks the values that do not need the model (steps, mode, progress, role, fds).
 Status ValidateDemoOptions(const DemoOptions& options);
@@ -56,21 +57,5 @@ Result<DemoModel> ResolveDemoModel(const DemoOptions& options, std::string* note
 uint64_t DemoMemoryNeed(const DemoOptions& options, uint64_t model_bytes);
 
 UpdateMode ParseMode(const std::string& mode);  // valid after ValidateDemoOptions
-
-// Storage for a model's tensors: one buffer, each tensor 64-byte aligned.
-class TensorStorage {
- public:
-  TensorStorage(const std::vector<TensorSpec>& tensors, uint8_t fill);
-  std::vector<NamedTensor> Views() const;
-  uint8_t* data(size_t i) { return buffer_.data() + offsets_[i]; }
-  const uint8_t* data(size_t i) const { return buffer_.data() + offsets_[i]; }
-  uint64_t bytes(size_t i) const { return (*tensors_)[i].nbytes; }
-  size_t size() const { return offsets_.size(); }
-
- private:
-  const std::vector<TensorSpec>* tensors_;
-  std::vector<uint64_t> offsets_;
-  std::vector<uint8_t> buffer_;
-};
 
 }  // namespace weightsync::tools

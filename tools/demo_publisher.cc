@@ -1,9 +1,10 @@
 #include <chrono>
 #include <cstdio>
 
-#include "alloc_counter.h"
 #include "demo_roles.h"
-#include "pattern.h"
+#include "harness/alloc_counter.h"
+#include "harness/pattern.h"
+#include "harness/tensor_storage.h"
 #include "step_pipe.h"
 #include "weightsync/publisher.h"
 
@@ -18,7 +19,7 @@ double Since(Clock::time_point t) {
 
 Status Serve(const DemoOptions& o) {
   WS_ASSIGN_OR_RETURN(DemoModel model, BuildDemoModel(o));
-  TensorStorage storage(model.tensors, 0);
+  bench::TensorStorage storage(model.tensors, 0);
   PublisherOptions po;
   po.endpoint = o.endpoint;
   po.slots = static_cast<int>(o.slots);
@@ -40,14 +41,14 @@ Status Serve(const DemoOptions& o) {
     msg.step = step;
     auto t0 = Clock::now();
     for (size_t i = 0; i < storage.size(); ++i) {
-      FillPattern(static_cast<uint32_t>(i), step, storage.data(i), storage.bytes(i));
+      bench::FillPattern(static_cast<uint32_t>(i), step, storage.data(i), storage.bytes(i));
     }
     msg.fill_seconds = Since(t0);
-    AllocCounts a0 = ProcessAllocations();
+    bench::AllocCounts a0 = bench::ProcessAllocations();
     auto t1 = Clock::now();
     WS_RETURN_IF_ERROR(publisher->Publish(step));
     msg.publish_seconds = Since(t1);
-    msg.publish_allocations = (ProcessAllocations() - a0).allocations;
+    msg.publish_allocations = (bench::ProcessAllocations() - a0).allocations;
     WS_RETURN_IF_ERROR(WriteMessage(o.notify_fd, &msg, sizeof(msg)));
   }
   WS_RETURN_IF_ERROR(ReadMessage(o.ack_fd, &done, sizeof(done), timeout));

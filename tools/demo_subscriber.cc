@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "alloc_counter.h"
 #include "demo_roles.h"
-#include "pattern.h"
-#include "proc_stats.h"
+#include "harness/alloc_counter.h"
+#include "harness/byte_units.h"
+#include "harness/pattern.h"
+#include "harness/proc_stats.h"
+#include "harness/sample_stats.h"
+#include "harness/tensor_storage.h"
 #include "progress.h"
-#include "sample_stats.h"
 #include "step_pipe.h"
 #include "weightsync/subscriber.h"
 
@@ -27,12 +29,13 @@ struct StepRecord {
 
 // Compares every tensor with the digest of the bytes it must hold at `step`. Returns the number
 // of tensors that differ; `first_bad` names the first.
-size_t CheckTensors(const TensorStorage& storage, const std::vector<TensorSpec>& tensors,
+size_t CheckTensors(const bench::TensorStorage& storage, const std::vector<TensorSpec>& tensors,
                     int64_t step, std::string* first_bad) {
   size_t bad = 0;
   for (size_t i = 0; i < storage.size(); ++i) {
     uint64_t n = storage.bytes(i);
-    if (Digest(storage.data(i), n) != ExpectedDigest(static_cast<uint32_t>(i), step, n)) {
+    if (bench::Digest(storage.data(i), n) !=
+        bench::ExpectedDigest(static_cast<uint32_t>(i), step, n)) {
       if (bad++ == 0) *first_bad = tensors[i].name;
     }
   }
@@ -76,7 +79,7 @@ void PrintSummary(const DemoOptions& o, const DemoModel& model, const std::vecto
   const UpdateStats& first = r.front().stats;
   std::printf("\nsummary: %s, scale %g: %zu tensors, %s %s, %zu steps, %s, verify %s\n",
               model.config.name.c_str(), model.scale, model.tensors.size(),
-              FormatBytes(model.bytes).c_str(), std::string(DTypeName(model.dtype)).c_str(),
+              bench::FormatBytes(model.bytes).c_str(), std::string(DTypeName(model.dtype)).c_str(),
               r.size(), o.mode.c_str(), o.verify ? "on" : "off");
   constexpr char kRow[] = "  %-34s ";
   std::printf(kRow, "first update (prepares the handle)");
@@ -84,19 +87,20 @@ void PrintSummary(const DemoOptions& o, const DemoModel& model, const std::vecto
               first.seconds * 1e3, first.prepare_seconds * 1e3, first.copy_seconds * 1e3,
               first.verify_seconds * 1e3, first.commit_seconds * 1e3);
   if (!steady.empty()) {
-    const double median = Median(steady);
+    const double median = bench::Median(steady);
     std::printf(kRow, "steady-state update, median");
     std::printf("%9.1f ms   %.2f GB/s; copy %.1f, verify %.1f, commit %.1f ms\n", median * 1e3,
-                model.bytes / median / 1e9, Median(copy) * 1e3, Median(verify) * 1e3,
-                Median(commit) * 1e3);
+                model.bytes / median / 1e9, bench::Median(copy) * 1e3, bench::Median(verify) * 1e3,
+                bench::Median(commit) * 1e3);
     std::printf(kRow, "");
     std::printf("%12s   steps 2..%zu: min %.1f, max %.1f ms\n", "", r.size(),
-                *std::min_element(steady.begin(), steady.end()) * 1e3, Max(steady) * 1e3);
+                *std::min_element(steady.begin(), steady.end()) * 1e3, bench::Max(steady) * 1e3);
     std::printf(kRow, "first / steady-state");
     std::printf("%9.1fx\n", first.seconds / median);
     std::printf(kRow, "heap allocations per steady step");
     std::printf("subscriber Update %.0f (max %.0f), publisher Publish %.0f (max %.0f)\n",
-                Mean(sub_allocs), Max(sub_allocs), Mean(pub_allocs), Max(pub_allocs));
+                bench::Mean(sub_allocs), bench::Max(sub_allocs), bench::Mean(pub_allocs),
+                bench::Max(pub_allocs));
     std::printf(kRow, "");
     std::printf("each: whole process, all threads, counted by a malloc hook\n");
   } else {
@@ -104,7 +108,7 @@ void PrintSummary(const DemoOptions& o, const DemoModel& model, const std::vecto
   }
   std::printf(kRow, "publisher, median per step");
   std::printf("fill %.1f ms (new weights), publish %.1f ms (slot copy + digests)\n",
-              Median(fill) * 1e3, Median(publish) * 1e3);
+              bench::Median(fill) * 1e3, bench::Median(publish) * 1e3);
   std::printf(kRow, "");
   std::printf("steps %zu..%zu; first publish %.1f ms (faults its slot in)\n", first_reuse + 1,
               r.size(), r.front().published.publish_seconds * 1e3);
@@ -112,11 +116,12 @@ void PrintSummary(const DemoOptions& o, const DemoModel& model, const std::vecto
   // steady-state comparison starts once every slot has been used.
   const size_t settled = std::min<size_t>(static_cast<size_t>(o.slots), r.size()) - 1;
   std::printf(kRow, "subscriber RSS");
-  std::printf("before the first update %s, after it %s\n", FormatBytes(rss_before).c_str(),
-              FormatBytes(r.front().rss).c_str());
+  std::printf("before the first update %s, after it %s\n", bench::FormatBytes(rss_before).c_str(),
+              bench::FormatBytes(r.front().rss).c_str());
   std::printf(kRow, "");
   std::printf("after step %zu (every arena slot mapped) %s, after step %zu %s\n", settled + 1,
-              FormatBytes(r[settled].rss).c_str(), r.size(), FormatBytes(r.back().rss).c_str());
+              bench::FormatBytes(r[settled].rss).c_str(), r.size(),
+              bench::FormatBytes(r.back().rss).c_str());
   std::printf(kRow, "");
   std::printf("growth over the last %zu steps: %+lld bytes\n", r.size() - 1 - settled,
               static_cast<long long>(r.back().rss) - static_cast<long long>(r[settled].rss));
@@ -135,7 +140,7 @@ int RunDemoSubscriber(const DemoOptions& o) {
   Result<DemoModel> model = BuildDemoModel(o);
   if (!model.ok()) return fail(model.status(), 0);
   // Poisoned: a byte the update failed to write cannot match its expected digest by accident.
-  TensorStorage storage(model->tensors, 0xFF);
+  bench::TensorStorage storage(model->tensors, 0xFF);
   SubscriberOptions so;
   so.endpoint = o.endpoint;
   so.mode = ParseMode(o.mode);
@@ -146,7 +151,7 @@ int RunDemoSubscriber(const DemoOptions& o) {
   if (!created.ok()) return fail(created.status(), 0);
   std::unique_ptr<Subscriber> subscriber = std::move(created).value();
   if (Status s = subscriber->Register(storage.Views()); !s.ok()) return fail(s, 0);
-  if (!AllocCounterActive()) {
+  if (!bench::AllocCounterActive()) {
     std::fprintf(stderr,
                  "demo subscriber: the allocation counter is not active; allocation "
                  "figures below are meaningless\n");
@@ -157,7 +162,7 @@ int RunDemoSubscriber(const DemoOptions& o) {
   ProgressBar progress(show_progress);
   std::vector<StepRecord> records;
   records.reserve(static_cast<size_t>(o.steps));
-  const uint64_t rss_before = ResidentBytes();
+  const uint64_t rss_before = bench::ResidentBytes();
   PrintHeader();
   for (int64_t step = 1; step <= o.steps; ++step) {
     StepRecord r;
@@ -166,9 +171,9 @@ int RunDemoSubscriber(const DemoOptions& o) {
     if (!s.ok()) return fail(s.WithContext("waiting for the publisher"), step);
     progress.Begin(step, model->bytes, records.empty() ? 0 : records.back().stats.seconds);
     const uint64_t drawn_before = progress.thread_allocations();
-    const AllocCounts a0 = ProcessAllocations();
+    const bench::AllocCounts a0 = bench::ProcessAllocations();
     Result<UpdateStats> stats = subscriber->Update(step);
-    const AllocCounts a1 = ProcessAllocations();
+    const bench::AllocCounts a1 = bench::ProcessAllocations();
     progress.End();
     if (!stats.ok()) return fail(stats.status(), step);
     r.stats = *stats;
@@ -185,7 +190,7 @@ int RunDemoSubscriber(const DemoOptions& o) {
                                      first_bad, "'"),
                   step);
     }
-    r.rss = ResidentBytes();
+    r.rss = bench::ResidentBytes();
     records.push_back(r);
     PrintStep(r, o.steps, storage.size(), o.verify);
     DoneMessage done{step, 1};

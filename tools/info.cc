@@ -1,4 +1,5 @@
-// `weightsync info`: what this build and this machine can do, and every environment knob with its
+// `weightsync info`: what this build and this machine can do, the data path table (which path
+// moves the bytes of which link, store and destinations), and every environment knob with its
 // type, default and current value (STYLE §6: knobs declared once, listed here). Secrets are
 // shown as set or unset, never printed.
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "cuda/launch_registry.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_link.h"
+#include "transport/path_table.h"
 #include "util/knobs.h"
 #include "weightsync/dtype.h"
 #include "wire/frame.h"
@@ -45,6 +47,10 @@ int RunInfo(int argc, char** argv) {
   } else {
     std::printf("  nccl      tcp://HOST:PORT unavailable: %s\n",
                 (nccl.ok() ? cuda : nccl).message().c_str());
+  }
+  std::printf("data paths (first that serves a link, store and destinations wins):\n");
+  for (const transport::PathEntry& path : transport::PathTable()) {
+    std::printf("  %-12s %s\n", std::string(path.name).c_str(), std::string(path.moves).c_str());
   }
   std::printf("environment knobs (docs/env_vars.md):\n");
   for (const util::KnobInfo& k : util::AllKnobs()) {

@@ -84,12 +84,6 @@ Result<std::vector<TensorSpec>> BuildTensors(const ArchConfig& c, DType dtype) {
   return m.tensors();
 }
 
-uint64_t TotalBytes(const std::vector<TensorSpec>& specs) {
-  uint64_t total = 0;
-  for (const auto& s : specs) total += s.nbytes;
-  return total;
-}
-
 std::string Describe(const ArchConfig& c) {
   std::ostringstream os;
   os << c.layers << (c.layers == 1 ? " layer" : " layers") << ", hidden " << c.hidden

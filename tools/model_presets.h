@@ -44,7 +44,6 @@ Result<ArchConfig> ScaleConfig(const ArchConfig& base, double scale);
 // mlp.{gate,up,down}_proj, then model.norm and (unless tied) lm_head.
 Result<std::vector<TensorSpec>> BuildTensors(const ArchConfig& config, DType dtype);
 
-uint64_t TotalBytes(const std::vector<TensorSpec>& specs);
 // "24 layers, hidden 896, intermediate 4864, 14 heads / 2 kv heads × 64, vocab 151936, tied"
 std::string Describe(const ArchConfig& config);
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "alloc_counter.h"
+#include "harness/alloc_counter.h"
 
 namespace weightsync::tools {
 namespace {
@@ -103,7 +103,7 @@ void ProgressBar::Loop() {
     if (stop_ || !active_) continue;
     auto elapsed = std::chrono::steady_clock::now() - start_;
     if (elapsed >= kShowAfter) Draw(elapsed);
-    thread_allocations_.store(ThreadAllocations().allocations);
+    thread_allocations_.store(bench::ThreadAllocations().allocations);
   }
 }
 

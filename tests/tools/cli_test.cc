@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace weightsync {
 namespace {
@@ -43,11 +45,13 @@ bool Has(const CliRun& run, const std::string& needle) {
   return run.output.find(needle) != std::string::npos;
 }
 
-// The JSON line of figure `id` (the bench writes one figure per line, starting with its id).
-std::string FigureLine(const std::string& json, const std::string& id) {
-  size_t at = json.find("{\"id\": \"" + id + "\"");
-  if (at == std::string::npos) return "";
-  return json.substr(at, json.find('\n', at) - at);
+using Json = nlohmann::ordered_json;  // keeps the file's key order
+
+// The keys of a JSON object, in the file's order.
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& item : object.items()) keys.push_back(item.key());
+  return keys;
 }
 
 class CliTest : public ::testing::Test {
@@ -74,6 +78,26 @@ TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_TRUE(Has(bad, "WEIGHTSYNC_LOG_LEVEL='loud' is not one of debug, info, warn, error"))
       << bad.output;
+}
+
+TEST_F(CliTest, InfoPrintsThePathTableInOrder) {
+  CliRun info = RunCli("info");
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  const size_t begin =
+      info.output.find("data paths (first that serves a link, store and destinations wins):\n");
+  ASSERT_NE(begin, std::string::npos) << info.output;
+  const size_t end = info.output.find("environment knobs", begin);
+  ASSERT_NE(end, std::string::npos) << info.output;
+  const std::string table = info.output.substr(begin, end - begin);
+  // One row per path, name first, in the table's order of preference, each saying what it moves.
+  size_t at = 0;
+  for (const char* name : {"shm", "host-to-gpu", "gpu-to-host", "cuda-ipc", "tcp", "nccl"}) {
+    const size_t row = table.find("\n  " + std::string(name) + " ", at);
+    ASSERT_NE(row, std::string::npos) << name << " missing (or out of order) in:\n" << table;
+    const std::string line = table.substr(row + 1, table.find('\n', row + 1) - row - 1);
+    EXPECT_NE(line.find(" -> "), std::string::npos) << "no 'store -> destination' in: " << line;
+    at = row + 1;
+  }
 }
 
 TEST_F(CliTest, HelpListsCommandsAndFlags) {
@@ -162,13 +186,25 @@ TEST_F(CliTest, BenchQuickPrintsTableWritesJsonAndAllocatesNothingPerStep) {
   }
   std::ifstream in(json_path);
   ASSERT_TRUE(in) << json_path;
-  std::stringstream json;
-  json << in.rdbuf();
-  EXPECT_NE(json.str().find("\"all_targets_met\""), std::string::npos) << json.str();
+  const Json report = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << json_path << " is not JSON";
+  // The fields readers of the file rely on, in their order.
+  EXPECT_EQ(Keys(report),
+            (std::vector<std::string>{"machine", "config", "figures", "all_targets_met"}));
+  ASSERT_TRUE(report["figures"].is_array());
+  std::map<std::string, Json> figures;
+  for (const Json& figure : report["figures"]) {
+    EXPECT_EQ(Keys(figure),
+              (std::vector<std::string>{"id", "name", "value", "unit", "baseline", "ratio",
+                                        "ratio_label", "target", "met", "note"}))
+        << figure.dump();
+    EXPECT_EQ(Keys(figure["baseline"]), (std::vector<std::string>{"name", "value", "unit"}));
+    figures[figure["id"].get<std::string>()] = figure;
+  }
   // Allocation counts are exact, not timings: zero per steady-state step is asserted.
   for (const char* id : {"allocs_publish", "allocs_update", "allocs_process"}) {
-    std::string line = FigureLine(json.str(), id);
-    EXPECT_NE(line.find("\"value\": 0,"), std::string::npos) << id << ": " << line;
+    ASSERT_TRUE(figures.count(id)) << id << " missing from:\n" << report.dump(2);
+    EXPECT_EQ(figures[id]["value"], 0) << figures[id].dump();
   }
   fs::remove_all(dir);
 }

@@ -4,7 +4,7 @@
 //
 // Under ASan or TSan the sanitizer owns malloc: replacing it would bypass (TSan) or crash (ASan,
 // before its runtime is initialized). There the sanitizer's own allocation hook counts instead.
-#include "alloc_counter.h"
+#include "harness/alloc_counter.h"
 
 #include <cstddef>
 
@@ -33,7 +33,7 @@ void* __libc_pvalloc(size_t size);
 void __libc_free(void* ptr);
 }
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 // Relaxed: counters are read after the measured calls returned (a join or a lock in between
@@ -80,10 +80,10 @@ bool AllocCounterActive() {
   return ThreadAllocations().allocations > before.allocations;
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench
 
 #if !WS_ALLOC_COUNTER_SANITIZER_HOOKS
-using weightsync::tools::Count;
+using weightsync::bench::Count;
 
 extern "C" {
 

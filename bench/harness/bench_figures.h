@@ -1,13 +1,14 @@
-// The bench's measurements. Each adds figures, with their same-run baselines, to a report.
+// The bench's measurements (`weightsync bench` parses the flags into BenchOptions and runs
+// MeasureAll). Each adds figures, with their same-run baselines, to a report.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "bench_report.h"
+#include "harness/bench_report.h"
 #include "weightsync/status.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 struct BenchOptions {
   bool quick = false;
@@ -41,4 +42,8 @@ Status MeasureTcpThroughput(const BenchOptions& options, BenchReport* report);
 // the RSS slope, and a fresh Subscriber every step (no handle reuse).
 Status MeasureSmallModel(const BenchOptions& options, BenchReport* report);
 
-}  // namespace weightsync::tools
+// The machine, the configuration and every measurement above, in that order, each announced by
+// a line on stderr. Stops at the first failure.
+Status MeasureAll(const BenchOptions& options, BenchReport* report);
+
+}  // namespace weightsync::bench

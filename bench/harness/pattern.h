@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 // Writes the first `bytes` bytes of tensor `tensor` at `step` into `out`.
 void FillPattern(uint32_t tensor, int64_t step, uint8_t* out, uint64_t bytes);
@@ -21,4 +21,4 @@ uint64_t ExpectedDigest(uint32_t tensor, int64_t step, uint64_t bytes);
 // xxHash3-64 of `bytes` bytes at `data` (the same function weightsync's digests use).
 uint64_t Digest(const void* data, uint64_t bytes);
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

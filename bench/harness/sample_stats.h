@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 double Median(std::vector<double> samples);                // 0 for no samples
 double Percentile(std::vector<double> samples, double p);  // p in [0, 100], nearest rank
@@ -14,4 +14,4 @@ double Max(const std::vector<double>& samples);
 // Least-squares slope of y over x (dy/dx); 0 with fewer than two points.
 double Slope(const std::vector<double>& x, const std::vector<double>& y);
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -12,11 +12,12 @@
 #include <thread>
 #include <vector>
 
-#include "bench_figures.h"
-#include "bench_harness.h"
-#include "sample_stats.h"
+#include "harness/bench_figures.h"
+#include "harness/bench_pair.h"
+#include "harness/byte_units.h"
+#include "harness/sample_stats.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 // A connected pair of loopback TCP sockets.
@@ -120,4 +121,4 @@ Status MeasureTcpThroughput(const BenchOptions& o, BenchReport* report) {
   return pair->publisher().Close();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

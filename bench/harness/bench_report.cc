@@ -1,11 +1,12 @@
-#include "bench_report.h"
+#include "harness/bench_report.h"
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <sstream>
+#include <nlohmann/json.hpp>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 bool BenchReport::all_targets_met() const {
   for (const auto& f : figures) {
@@ -15,6 +16,9 @@ bool BenchReport::all_targets_met() const {
 }
 
 namespace {
+
+// Keys stay in the order written: the file's field order.
+using Json = nlohmann::ordered_json;
 
 std::string Number(double v) {
   char buf[32];
@@ -32,28 +36,17 @@ std::string Number(double v) {
   return buf;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
+// The file's numbers as they have always been written: six significant digits (printf %.6g),
+// integral values without a fraction ("0", not "0.0"), null when not finite.
+Json JsonNumber(double v) {
+  if (!std::isfinite(v)) return nullptr;
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
+  const double rounded = std::strtod(buf, nullptr);
+  if (std::trunc(rounded) == rounded && std::fabs(rounded) < 9e15) {
+    return static_cast<int64_t>(rounded);
+  }
+  return rounded;
 }
 
 }  // namespace
@@ -83,34 +76,35 @@ void PrintReport(const BenchReport& r) {
 }
 
 Status WriteJson(const BenchReport& r, const std::string& path) {
-  std::ostringstream os;
-  os << "{\n  \"machine\": " << JsonString(r.machine) << ",\n  \"config\": {";
-  for (size_t i = 0; i < r.config.size(); ++i) {
-    os << (i ? ", " : "") << JsonString(r.config[i].first) << ": "
-       << JsonString(r.config[i].second);
+  Json config = Json::object();
+  for (const auto& [key, value] : r.config) config[key] = value;
+  Json figures = Json::array();
+  for (const Figure& f : r.figures) {
+    figures.push_back({
+        {"id", f.id},
+        {"name", f.name},
+        {"value", JsonNumber(f.value)},
+        {"unit", f.unit},
+        {"baseline",
+         {{"name", f.baseline_name}, {"value", JsonNumber(f.baseline)}, {"unit", f.baseline_unit}}},
+        {"ratio", f.ratio ? JsonNumber(*f.ratio) : Json(nullptr)},
+        {"ratio_label", f.ratio_label},
+        {"target", f.target},
+        {"met", f.met ? Json(*f.met) : Json(nullptr)},
+        {"note", f.note},
+    });
   }
-  os << "},\n  \"figures\": [\n";
-  for (size_t i = 0; i < r.figures.size(); ++i) {
-    const Figure& f = r.figures[i];
-    os << "    {\"id\": " << JsonString(f.id) << ", \"name\": " << JsonString(f.name)
-       << ", \"value\": " << JsonNumber(f.value) << ", \"unit\": " << JsonString(f.unit)
-       << ",\n     \"baseline\": {\"name\": " << JsonString(f.baseline_name)
-       << ", \"value\": " << JsonNumber(f.baseline) << ", \"unit\": " << JsonString(f.baseline_unit)
-       << "}"
-       << ", \"ratio\": " << (f.ratio ? JsonNumber(*f.ratio) : "null")
-       << ", \"ratio_label\": " << JsonString(f.ratio_label)
-       << ",\n     \"target\": " << JsonString(f.target)
-       << ", \"met\": " << (!f.met ? "null" : (*f.met ? "true" : "false"))
-       << ", \"note\": " << JsonString(f.note) << "}" << (i + 1 < r.figures.size() ? "," : "")
-       << "\n";
-  }
-  os << "  ],\n  \"all_targets_met\": " << (r.all_targets_met() ? "true" : "false") << "\n}\n";
+  const Json report = {{"machine", r.machine},
+                       {"config", std::move(config)},
+                       {"figures", std::move(figures)},
+                       {"all_targets_met", r.all_targets_met()}};
   std::ofstream out(path, std::ios::trunc);
   if (!out) return Status::IoError("cannot write '", path, "'");
-  out << os.str();
+  // A byte that is not UTF-8 (a CPU name read from /proc) is replaced rather than thrown on.
+  out << report.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   out.close();
   if (!out) return Status::IoError("writing '", path, "' failed");
   return Status::Ok();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 // Resident set size of this process in bytes (/proc/self/statm, resident × page size). Uses only
 // open/read/close, so sampling it inside a measured loop allocates nothing. 0 if unreadable.
@@ -20,4 +20,4 @@ double LoadAverage();
 // "AMD EPYC, 2 cores, 23.4 GiB RAM, Linux 6.1.0, optimized build"
 std::string MachineDescription();
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -1,4 +1,4 @@
-#include "pattern.h"
+#include "harness/pattern.h"
 
 #include <cstring>
 
@@ -6,7 +6,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 constexpr uint64_t kStride = 0x9E3779B97F4A7C15ull;
@@ -52,4 +52,4 @@ uint64_t ExpectedDigest(uint32_t tensor, int64_t step, uint64_t bytes) {
 
 uint64_t Digest(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -4,11 +4,12 @@
 #include <string>
 #include <vector>
 
-#include "bench_figures.h"
-#include "bench_harness.h"
-#include "sample_stats.h"
+#include "harness/bench_figures.h"
+#include "harness/bench_pair.h"
+#include "harness/byte_units.h"
+#include "harness/sample_stats.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 // Median seconds of Subscriber::Update() over `steps` after 3 warm-up steps; `publish` publishes
@@ -73,4 +74,4 @@ Status MeasureTwoPublishers(const BenchOptions& o, BenchReport* report) {
   return b->publisher().Close();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

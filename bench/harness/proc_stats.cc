@@ -1,4 +1,4 @@
-#include "proc_stats.h"
+#include "harness/proc_stats.h"
 
 #include <fcntl.h>
 #include <sys/utsname.h>
@@ -10,9 +10,9 @@
 #include <sstream>
 #include <thread>
 
-#include "flags.h"
+#include "harness/byte_units.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 uint64_t ResidentBytes() {
   int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
@@ -78,4 +78,4 @@ std::string MachineDescription() {
   return os.str();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -8,7 +8,7 @@
 
 #include "weightsync/status.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 struct Figure {
   std::string id;    // stable JSON key, e.g. "shm_update_staged_gbps"
@@ -35,4 +35,4 @@ struct BenchReport {
 void PrintReport(const BenchReport& report);
 Status WriteJson(const BenchReport& report, const std::string& path);
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

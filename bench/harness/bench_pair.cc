@@ -1,13 +1,13 @@
-#include "bench_harness.h"
+#include "harness/bench_pair.h"
 
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 
-#include "pattern.h"
+#include "harness/pattern.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 BenchPair::BenchPair(const std::vector<TensorSpec>& tensors, int copy_threads)
     : copy_threads_(copy_threads),
@@ -70,4 +70,4 @@ std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes) {
   return specs;
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -1,12 +1,12 @@
 #include <string>
 #include <vector>
 
-#include "bench_figures.h"
-#include "bench_harness.h"
-#include "flags.h"
-#include "sample_stats.h"
+#include "harness/bench_figures.h"
+#include "harness/bench_pair.h"
+#include "harness/byte_units.h"
+#include "harness/sample_stats.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 struct Mode {
@@ -75,4 +75,4 @@ Status MeasureThroughput(const BenchOptions& o, BenchReport* report) {
   return pair->publisher().Close();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

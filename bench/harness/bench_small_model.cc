@@ -2,14 +2,14 @@
 #include <string>
 #include <vector>
 
-#include "alloc_counter.h"
-#include "bench_figures.h"
-#include "bench_harness.h"
-#include "flags.h"
-#include "proc_stats.h"
-#include "sample_stats.h"
+#include "harness/alloc_counter.h"
+#include "harness/bench_figures.h"
+#include "harness/bench_pair.h"
+#include "harness/byte_units.h"
+#include "harness/proc_stats.h"
+#include "harness/sample_stats.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 namespace {
 
 // Median Update() seconds over `steps` steady-state steps (each: Publish, then Update).
@@ -82,7 +82,7 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
   if (!AllocCounterActive()) {
     return Status::Internal(
         "the allocation counter saw no allocation from `new`; the malloc "
-        "hook in tools/alloc_counter.cc is not active");
+        "hook in bench/harness/alloc_counter.cc is not active");
   }
   const std::vector<TensorSpec> tensors = UniformTensors(o.small_tensors, o.small_tensor_bytes);
   WS_ASSIGN_OR_RETURN(auto pair, BenchPair::Create(tensors, static_cast<int>(o.copy_threads)));
@@ -220,4 +220,4 @@ Status MeasureSmallModel(const BenchOptions& o, BenchReport* report) {
   return pair->publisher().Close();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

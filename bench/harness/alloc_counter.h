@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 struct AllocCounts {
   uint64_t allocations = 0;  // successful malloc/calloc/realloc/aligned calls (new included)
@@ -27,4 +27,4 @@ AllocCounts ThreadAllocations();
 // figure measured with inactive hooks would read 0 and prove nothing.
 bool AllocCounterActive();
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

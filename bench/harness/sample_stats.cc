@@ -1,9 +1,9 @@
-#include "sample_stats.h"
+#include "harness/sample_stats.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 double Percentile(std::vector<double> samples, double p) {
   if (samples.empty()) return 0;
@@ -48,4 +48,4 @@ double Slope(const std::vector<double>& x, const std::vector<double>& y) {
   return sxx > 0 ? sxy / sxx : 0;
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench

@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "demo_options.h"
+#include "harness/tensor_storage.h"
+#include "weightsync/options.h"
 #include "weightsync/publisher.h"
 #include "weightsync/subscriber.h"
 
-namespace weightsync::tools {
+namespace weightsync::bench {
 
 class BenchPair {
  public:
@@ -55,4 +56,4 @@ inline double SecondsSince(BenchClock::time_point t) {
   return std::chrono::duration<double>(BenchClock::now() - t).count();
 }
 
-}  // namespace weightsync::tools
+}  // namespace weightsync::bench
