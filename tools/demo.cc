@@ -17,6 +17,7 @@
 #include "demo_options.h"
 #include "demo_roles.h"
 #include "harness/byte_units.h"
+#include "weightsync/cuda.h"
 #include "weightsync/tensor_view.h"
 
 namespace weightsync::tools {
@@ -117,6 +118,8 @@ std::vector<std::string> RoleArgs(const DemoOptions& o, const DemoModel& model,
           "--timeout-ms=" + std::to_string(o.timeout_ms),
           "--progress=" + o.progress,
           "--endpoint=" + o.endpoint,
+          "--publisher-device=" + PublisherDeviceText(o),
+          "--subscriber-device=" + SubscriberDeviceText(o),
           "--notify-fd=" + std::to_string(notify_fd),
           "--ack-fd=" + std::to_string(ack_fd)};
 }
@@ -128,12 +131,25 @@ int Launch(DemoOptions o) {
     std::fprintf(stderr, "weightsync demo: %s\n", model.status().ToString().c_str());
     return 2;
   }
+  const std::string publisher_device = PublisherDeviceText(o);
+  const std::string subscriber_device = SubscriberDeviceText(o);
+  if (publisher_device != "cpu" || subscriber_device != "cpu") {
+    // Said once, here, rather than by both processes as they fail.
+    if (Status cuda = CudaStatus(); !cuda.ok()) {
+      std::fprintf(stderr, "weightsync demo: --publisher-device=%s --subscriber-device=%s: %s\n",
+                   publisher_device.c_str(), subscriber_device.c_str(), cuda.ToString().c_str());
+      return 2;
+    }
+  }
   if (o.endpoint.empty()) o.endpoint = "local://weightsync-demo-" + std::to_string(::getpid());
   const TensorSpec& largest = model->tensors[model->largest];
-  std::printf(
-      "weightsync demo: a publisher process and a subscriber process on %s (shared "
-      "memory)\n",
-      o.endpoint.c_str());
+  std::printf("weightsync demo: a publisher process and a subscriber process on %s\n",
+              o.endpoint.c_str());
+  std::printf("  devices trainer tensors on %s, engine destinations on %s (%s)\n",
+              publisher_device.c_str(), subscriber_device.c_str(),
+              publisher_device == "cpu" && subscriber_device == "cpu"
+                  ? "shared memory"
+                  : "the path table picks the GPU data path");
   std::printf("  model   %s (%s), scale %g: %s\n", model->config.name.c_str(),
               model->config.source.c_str(), model->scale, Describe(model->config).c_str());
   std::printf("          %zu tensors, %s as %s; largest %s %s\n", model->tensors.size(),
@@ -146,8 +162,8 @@ int Launch(DemoOptions o) {
       "after the subscriber holds step k\n",
       static_cast<long long>(o.steps), o.mode.c_str(), o.verify ? "on" : "off");
   std::printf(
-      "  memory  about %s across both processes (trainer tensors, %lld arena slots, "
-      "destinations%s)\n\n",
+      "  memory  about %s of host memory across both processes (trainer tensors, %lld arena "
+      "slots, destinations%s)\n\n",
       bench::FormatBytes(DemoMemoryNeed(o, model->bytes)).c_str(), static_cast<long long>(o.slots),
       o.mode == "staged" ? ", shadow" : "");
 

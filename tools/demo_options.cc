@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "command_line.h"
+#include "demo_tensors.h"
 #include "harness/byte_units.h"
 #include "harness/proc_stats.h"
 #include "harness/tensor_storage.h"
@@ -26,6 +28,12 @@ void DeclareDemoFlags(CommandLine* f, DemoOptions* o) {
   f->String("progress", &o->progress,
             "progress bar on stderr: auto (if a terminal) | always | never");
   f->String("endpoint", &o->endpoint, "endpoint to serve (default local://weightsync-demo-<pid>)");
+  f->String("device", &o->device,
+            "where both sides' tensors live: cpu | cuda | cuda:N (the path table picks the\n"
+            "data path: shm, host-to-gpu, gpu-to-host or cuda-ipc)");
+  f->String("publisher-device", &o->publisher_device, "the trainer's tensors (default --device)");
+  f->String("subscriber-device", &o->subscriber_device,
+            "the engine's destinations (default --device)");
   // Hidden (CLI11's empty group): what the launcher passes to the processes it starts.
   f->String("role", &o->role, "internal: publisher | subscriber")->group("");
   f->Int("notify-fd", &o->notify_fd, "internal")->group("");
@@ -44,6 +52,12 @@ Status ValidateDemoOptions(const DemoOptions& o) {
   }
   if (o.timeout_ms < 1) return Status::InvalidArgument("--timeout-ms must be ≥ 1");
   if (o.copy_threads < 0) return Status::InvalidArgument("--copy-threads must be ≥ 0");
+  for (const auto& [flag, text] :
+       {std::pair<const char*, std::string>{"device", o.device},
+        {"publisher-device", PublisherDeviceText(o)},
+        {"subscriber-device", SubscriberDeviceText(o)}}) {
+    WS_RETURN_IF_ERROR(ParseDemoDevice(flag, text).status());
+  }
   if (!o.role.empty() && o.role != "publisher" && o.role != "subscriber") {
     return Status::InvalidArgument("--role=", o.role, ": expected publisher or subscriber");
   }
@@ -57,8 +71,22 @@ UpdateMode ParseMode(const std::string& mode) {
   return mode == "in_place" ? UpdateMode::kInPlace : UpdateMode::kStaged;
 }
 
+std::string PublisherDeviceText(const DemoOptions& o) {
+  return o.publisher_device.empty() ? o.device : o.publisher_device;
+}
+
+std::string SubscriberDeviceText(const DemoOptions& o) {
+  return o.subscriber_device.empty() ? o.device : o.subscriber_device;
+}
+
 uint64_t DemoMemoryNeed(const DemoOptions& o, uint64_t bytes) {
-  uint64_t copies = 1 + static_cast<uint64_t>(o.slots) + 1 + (o.mode == "staged" ? 1 : 0);
+  // Each side keeps one host copy (its tensors, or the host side of CUDA tensors); the arena
+  // slots live with a CPU publisher's tensors and the shadow with a CPU subscriber's (on a GPU
+  // they take device memory instead).
+  const bool publisher_cpu = PublisherDeviceText(o) == "cpu";
+  const bool subscriber_cpu = SubscriberDeviceText(o) == "cpu";
+  uint64_t copies = 2 + (publisher_cpu ? static_cast<uint64_t>(o.slots) : 0) +
+                    (subscriber_cpu && o.mode == "staged" ? 1 : 0);
   return copies * bytes;
 }
 

@@ -27,6 +27,10 @@ struct DemoOptions {
   int64_t timeout_ms = 60000;
   std::string progress = "auto";
   std::string endpoint;  // empty: local://weightsync-demo-<launcher pid>
+  // Where each side's tensors live: cpu | cuda | cuda:N. The per-side flags override --device.
+  std::string device = "cpu";
+  std::string publisher_device;   // empty: --device
+  std::string subscriber_device;  // empty: --device
   // Set by the launcher for the processes it starts.
   std::string role;
   int64_t notify_fd = -1;  // publisher → subscriber: PublishedMessage
@@ -52,10 +56,14 @@ Result<DemoModel> BuildDemoModel(const DemoOptions& options);
 // Resolves --scale auto against MemAvailable and checks that an explicit scale fits.
 Result<DemoModel> ResolveDemoModel(const DemoOptions& options, std::string* note);
 
-// Bytes held at once across both processes: the trainer's tensors, the arena slots, the
-// subscriber's destinations and (staged) its shadow buffer.
+// Host bytes held at once across both processes: the trainer's tensors, the arena slots, the
+// subscriber's destinations and (staged) its shadow buffer, less what lives on a GPU.
 uint64_t DemoMemoryNeed(const DemoOptions& options, uint64_t model_bytes);
 
 UpdateMode ParseMode(const std::string& mode);  // valid after ValidateDemoOptions
+
+// The device text each side uses once the per-side flags have been applied.
+std::string PublisherDeviceText(const DemoOptions& options);
+std::string SubscriberDeviceText(const DemoOptions& options);
 
 }  // namespace weightsync::tools

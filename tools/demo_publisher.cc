@@ -3,8 +3,7 @@
 
 #include "demo_roles.h"
 #include "harness/alloc_counter.h"
-#include "harness/pattern.h"
-#include "harness/tensor_storage.h"
+#include "demo_tensors.h"
 #include "step_pipe.h"
 #include "weightsync/publisher.h"
 
@@ -19,7 +18,8 @@ double Since(Clock::time_point t) {
 
 Status Serve(const DemoOptions& o) {
   WS_ASSIGN_OR_RETURN(DemoModel model, BuildDemoModel(o));
-  bench::TensorStorage storage(model.tensors, 0);
+  WS_ASSIGN_OR_RETURN(Device device, ParseDemoDevice("publisher-device", PublisherDeviceText(o)));
+  WS_ASSIGN_OR_RETURN(DemoTensors storage, DemoTensors::Create(model.tensors, device, 0));
   PublisherOptions po;
   po.endpoint = o.endpoint;
   po.slots = static_cast<int>(o.slots);
@@ -40,9 +40,7 @@ Status Serve(const DemoOptions& o) {
     PublishedMessage msg;
     msg.step = step;
     auto t0 = Clock::now();
-    for (size_t i = 0; i < storage.size(); ++i) {
-      bench::FillPattern(static_cast<uint32_t>(i), step, storage.data(i), storage.bytes(i));
-    }
+    WS_RETURN_IF_ERROR(storage.Fill(step));
     msg.fill_seconds = Since(t0);
     bench::AllocCounts a0 = bench::ProcessAllocations();
     auto t1 = Clock::now();

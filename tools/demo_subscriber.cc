@@ -7,12 +7,11 @@
 #include <vector>
 
 #include "demo_roles.h"
+#include "demo_tensors.h"
 #include "harness/alloc_counter.h"
 #include "harness/byte_units.h"
-#include "harness/pattern.h"
 #include "harness/proc_stats.h"
 #include "harness/sample_stats.h"
-#include "harness/tensor_storage.h"
 #include "progress.h"
 #include "step_pipe.h"
 #include "weightsync/subscriber.h"
@@ -26,21 +25,6 @@ struct StepRecord {
   PublishedMessage published;
   uint64_t rss = 0;  // resident bytes after the step was checked
 };
-
-// Compares every tensor with the digest of the bytes it must hold at `step`. Returns the number
-// of tensors that differ; `first_bad` names the first.
-size_t CheckTensors(const bench::TensorStorage& storage, const std::vector<TensorSpec>& tensors,
-                    int64_t step, std::string* first_bad) {
-  size_t bad = 0;
-  for (size_t i = 0; i < storage.size(); ++i) {
-    uint64_t n = storage.bytes(i);
-    if (bench::Digest(storage.data(i), n) !=
-        bench::ExpectedDigest(static_cast<uint32_t>(i), step, n)) {
-      if (bad++ == 0) *first_bad = tensors[i].name;
-    }
-  }
-  return bad;
-}
 
 void PrintHeader() {
   std::printf("%9s %11s %11s %8s %8s  %-24s %10s %12s\n", "step", "bytes", "update ms", "GB/s",
@@ -77,10 +61,10 @@ void PrintSummary(const DemoOptions& o, const DemoModel& model, const std::vecto
     publish.push_back(r[i].published.publish_seconds);
   }
   const UpdateStats& first = r.front().stats;
-  std::printf("\nsummary: %s, scale %g: %zu tensors, %s %s, %zu steps, %s, verify %s\n",
+  std::printf("\nsummary: %s, scale %g: %zu tensors, %s %s, %zu steps, %s, verify %s, path %s\n",
               model.config.name.c_str(), model.scale, model.tensors.size(),
               bench::FormatBytes(model.bytes).c_str(), std::string(DTypeName(model.dtype)).c_str(),
-              r.size(), o.mode.c_str(), o.verify ? "on" : "off");
+              r.size(), o.mode.c_str(), o.verify ? "on" : "off", std::string(first.path).c_str());
   constexpr char kRow[] = "  %-34s ";
   std::printf(kRow, "first update (prepares the handle)");
   std::printf("%9.1f ms   prepare %.1f, copy %.1f, verify %.1f, commit %.1f ms\n",
@@ -139,8 +123,12 @@ int RunDemoSubscriber(const DemoOptions& o) {
   };
   Result<DemoModel> model = BuildDemoModel(o);
   if (!model.ok()) return fail(model.status(), 0);
+  Result<Device> device = ParseDemoDevice("subscriber-device", SubscriberDeviceText(o));
+  if (!device.ok()) return fail(device.status(), 0);
   // Poisoned: a byte the update failed to write cannot match its expected digest by accident.
-  bench::TensorStorage storage(model->tensors, 0xFF);
+  Result<DemoTensors> created_storage = DemoTensors::Create(model->tensors, *device, 0xFF);
+  if (!created_storage.ok()) return fail(created_storage.status(), 0);
+  DemoTensors storage = std::move(created_storage).value();
   SubscriberOptions so;
   so.endpoint = o.endpoint;
   so.mode = ParseMode(o.mode);
@@ -182,9 +170,10 @@ int RunDemoSubscriber(const DemoOptions& o) {
       return fail(Status::Internal("Update() returned without verifying"), step);
     }
     std::string first_bad;
-    size_t bad = CheckTensors(storage, model->tensors, step, &first_bad);
-    if (bad != 0) {
-      return fail(Status::Corruption(bad, " of ", storage.size(),
+    Result<size_t> bad = storage.CountWrong(step, &first_bad);
+    if (!bad.ok()) return fail(bad.status().WithContext("checking the tensors"), step);
+    if (*bad != 0) {
+      return fail(Status::Corruption(*bad, " of ", storage.size(),
                                      " tensors differ from the "
                                      "expected bytes, first '",
                                      first_bad, "'"),

@@ -35,6 +35,10 @@ struct UpdateStats {
   uint64_t prepare_count = 0;    // transfer handles prepared by this subscriber so far
   bool verified = false;         // every segment matched its digest
   bool up_to_date = false;       // the latest step was already committed; nothing moved
+  // The data path the bytes took, as the path table names it ("shm", "host-to-gpu",
+  // "gpu-to-host", "cuda-ipc", "tcp", "nccl"; the first publisher's, with several). Static
+  // storage: valid for the life of the process.
+  std::string_view path;
   // The lineage of the committed version (of the first publisher, with several).
   LineageName lineage;
   // This update replaced a version of another publisher session: the publisher restarted (same

@@ -296,6 +296,10 @@ void BindSubscriber(nb::module_& m) {
           "lineage",
           [](const UpdateStats& s) { return Utf8Out(s.lineage.view()); },
           "The publisher's lineage of the committed version (PublisherOptions.lineage).")
+      .def_prop_ro(
+          "path", [](const UpdateStats& s) { return std::string(s.path); },
+          "The data path the bytes took, as the path table names it: 'shm', 'host-to-gpu',\n"
+          "'gpu-to-host', 'cuda-ipc', 'tcp' or 'nccl'.")
       .def_ro("lineage_changed", &UpdateStats::lineage_changed,
               "This update replaced a version of another publisher session (a restarted\n"
               "trainer, or a new lineage).")
@@ -306,6 +310,7 @@ void BindSubscriber(nb::module_& m) {
                ", gbps=" + std::to_string(s.gbps) + ", handle_created=" + b(s.handle_created) +
                ", prepare_count=" + std::to_string(s.prepare_count) +
                ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) +
+               ", path='" + std::string(s.path) + "'" +
                ", lineage='" + std::string(s.lineage.view()) +
                "', lineage_changed=" + b(s.lineage_changed) + ")";
       });

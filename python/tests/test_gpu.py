@@ -242,6 +242,7 @@ def test_torch_round_trip(endpoint, device, mode):
                 stats = sub.update(step)
                 assert stats.step == step and stats.verified
                 assert stats.handle_created == (step == 1)
+                assert stats.path == ("shm" if device == "cpu" else "cuda-ipc"), stats
                 assert_same(dst.bytes(), pub.expected(step), f"step {step}")
             assert sub.weights_valid and sub.committed_step == 3
 
@@ -382,7 +383,8 @@ def test_host_and_gpu_mixed(endpoint, direction, mode):
             dst.register(sub)
             for step in (1, 2, 3):
                 pub.publish(step)
-                assert sub.update(step).verified
+                stats = sub.update(step)
+                assert stats.verified and stats.path == direction.replace("_", "-"), stats
                 assert_same(dst.bytes(), pub.expected(step), f"step {step}")
 
 

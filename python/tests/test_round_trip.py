@@ -31,6 +31,7 @@ def test_two_processes_every_dtype_bit_exact(endpoint, mode):
                 assert (stats.step, stats.verified, stats.up_to_date) == (step, True, False)
                 assert stats.handle_created == (step == 1)
                 assert stats.tensors == len(like)
+                assert stats.path == "shm", stats  # host to host on one machine
                 want, _ = dtype_tensors(seed + step)
                 assert_bit_exact(dst, want)
                 done.put(step)

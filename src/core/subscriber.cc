@@ -491,6 +491,7 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   stats.step = *step;
   step_text = std::to_string(*step);
   stats.lineage.Assign(active[0]->welcome->lineage);
+  stats.path = active[0]->handle->transport_name();
   if (*step == after) {
     if (held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
       return Status::FailedPrecondition(

@@ -11,7 +11,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "weightsync/cuda.h"
 
 namespace weightsync {
 namespace {
@@ -145,6 +148,41 @@ TEST_F(CliTest, DemoRunsTwoProcessesAndVerifiesEveryStep) {
     EXPECT_TRUE(Has(run, line)) << "'" << line << "' missing from:\n" << run.output;
   }
   EXPECT_TRUE(Has(run, "subscriber Update 0 (max 0), publisher Publish 0 (max 0)")) << run.output;
+  EXPECT_TRUE(Has(run, "path shm")) << run.output;
+}
+
+TEST_F(CliTest, DemoDeviceFlagsAreChecked) {
+  CliRun bad = RunCli("demo --device gpu");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(Has(bad, "--device=gpu: expected cpu, cuda or cuda:N")) << bad.output;
+  CliRun side = RunCli("demo --subscriber-device cuda:x");
+  EXPECT_EQ(side.exit_code, 2) << side.output;
+  EXPECT_TRUE(Has(side, "--subscriber-device=cuda:x")) << side.output;
+}
+
+// Every side on a GPU, each on its own, and both: the path table picks a different data path for
+// each, and every step is checked against its expected digest after copying it back. Without a
+// usable GPU the demo refuses up front, saying why.
+TEST_F(CliTest, DemoOnTheGpu) {
+  const Status cuda = CudaStatus();
+  const std::string common = "demo --steps 3 --scale 0.001 --progress never ";
+  if (!cuda.ok()) {
+    CliRun run = RunCli(common + "--device cuda");
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_TRUE(Has(run, cuda.message())) << run.output;
+    EXPECT_FALSE(Has(run, "demo: PASS")) << run.output;
+    return;
+  }
+  for (const auto& [flags, path] : std::vector<std::pair<std::string, std::string>>{
+           {"--device cuda", "cuda-ipc"},
+           {"--device cuda:0 --mode in_place", "cuda-ipc"},
+           {"--subscriber-device cuda", "host-to-gpu"},
+           {"--publisher-device cuda", "gpu-to-host"}}) {
+    CliRun run = RunCli(common + flags);
+    EXPECT_EQ(run.exit_code, 0) << flags << "\n" << run.output;
+    EXPECT_TRUE(Has(run, "path " + path)) << flags << "\n" << run.output;
+    EXPECT_TRUE(Has(run, "3/3 steps")) << flags << "\n" << run.output;
+  }
 }
 
 TEST_F(CliTest, DemoOtherPresetsBuild) {

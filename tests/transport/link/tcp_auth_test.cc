@@ -122,6 +122,7 @@ TEST_F(TcpAuth, RightTokenRoundTripsBitExact) {
   auto stats = sub->Update();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_TRUE(stats->verified);
+  EXPECT_EQ(stats->path, "tcp");
   std::string why;
   EXPECT_TRUE(SyntheticModel::Holds(dst, 1, &why)) << why;
   for (int step = 2; step <= 30; ++step) {
