@@ -146,9 +146,16 @@ def table(results):
              lambda s: f"weightsync reaches {s / ws_s:.0%} of it")
     line("weightsync through Python (" + ws.get("path", "cuda-ipc") + ")", results.get("python"),
          lambda s: "1")
+    if ws.get("library_median_s"):
+        out.append(f"{'  of which inside the library (UpdateStats.seconds; copy)':<62} "
+                   f"{_fmt_ms(ws['library_median_s']):>10} {_fmt_ms(ws['copy_median_s']):>8}  "
+                   f"binding + Python {1e3 * (ws_s - ws['library_median_s']):.2f} ms")
     cpp = results.get("cpp")
     line("weightsync C++ (ws_gpu_update, the same transfer)", cpp,
          lambda s: f"Python {100 * (ws_s / s - 1):+.1f}% vs C++ (target <= +3%)")
+    if cpp and cpp.get("copy_median_s"):
+        out.append(f"{'  of which copying (UpdateStats.copy_seconds)':<62} "
+                   f"{'':>10} {_fmt_ms(cpp['copy_median_s']):>8}")
     if ws and not ws.get("skipped"):
         out.append(f"{'  Python allocations per steady update (tracemalloc bytes, blocks)':<62} "
                    f"{ws.get('tracemalloc_bytes_per_update', 0):>10.1f} "
@@ -288,6 +295,7 @@ def row_python(args, torch, shapes, nbytes):
         sub = weightsync.Subscriber(ready.split()[1], mode=args.mode, timeout=120)
         sub.register(dst)
         step, steady, publish, first, path = 0, [], [], None, None
+        inside, copying = [], []  # the library's own UpdateStats: where a Python gap is
 
         def one():
             nonlocal step
@@ -295,16 +303,18 @@ def row_python(args, torch, shapes, nbytes):
             answer = child.ask(f"publish {step}").split()
             assert answer[:2] == ["ok", str(step)], answer
             t0 = time.perf_counter()
-            sub.update(step)
-            return time.perf_counter() - t0, float(answer[2])
+            stats = sub.update(step)
+            return time.perf_counter() - t0, float(answer[2]), stats
 
         for i in range(args.steps):
-            seconds, pub_s = one()
+            seconds, pub_s, stats = one()
             if i == 0:
                 first = seconds
             else:
                 steady.append(seconds)
                 publish.append(pub_s)
+                inside.append(stats.seconds)
+                copying.append(stats.copy_seconds)
         # Python allocations that outlive a steady update: live blocks, then traced bytes.
         gc.collect()
         blocks0 = sys.getallocatedblocks()
@@ -338,6 +348,7 @@ def row_python(args, torch, shapes, nbytes):
     return {"what": "weightsync_python", "path": path, "mode": args.mode, "bytes": nbytes,
             "tensors": len(shapes), "first_update_s": first, "seconds": median(steady),
             "min_s": min(steady), "publish_median_s": median(publish),
+            "library_median_s": median(inside), "copy_median_s": median(copying),
             "tracemalloc_bytes_per_update": traced, "blocks_per_update": blocks,
             "verified": verified}
 
