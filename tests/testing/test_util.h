@@ -1,5 +1,5 @@
-// Shared test helpers: status assertions, log capture, a deterministic synthetic model,
-// poison fill, unique endpoints and child processes.
+// Shared test helpers: status assertions (testing/status_matchers.h), log capture, a deterministic
+// synthetic model, poison fill, unique endpoints and child processes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,24 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "testing/status_matchers.h"
 #include "util/logging.h"
 #include "weightsync/weightsync.h"
-
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
-    ASSERT_TRUE(ws_s_.ok()) << ws_s_;                    \
-  } while (0)
-#define EXPECT_OK(expr)                                  \
-  do {                                                   \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
-    EXPECT_TRUE(ws_s_.ok()) << ws_s_;                    \
-  } while (0)
-#define ASSERT_STATUS_IS(code_, expr)                                      \
-  do {                                                                     \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr);             \
-    ASSERT_EQ(ws_s_.code(), ::weightsync::StatusCode::code_) << ws_s_;     \
-  } while (0)
 
 namespace weightsync::testing {
 
