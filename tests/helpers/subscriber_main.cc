@@ -41,9 +41,9 @@ int main(int argc, char** argv) {
     if (!(args >> step)) return std::string("error update needs a step");
     auto t0 = std::chrono::steady_clock::now();
     auto r = (*sub)->Update(step);
-    const std::string ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              std::chrono::steady_clock::now() - t0)
-                                              .count());
+    const std::string ms = std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     if (r.ok()) return "ok " + std::to_string(r->step) + " " + ms;
     return "error " + std::string(ws::StatusCodeName(r.status().code())) + " " + ms + " " +
            r.status().message();
@@ -54,9 +54,8 @@ int main(int argc, char** argv) {
     std::string why;
     return SyntheticModel::Holds(dst, step, &why) ? std::string("yes") : "no " + why;
   });
-  loop.On("valid", [&](std::istream&) {
-    return std::string((*sub)->weights_valid() ? "yes" : "no");
-  });
+  loop.On("valid",
+          [&](std::istream&) { return std::string((*sub)->weights_valid() ? "yes" : "no"); });
   loop.OnQuit([&] { return (*sub)->Close(); });
   return loop.Run(std::cin);
 }

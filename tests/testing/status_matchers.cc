@@ -7,8 +7,7 @@ namespace weightsync::testing {
 ::testing::AssertionResult IsError(const Status& s, StatusCode code,
                                    std::initializer_list<std::string_view> parts) {
   if (s.ok()) {
-    return ::testing::AssertionFailure()
-           << "expected " << StatusCodeName(code) << ", got OK";
+    return ::testing::AssertionFailure() << "expected " << StatusCodeName(code) << ", got OK";
   }
   if (s.code() != code) {
     return ::testing::AssertionFailure()

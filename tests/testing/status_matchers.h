@@ -36,14 +36,12 @@
 
 // The status of `expr` (a Status or a Result) has code StatusCode::`code_` and its message
 // contains each of the optional parts.
-#define ASSERT_STATUS_IS(code_, expr, ...)                                      \
-  ASSERT_TRUE(::weightsync::testing::IsError(::weightsync::ToStatus(expr),      \
-                                             ::weightsync::StatusCode::code_, \
-                                             {__VA_ARGS__}))
-#define EXPECT_STATUS_IS(code_, expr, ...)                                      \
-  EXPECT_TRUE(::weightsync::testing::IsError(::weightsync::ToStatus(expr),      \
-                                             ::weightsync::StatusCode::code_, \
-                                             {__VA_ARGS__}))
+#define ASSERT_STATUS_IS(code_, expr, ...)                                 \
+  ASSERT_TRUE(::weightsync::testing::IsError(::weightsync::ToStatus(expr), \
+                                             ::weightsync::StatusCode::code_, {__VA_ARGS__}))
+#define EXPECT_STATUS_IS(code_, expr, ...)                                 \
+  EXPECT_TRUE(::weightsync::testing::IsError(::weightsync::ToStatus(expr), \
+                                             ::weightsync::StatusCode::code_, {__VA_ARGS__}))
 
 namespace weightsync::testing {
 
