@@ -108,10 +108,7 @@ class ConvertRoundTrip : public ::testing::TestWithParam<Param> {
     o.mode = GetParam().mode;
     o.verify = true;
     o.convert_dtypes = convert;
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_.Tensors()));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_.Tensors());
   }
   void Publish(int64_t step) {
     src_.Fill(step);

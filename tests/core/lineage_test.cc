@@ -72,10 +72,7 @@ class Lineage : public ::testing::TestWithParam<testing::TransportMode> {
     o.verify = true;
     o.timeout = timeout;
     o.lineage_policy = policy;
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_);
   }
   bool Holds(int64_t content, std::string* why) {
     return SyntheticModel::Holds(dst_, content, why);

@@ -62,10 +62,7 @@ class MultiPublisher : public ::testing::TestWithParam<Param> {
     o.policy = policy;
     o.verify = true;
     o.timeout = std::chrono::milliseconds(3000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(views ? *views : dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, views ? *views : dst_);
   }
   bool Holds(int64_t step, std::string* why) { return SyntheticModel::Holds(dst_, step, why); }
 

@@ -61,10 +61,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
     o.mode = GetParam();
     o.verify = verify;
     o.timeout = std::chrono::milliseconds(5000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_);
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why) {

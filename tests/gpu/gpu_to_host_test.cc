@@ -40,10 +40,7 @@ class GpuToHost : public ::testing::TestWithParam<UpdateMode> {
     o.mode = GetParam();
     o.verify = verify;
     o.timeout = std::chrono::milliseconds(10000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_);
   }
   std::string Holds(int64_t step) {
     std::string why;

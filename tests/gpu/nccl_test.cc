@@ -89,10 +89,7 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
     o.mode = GetParam();
     o.verify = verify;
     o.timeout = timeout;
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst != nullptr ? *dst : dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst != nullptr ? *dst : dst_);
   }
   // Poison-filled CUDA destinations on cuda:1 shaped like the model.
   void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<gpu::DeviceBuffer>* keep) {

@@ -31,10 +31,7 @@ struct LocalPair {
     o.mode = mode;
     o.verify = verify;
     o.timeout = std::chrono::milliseconds(5000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(views));
-    return std::move(s).value();
+    return NewSubscriber(o, views);
   }
   void Start(int slots = 2) {
     PublisherOptions o;

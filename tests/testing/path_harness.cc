@@ -28,16 +28,14 @@ Status PathHarness::Connect(const std::vector<NamedTensor>& destinations) {
 }
 
 transport::path::PathContext PathHarness::Context() {
-  transport::path::PathContext ctx;
-  ctx.link = link_.get();
-  ctx.welcome = &link_->welcome();
-  ctx.store_fd = &store_fd_;
-  ctx.plan = &plan_;
-  ctx.destinations = &destinations_;
-  ctx.mode = options_.mode;
-  ctx.options = &options_;
-  ctx.deadline = &deadline_;
-  return ctx;
+  return {.link = link_.get(),
+          .welcome = &link_->welcome(),
+          .store_fd = &store_fd_,
+          .plan = &plan_,
+          .destinations = &destinations_,
+          .mode = options_.mode,
+          .options = &options_,
+          .deadline = &deadline_};
 }
 
 Status PathHarness::Prepare(transport::path::DataPath& path) {

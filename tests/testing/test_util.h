@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ class SyntheticModel {
   std::vector<TensorSpec> specs_;
   std::vector<std::vector<uint8_t>> storage_;
 };
+
+// A subscriber created with `options`, `destinations` registered. A failure of either fails the
+// test (and a failed Create() throws from here, which gtest reports).
+std::unique_ptr<Subscriber> NewSubscriber(const SubscriberOptions& options,
+                                          const std::vector<NamedTensor>& destinations);
 
 // Waits (bounded) until the ledger's live counts equal `expected`: a publisher notices a departed
 // subscriber on its own thread, so its side of the cleanup lands a few ms later.

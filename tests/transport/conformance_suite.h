@@ -170,10 +170,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
     o.mode = GetParam().mode;
     o.verify = true;
     o.timeout = kTimeout;
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_);
   }
 
   // "" when every destination holds the model at `step`, else what differs.
@@ -183,6 +180,19 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
                            ? gpu::testing::DestinationsHold(dst_, like_, step, &why)
                            : SyntheticModel::Holds(dst_, step, &why);
     return holds ? "" : why;
+  }
+
+  // RELIABILITY.md N1 after a failed update to step 2 (`failed`): staged, step 1 is still
+  // committed, valid and intact; in place, the weights are marked invalid and the error says so.
+  void ExpectStepOneKept(Subscriber& sub, const Status& failed) {
+    EXPECT_EQ(sub.committed_step(), 1);
+    if (GetParam().staged()) {
+      EXPECT_TRUE(sub.weights_valid());
+      EXPECT_EQ(Holds(1), "") << "a staged update that failed changed the weights: " << failed;
+    } else {
+      EXPECT_FALSE(sub.weights_valid());
+      EXPECT_TRUE(testing::IsError(failed, failed.code(), {"marked invalid"}));
+    }
   }
 
   void ExpectLedgerAtBaseline(const std::string& when) {
@@ -227,14 +237,7 @@ TEST_P(Conformance, FlippedBitIsCaughtNamingTheTensorAndNothingIsCommitted) {
   auto stats = sub->Update();
   ASSERT_EQ(FailPoints::Hits("subscriber.flip_received"), 1) << "bit flip never injected";
   ASSERT_STATUS_IS(kCorruption, stats, "step 2", "tensor 'layers.", "nothing committed");
-  EXPECT_EQ(sub->committed_step(), 1);
-  if (GetParam().staged()) {
-    EXPECT_TRUE(sub->weights_valid());
-    EXPECT_EQ(Holds(1), "") << "a staged update that failed verification changed the weights";
-  } else {
-    EXPECT_FALSE(sub->weights_valid());
-    EXPECT_STATUS_IS(kCorruption, stats, "marked invalid");
-  }
+  ExpectStepOneKept(*sub, stats.status());
   // The failure destroyed the handle; the next update prepares one and delivers.
   ASSERT_OK_AND_ASSIGN(UpdateStats again, sub->Update());
   EXPECT_EQ(again.step, 2);
@@ -272,14 +275,7 @@ TEST_P(Conformance, PublisherKilledMidStepIsATypedErrorAndTheNextUpdateRecovers)
                               : StatusCode::kPeerLost;
   EXPECT_TRUE(testing::IsError(stats.status(), code, {"step 2"}));
   EXPECT_LT(elapsed, kTimeout + kSlack) << stats.status();
-  EXPECT_EQ(sub->committed_step(), 1);
-  if (GetParam().staged()) {
-    EXPECT_TRUE(sub->weights_valid());
-    EXPECT_EQ(Holds(1), "") << "a staged update that failed changed the weights";
-  } else {
-    EXPECT_FALSE(sub->weights_valid());
-    EXPECT_TRUE(testing::IsError(stats.status(), code, {"marked invalid"}));
-  }
+  ExpectStepOneKept(*sub, stats.status());
   ExpectLedgerAtBaseline("after the failed update");
 
   // A new publisher on the same endpoint: the next update prepares the same path and delivers.

@@ -48,10 +48,7 @@ std::unique_ptr<Subscriber> Connect(const std::string& endpoint, const std::stri
   o.token = token;
   o.verify = true;
   o.timeout = std::chrono::milliseconds(3000);
-  auto s = Subscriber::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  EXPECT_OK((*s)->Register(dst));
-  return std::move(s).value();
+  return testing::NewSubscriber(o, dst);
 }
 
 class TcpAuth : public ::testing::Test {

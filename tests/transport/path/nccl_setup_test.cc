@@ -142,10 +142,7 @@ std::unique_ptr<Subscriber> Connect(const std::string& endpoint,
   SubscriberOptions o;
   o.endpoint = endpoint;
   o.timeout = std::chrono::milliseconds(4000);
-  auto s = Subscriber::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  EXPECT_OK((*s)->Register(dst));
-  return std::move(s).value();
+  return testing::NewSubscriber(o, dst);
 }
 
 // Destinations "on cuda:0" that are never written: every test here fails before any byte moves.
