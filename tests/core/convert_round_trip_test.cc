@@ -97,9 +97,7 @@ class ConvertRoundTrip : public ::testing::TestWithParam<Param> {
     PublisherOptions o;
     o.endpoint = GetParam().tcp ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("convert");
     o.segment_bytes = 4096;
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    pub_ = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
     ASSERT_OK(pub_->Register(src_.Tensors()));
   }
   std::unique_ptr<Subscriber> Connect(bool convert) {

@@ -47,9 +47,7 @@ class Lineage : public ::testing::TestWithParam<testing::TransportMode> {
     o.timeout = timeout;
     o.lineage = lineage;
     o.resume_from_step = resume_from;
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    publisher_ = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
     ASSERT_OK(publisher_->Register(model_.Tensors()));
     endpoint_ = publisher_->endpoint();
   }

@@ -25,9 +25,7 @@ class Registration : public ::testing::TestWithParam<testing::TransportMode> {
     o.endpoint = GetParam().tcp ? std::string("tcp://127.0.0.1:0")
                                 : testing::UniqueEndpoint("registration");
     o.segment_bytes = 4096;
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    publisher_ = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
     ASSERT_OK(publisher_->Register(tensors));
   }
   std::unique_ptr<Subscriber> Connect(MatchPolicy policy = MatchPolicy::kStrict) {

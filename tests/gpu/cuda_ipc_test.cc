@@ -39,9 +39,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
     StartPublisher();
     ASSERT_OK(gpu::SetDevice(sub_device_));
     like_ = model_.Tensors();
-    auto dst = gpu::testing::PoisonedDestinations(like_, sub_device_, &buffers_);
-    ASSERT_TRUE(dst.ok()) << dst.status();
-    dst_ = std::move(dst).value();
+    ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, sub_device_, &buffers_));
     baseline_ = ReadLedger();
   }
 

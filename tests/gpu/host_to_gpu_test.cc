@@ -25,9 +25,7 @@ class HostToGpu : public ::testing::TestWithParam<UpdateMode> {
     util::FailPoints::DisarmAll();
     device_ = gpu::DeviceCount() > 1 ? 1 : 0;
     ASSERT_OK(gpu::SetDevice(device_));
-    auto dst = PoisonedDestinations(pair_.tensors, device_, &buffers_);
-    ASSERT_TRUE(dst.ok()) << dst.status();
-    dst_ = std::move(dst).value();
+    ASSERT_OK_AND_ASSIGN(dst_, PoisonedDestinations(pair_.tensors, device_, &buffers_));
     pair_.Start();
   }
   void TearDown() override { util::FailPoints::DisarmAll(); }

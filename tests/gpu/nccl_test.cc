@@ -94,9 +94,7 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
   // Poison-filled CUDA destinations on cuda:1 shaped like the model.
   void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<gpu::DeviceBuffer>* keep) {
     ASSERT_OK(gpu::SetDevice(1));
-    auto made = gpu::testing::PoisonedDestinations(like_, 1, keep);
-    ASSERT_TRUE(made.ok()) << made.status();
-    *dst = std::move(made).value();
+    ASSERT_OK_AND_ASSIGN(*dst, gpu::testing::PoisonedDestinations(like_, 1, keep));
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why, const std::vector<NamedTensor>* dst = nullptr) {

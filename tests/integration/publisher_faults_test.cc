@@ -51,9 +51,7 @@ class PublisherFaults : public ::testing::TestWithParam<Param> {
     o.mode = GetParam().mode;
     o.verify = true;
     o.timeout = kTimeout;
-    auto s = Subscriber::Create(o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    sub_ = std::move(s).value();
+    ASSERT_OK_AND_ASSIGN(sub_, Subscriber::Create(o));
     ASSERT_OK(sub_->Register(dst_));
   }
   void TearDown() override { FailPoints::DisarmAll(); }

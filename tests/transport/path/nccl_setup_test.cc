@@ -192,9 +192,7 @@ class HostTcpPublisher : public ::testing::Test {
     PublisherOptions o;
     o.endpoint = "tcp://127.0.0.1:0";
     o.timeout = std::chrono::milliseconds(3000);
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    pub_ = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
     ASSERT_OK(pub_->Register(model_.Tensors()));
     model_.Fill(1);
     ASSERT_TRUE(pub_->Publish(1).ok());
