@@ -101,8 +101,9 @@ inline std::vector<std::string> PreparedPaths(const testing::LogCapture& log) {
   for (const std::string& line : log.Lines()) {
     const size_t at = line.find(mark);
     const size_t end = at == std::string::npos ? at : line.find(end_mark, at + mark.size());
-    if (end != std::string::npos)
+    if (end != std::string::npos) {
       paths.push_back(line.substr(at + mark.size(), end - at - mark.size()));
+    }
   }
   return paths;
 }
