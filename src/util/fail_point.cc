@@ -41,7 +41,9 @@ void RecountArmed(Registry& r) WS_REQUIRES(r.mu) {
   r.armed.store(n, std::memory_order_release);
 }
 
-Status ParseSpec(std::string_view spec) {
+}  // namespace
+
+Status FailPoints::ArmSpec(std::string_view spec) {
   // name=action[:arg][*count];...
   while (!spec.empty()) {
     size_t end = spec.find(';');
@@ -69,12 +71,10 @@ Status ParseSpec(std::string_view spec) {
     else if (rest == "flip") action = FailAction::kFlip;
     else if (rest == "abort") action = FailAction::kAbort;
     else return Status::InvalidArgument("WEIGHTSYNC_FAILPOINTS: unknown action '", rest, "'");
-    FailPoints::Arm(name, action, arg, count);
+    Arm(name, action, arg, count);
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 void FailPoints::Arm(std::string_view name, FailAction action, int64_t arg, int64_t count) {
   Registry& r = Reg();
@@ -111,7 +111,7 @@ int64_t FailPoints::Hits(std::string_view name) {
 Status FailPoints::LoadFromEnv() {
   Status result;
   std::call_once(Reg().env_once, [&] {
-    if (std::optional<std::string> v = KnobValue(Knob::kFailPoints)) result = ParseSpec(*v);
+    if (std::optional<std::string> v = KnobValue(Knob::kFailPoints)) result = ArmSpec(*v);
   });
   return result;
 }

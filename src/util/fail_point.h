@@ -30,6 +30,9 @@ class FailPoints {
   static int64_t Hits(std::string_view name);
   // Parses $WEIGHTSYNC_FAILPOINTS (once; later calls are no-ops).
   static Status LoadFromEnv();
+  // Arms the points of `spec`, in $WEIGHTSYNC_FAILPOINTS syntax (a helper process told at run
+  // time). InvalidArgument names the item it cannot read; the items before it stay armed.
+  static Status ArmSpec(std::string_view spec);
   // Hot-path check. Sleep actions are performed here and reported as kSleep.
   static FailHit Check(std::string_view name);
 };

@@ -97,9 +97,7 @@ class ConvertRoundTrip : public ::testing::TestWithParam<Param> {
     PublisherOptions o;
     o.endpoint = GetParam().tcp ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("convert");
     o.segment_bytes = 4096;
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    pub_ = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
     ASSERT_OK(pub_->Register(src_.Tensors()));
   }
   std::unique_ptr<Subscriber> Connect(bool convert) {
@@ -108,10 +106,7 @@ class ConvertRoundTrip : public ::testing::TestWithParam<Param> {
     o.mode = GetParam().mode;
     o.verify = true;
     o.convert_dtypes = convert;
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_.Tensors()));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_.Tensors());
   }
   void Publish(int64_t step) {
     src_.Fill(step);
@@ -143,9 +138,7 @@ TEST_P(ConvertRoundTrip, WithoutConvertDtypesTheDifferencesAreListedMismatches) 
   auto sub = Connect(false);
   Publish(1);
   auto r = sub->Update();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("7 mismatches"), std::string::npos) << r.status();
+  ASSERT_STATUS_IS(kInvalidArgument, r, "7 mismatches");
 }
 
 TEST_P(ConvertRoundTrip, ACorruptStepConvertsNothingWhenStaged) {

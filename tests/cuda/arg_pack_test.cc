@@ -206,8 +206,7 @@ TEST(ArgPackTest, TypeMismatchNamesIndexExpectedAndActual) {
   ASSERT_STATUS_IS(kInvalidArgument, s);
   EXPECT_EQ(s.message(), "arg_probe argument 19: out of range (the signature has 19 arguments)");
   s = pack->SetChecked(ArgProbeArgs::Scalar(DType::kFloat4E2M1FN), Float4E2M1FNBits{0x1F});
-  ASSERT_STATUS_IS(kInvalidArgument, s);
-  EXPECT_NE(s.message().find("does not fit in 4 bits"), std::string::npos) << s;
+  ASSERT_STATUS_IS(kInvalidArgument, s, "does not fit in 4 bits");
   ASSERT_STATUS_IS(kInvalidArgument, pack->Get<float>(bf16));
   // Nothing was written by the rejected calls.
   EXPECT_EQ(pack->Get<BFloat16Bits>(bf16)->bits, 0);
@@ -217,8 +216,7 @@ TEST(ArgPackTest, TypeMismatchNamesIndexExpectedAndActual) {
 TEST(ArgPackTest, RejectsMoreParameterBytesThanALaunchTakes) {
   std::vector<ArgType> big(kMaxKernelParamBytes / 8 + 1, ArgType::Scalar(DType::kFloat64));
   Result<ArgPack> pack = ArgPack::Create(big, "big");
-  ASSERT_STATUS_IS(kInvalidArgument, pack);
-  EXPECT_NE(pack.status().message().find("at most 4096"), std::string::npos) << pack.status();
+  ASSERT_STATUS_IS(kInvalidArgument, pack, "at most 4096");
   std::vector<ArgType> fits(kMaxKernelParamBytes / 8, ArgType::Scalar(DType::kFloat64));
   ASSERT_OK(ArgPack::Create(fits, "fits"));
 }
@@ -295,8 +293,7 @@ TEST(LaunchRegistryTest, CreateRejectsEmptyLaunches) {
   const void* fn = reinterpret_cast<const void*>(&FakeKernel);
   Result<PreparedLaunch> empty =
       PreparedLaunch::Create(copy, fn, {0, 1, 1}, {256, 1, 1}, 0, nullptr);
-  ASSERT_STATUS_IS(kInvalidArgument, empty);
-  EXPECT_NE(empty.status().message().find("copy: empty launch"), std::string::npos);
+  ASSERT_STATUS_IS(kInvalidArgument, empty, "copy: empty launch");
 }
 
 }  // namespace

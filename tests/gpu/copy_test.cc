@@ -51,9 +51,7 @@ TEST(GpuCopyTest, RejectsHostMemoryTheDeviceCannotReach) {
   Result<DeviceBuffer> d = DeviceBuffer::Allocate(64);
   ASSERT_OK(d);
   Result<PreparedLaunch> copy = PrepareCopy(host.data(), d->data(), 64, nullptr);
-  ASSERT_STATUS_IS(kInvalidArgument, copy);
-  EXPECT_NE(copy.status().message().find("host memory the device cannot reach"), std::string::npos)
-      << copy.status();
+  ASSERT_STATUS_IS(kInvalidArgument, copy, "host memory the device cannot reach");
 }
 
 }  // namespace

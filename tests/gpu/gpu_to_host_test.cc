@@ -1,8 +1,9 @@
 // A publisher of CUDA tensors (GPU arena, cuda:0, in a child process) and a subscriber whose
 // destinations are in host memory: the copy engines of the arena's GPU write the pinned landing
-// ranges (src/transport/cuda_ipc/gpu_to_host_path.*). Bit-exact round trips in both modes over
-// poisoned destinations, corruption caught on the CPU against the publisher's GPU digests with
-// nothing committed, and sleep/wake cycles that unpin and unmap back to the ledger's baseline.
+// ranges (src/transport/path/gpu_to_host_path.*). What the conformance suite's gpu-to-host rows
+// (tests/gpu/conformance_test.cc: round trips, corruption caught against the publisher's GPU
+// digests, the publisher's death) do not cover: the landing ranges pinned, and sleep/wake cycles
+// that unpin and unmap back to the ledger's baseline.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
@@ -39,10 +40,7 @@ class GpuToHost : public ::testing::TestWithParam<UpdateMode> {
     o.mode = GetParam();
     o.verify = verify;
     o.timeout = std::chrono::milliseconds(10000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(dst_));
-    return std::move(s).value();
+    return testing::NewSubscriber(o, dst_);
   }
   std::string Holds(int64_t step) {
     std::string why;
@@ -57,42 +55,16 @@ class GpuToHost : public ::testing::TestWithParam<UpdateMode> {
   ChildProcess publisher_;
 };
 
-TEST_P(GpuToHost, RoundTripIsBitExactStepAfterStep) {
+// The copy engines write page-locked memory: the landing ranges are pinned at prepare (the
+// round trips themselves are the conformance suite's).
+TEST_P(GpuToHost, TheLandingRangesArePinned) {
   testing::LogCapture log;
   auto sub = Connect(/*verify=*/true);
-  for (int64_t step = 1; step <= 5; ++step) {
-    Publish(step);
-    auto r = sub->Update();
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_TRUE(r->verified);
-    EXPECT_EQ(r->step, step);
-    EXPECT_EQ(r->prepare_count, 1u);
-    EXPECT_EQ(Holds(step), "") << "step " << step;
-  }
+  Publish(1);
+  ASSERT_OK(sub->Update());
+  EXPECT_EQ(Holds(1), "");
   EXPECT_TRUE(log.Contains("GPU arena into host memory by the copy engines of cuda:0, pinned"))
       << "no prepare line saying the landing ranges were pinned";
-}
-
-TEST_P(GpuToHost, CorruptionIsCaughtAndNothingCommitted) {
-  auto sub = Connect(/*verify=*/true);
-  Publish(1);
-  ASSERT_TRUE(sub->Update().ok());
-  Publish(2);
-  util::FailPoints::Arm("subscriber.flip_received", util::FailAction::kFlip, 0, 1);
-  auto r = sub->Update();
-  ASSERT_STATUS_IS(kCorruption, r);
-  EXPECT_EQ(util::FailPoints::Hits("subscriber.flip_received"), 1);
-  EXPECT_EQ(sub->committed_step(), 1);
-  if (GetParam() == UpdateMode::kStaged) {
-    EXPECT_TRUE(sub->weights_valid());
-    EXPECT_EQ(Holds(1), "");
-  } else {
-    EXPECT_FALSE(sub->weights_valid());
-  }
-  auto again = sub->Update();
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->step, 2);
-  EXPECT_EQ(Holds(2), "");
 }
 
 TEST_P(GpuToHost, SleepAndWakeCyclesReturnToBaseline) {

@@ -39,9 +39,7 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
     device_ = devices - 1;
     ASSERT_OK(gpu::SetDevice(device_));
     like_ = model_.Tensors();
-    auto dst = gpu::testing::PoisonedDestinations(like_, device_, &buffers_);
-    ASSERT_TRUE(dst.ok()) << dst.status();
-    dst_ = std::move(dst).value();
+    ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, device_, &buffers_));
   }
   bool Holds(int64_t step, std::string* why) {
     return gpu::testing::DestinationsHold(dst_, like_, step, why);

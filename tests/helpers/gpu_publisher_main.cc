@@ -9,21 +9,21 @@
 #include <string>
 
 #include "cuda/device.h"
-#include "testing/test_util.h"
 #include "cuda/vmm.h"
+#include "testing/command_loop.h"
+#include "testing/test_util.h"
 
 namespace ws = weightsync;
+using ws::testing::SetUpFailed;
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS [SHARD/SHARDS]]\n",
+                 argv[0]);
     return 2;
   }
   const int device = std::atoi(argv[4]);
-  if (ws::Status s = ws::gpu::SetDevice(device); !s.ok()) {
-    std::printf("error %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (ws::Status s = ws::gpu::SetDevice(device); !s.ok()) return SetUpFailed(s);
   ws::PublisherOptions options;
   options.endpoint = argv[1];
   options.timeout = std::chrono::milliseconds(5000);
@@ -42,10 +42,7 @@ int main(int argc, char** argv) {
   std::vector<ws::NamedTensor> on_device;
   for (const auto& t : host) {
     auto buffer = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
-    if (!buffer.ok()) {
-      std::printf("error %s\n", buffer.status().ToString().c_str());
-      return 1;
-    }
+    if (!buffer.ok()) return SetUpFailed(buffer.status());
     ws::TensorView v = t.view;
     v.data = buffer->data();
     v.device = {ws::Device::Kind::kCUDA, device};
@@ -53,50 +50,33 @@ int main(int argc, char** argv) {
     buffers.push_back(std::move(buffer).value());
   }
   auto publisher = ws::Publisher::Create(options);
-  if (!publisher.ok()) {
-    std::printf("error %s\n", publisher.status().ToString().c_str());
-    return 1;
-  }
-  if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) {
-    std::printf("error %s\n", s.ToString().c_str());
-    return 1;
-  }
-  std::printf("ready %s\n", (*publisher)->endpoint().c_str());
-  std::fflush(stdout);
+  if (!publisher.ok()) return SetUpFailed(publisher.status());
+  if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) return SetUpFailed(s);
+  ws::testing::SayReady((*publisher)->endpoint());
   // Publish runs with another device current (when there is one): the publisher must make and use
   // everything on its tensors' device and give the caller its own back.
   const int callers_device = ws::gpu::DeviceCount() > 1 ? (device + 1) % ws::gpu::DeviceCount()
                                                         : device;
-  std::string cmd;
-  while (std::cin >> cmd) {
-    if (cmd == "publish") {
-      int64_t step;
-      std::cin >> step;
-      model.Fill(step);
-      ws::Status s;
-      for (size_t i = 0; i < host.size() && s.ok(); ++i) {
-        s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
-      }
-      if (s.ok()) s = ws::gpu::SetDevice(callers_device);
-      auto r = s.ok() ? (*publisher)->Publish(step) : ws::Result<ws::PublishStats>(s);
-      if (r.ok()) {
-        ws::Result<int> now = ws::gpu::CurrentDevice();
-        if (!now.ok() || *now != callers_device) {
-          r = ws::Status::Internal("Publish() left cuda:", now.ok() ? *now : -1,
-                                   " current instead of the caller's cuda:", callers_device);
-        }
-      }
-      if (r.ok()) std::printf("ok %lld\n", static_cast<long long>(step));
-      else std::printf("error %s\n", r.status().ToString().c_str());
-    } else if (cmd == "quit") {
-      ws::Status s = (*publisher)->Close();
-      std::printf("%s\n", s.ok() ? "ok" : s.ToString().c_str());
-      std::fflush(stdout);
-      return s.ok() ? 0 : 1;
-    } else {
-      std::printf("error unknown command '%s'\n", cmd.c_str());
+  ws::testing::CommandLoop loop;
+  loop.On("publish", [&](std::istream& args) {
+    int64_t step = 0;
+    if (!(args >> step)) return std::string("error publish needs a step");
+    model.Fill(step);
+    ws::Status s;
+    for (size_t i = 0; i < host.size() && s.ok(); ++i) {
+      s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
     }
-    std::fflush(stdout);
-  }
-  return 0;
+    if (s.ok()) s = ws::gpu::SetDevice(callers_device);
+    if (s.ok()) s = (*publisher)->Publish(step).status();
+    if (s.ok()) {
+      ws::Result<int> now = ws::gpu::CurrentDevice();
+      if (!now.ok() || *now != callers_device) {
+        s = ws::Status::Internal("Publish() left cuda:", now.ok() ? *now : -1,
+                                 " current instead of the caller's cuda:", callers_device);
+      }
+    }
+    return ws::testing::Answer(s, "ok " + std::to_string(step));
+  });
+  loop.OnQuit([&] { return (*publisher)->Close(); });
+  return loop.Run(std::cin);
 }

@@ -8,13 +8,13 @@
 #include <chrono>
 #include <thread>
 
+#include "testing/publisher_process.h"
 #include "testing/test_util.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
 namespace {
 
-using testing::ChildProcess;
 using testing::SyntheticModel;
 using util::FailAction;
 using util::FailPoints;
@@ -39,37 +39,26 @@ class PublisherFaults : public ::testing::TestWithParam<Param> {
   void SetUp() override {
     FailPoints::DisarmAll();
     baseline_ = ReadLedger();
-    endpoint_ = GetParam().transport == Transport::kShm ? testing::UniqueEndpoint("faults")
-                                                        : std::string("tcp://127.0.0.1:0");
-    StartPublisher();
+    ASSERT_NO_FATAL_FAILURE(publisher_.Start(GetParam().transport == Transport::kShm
+                                                 ? testing::UniqueEndpoint("faults")
+                                                 : std::string("tcp://127.0.0.1:0")));
     // The subscriber's destinations mirror the publisher's synthetic model.
     like_ = model_.Tensors();
     storage_ = SyntheticModel::PoisonedStorage(like_);
     dst_ = SyntheticModel::Views(like_, storage_);
     SubscriberOptions o;
-    o.endpoint = endpoint_;
+    o.endpoint = publisher_.endpoint();
     o.mode = GetParam().mode;
     o.verify = true;
     o.timeout = kTimeout;
-    auto s = Subscriber::Create(o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    sub_ = std::move(s).value();
+    ASSERT_OK_AND_ASSIGN(sub_, Subscriber::Create(o));
     ASSERT_OK(sub_->Register(dst_));
   }
   void TearDown() override { FailPoints::DisarmAll(); }
 
-  void StartPublisher() {
-    publisher_ = ChildProcess::Spawn({testing::HelperPath("publisher"), endpoint_,
-                                      std::to_string(kTensors), std::to_string(kElements)});
-    std::string ready = publisher_.ReadLine();
-    ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-    // tcp://127.0.0.1:0 becomes the bound port; a restarted publisher reuses it.
-    endpoint_ = ready.substr(6);
-  }
-  void Publish(int64_t step) {
-    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
-              "ok " + std::to_string(step));
-  }
+  // tcp://127.0.0.1:0 becomes the bound port; a restarted publisher reuses it.
+  void RestartPublisher() { ASSERT_NO_FATAL_FAILURE(publisher_.Start(publisher_.endpoint())); }
+  void Publish(int64_t step) { ASSERT_NO_FATAL_FAILURE(publisher_.Publish(step)); }
   void UpdateTo(int64_t step) {
     auto stats = sub_->Update(step);
     ASSERT_TRUE(stats.ok()) << stats.status();
@@ -84,22 +73,12 @@ class PublisherFaults : public ::testing::TestWithParam<Param> {
 
   SyntheticModel model_{kTensors, kElements};
   LedgerSnapshot baseline_;
-  std::string endpoint_;
-  ChildProcess publisher_;
+  testing::PublisherProcess publisher_{"publisher",
+                                       {std::to_string(kTensors), std::to_string(kElements)}};
   std::vector<NamedTensor> like_, dst_;
   std::vector<std::vector<uint8_t>> storage_;
   std::unique_ptr<Subscriber> sub_;
 };
-
-// Waits (bounded) until the fail point has fired.
-bool WaitForHit(const char* point, int64_t hits) {
-  auto until = Clock::now() + std::chrono::seconds(10);
-  while (FailPoints::Hits(point) < hits) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
   Publish(1);
@@ -110,7 +89,9 @@ TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
   // Hold the subscriber just before its copy of step 2, then kill the publisher.
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 300, 1);
   std::thread killer([&] {
-    if (WaitForHit("subscriber.before_copy", 1)) publisher_.Signal(SIGKILL);
+    if (testing::WaitForFailPointHits("subscriber.before_copy")) {
+      publisher_.process().Signal(SIGKILL);
+    }
   });
   auto t0 = Clock::now();
   auto stats = sub_->Update(2);
@@ -118,10 +99,9 @@ TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
   killer.join();
 
   ASSERT_EQ(FailPoints::Hits("subscriber.before_copy"), 1) << "the copy was never paused";
-  int status = publisher_.Wait();
+  int status = publisher_.process().Wait();
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "publisher not killed";
-  ASSERT_STATUS_IS(kPeerLost, stats);
-  EXPECT_NE(stats.status().message().find("step 2"), std::string::npos) << stats.status();
+  ASSERT_STATUS_IS(kPeerLost, stats, "step 2");
   EXPECT_LT(elapsed, kTimeout);
   EXPECT_EQ(sub_->committed_step(), 1);
   if (GetParam().mode == UpdateMode::kStaged) {
@@ -129,12 +109,12 @@ TEST_P(PublisherFaults, KilledMidCopyGivesPeerLostAndKeepsOldVersion) {
     EXPECT_EQ(testing::Digests(dst_), before) << "staged update changed committed weights";
   } else {
     EXPECT_FALSE(sub_->weights_valid());
-    EXPECT_NE(stats.status().message().find("invalid"), std::string::npos) << stats.status();
+    EXPECT_STATUS_IS(kPeerLost, stats, "invalid");
   }
   ExpectLedgerAtBaseline();
 
   // A new publisher on the same endpoint: the next update rebuilds the handle and succeeds.
-  StartPublisher();
+  RestartPublisher();
   Publish(3);
   auto again = sub_->Update(3);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -150,11 +130,11 @@ TEST_P(PublisherFaults, StoppedPublisherTimesOutWithinDeadline) {
   UpdateTo(1);
   const std::vector<uint64_t> before = testing::Digests(dst_);
   Publish(2);
-  ASSERT_TRUE(publisher_.Stop()) << "publisher did not stop";
+  ASSERT_TRUE(publisher_.process().Stop()) << "publisher did not stop";
   auto t0 = Clock::now();
   auto stats = sub_->Update(2);
   auto elapsed = Clock::now() - t0;
-  publisher_.Signal(SIGCONT);
+  publisher_.process().Signal(SIGCONT);
   ASSERT_STATUS_IS(kTimeout, stats);
   EXPECT_GE(elapsed, kTimeout - std::chrono::milliseconds(50));
   EXPECT_LT(elapsed, kTimeout + kSlack);
@@ -170,8 +150,8 @@ TEST_P(PublisherFaults, StoppedPublisherTimesOutWithinDeadline) {
 TEST_P(PublisherFaults, PublisherGoneBeforeUpdateIsNotFoundThenRecovers) {
   Publish(1);
   UpdateTo(1);
-  publisher_.Signal(SIGKILL);
-  publisher_.Wait();
+  publisher_.process().Signal(SIGKILL);
+  publisher_.process().Wait();
   // The connection from step 1 is gone (PeerLost on the reused handle), so the update prepares
   // again — and nobody serves the endpoint now: it fails clearly within the deadline.
   auto t0 = Clock::now();
@@ -181,7 +161,7 @@ TEST_P(PublisherFaults, PublisherGoneBeforeUpdateIsNotFoundThenRecovers) {
   ExpectLedgerAtBaseline();
   auto none = sub_->Update();
   ASSERT_STATUS_IS(kNotFound, none);
-  StartPublisher();
+  RestartPublisher();
   Publish(5);
   UpdateTo(5);
 }

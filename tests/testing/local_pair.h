@@ -31,10 +31,7 @@ struct LocalPair {
     o.mode = mode;
     o.verify = verify;
     o.timeout = std::chrono::milliseconds(5000);
-    auto s = Subscriber::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_OK((*s)->Register(views));
-    return std::move(s).value();
+    return NewSubscriber(o, views);
   }
   void Start(int slots = 2) {
     PublisherOptions o;
@@ -42,9 +39,7 @@ struct LocalPair {
     o.slots = slots;
     o.timeout = timeout;
     o.segment_bytes = 4096;  // many segments even for a small model
-    auto p = Publisher::Create(o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    publisher = std::move(p).value();
+    ASSERT_OK_AND_ASSIGN(publisher, Publisher::Create(o));
     endpoint = publisher->endpoint();  // tcp://HOST:0 → the bound port
     ASSERT_OK(publisher->Register(tensors));
   }

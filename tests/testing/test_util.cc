@@ -132,6 +132,14 @@ bool SyntheticModel::Holds(const std::vector<NamedTensor>& views, int64_t step,
   return true;
 }
 
+std::unique_ptr<Subscriber> NewSubscriber(const SubscriberOptions& options,
+                                          const std::vector<NamedTensor>& destinations) {
+  auto s = Subscriber::Create(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK((*s)->Register(destinations));
+  return std::move(s).value();
+}
+
 bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last, int timeout_ms) {
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {

@@ -1,33 +1,19 @@
-// Shared test helpers: status assertions, log capture, a deterministic synthetic model,
-// poison fill, unique endpoints and child processes.
+// Shared test helpers: status assertions (testing/status_matchers.h), log capture, a deterministic
+// synthetic model, poison fill, unique endpoints and child processes.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "testing/status_matchers.h"
 #include "util/logging.h"
 #include "weightsync/weightsync.h"
-
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
-    ASSERT_TRUE(ws_s_.ok()) << ws_s_;                    \
-  } while (0)
-#define EXPECT_OK(expr)                                  \
-  do {                                                   \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr); \
-    EXPECT_TRUE(ws_s_.ok()) << ws_s_;                    \
-  } while (0)
-#define ASSERT_STATUS_IS(code_, expr)                                      \
-  do {                                                                     \
-    ::weightsync::Status ws_s_ = ::weightsync::ToStatus(expr);             \
-    ASSERT_EQ(ws_s_.code(), ::weightsync::StatusCode::code_) << ws_s_;     \
-  } while (0)
 
 namespace weightsync::testing {
 
@@ -84,6 +70,11 @@ class SyntheticModel {
   std::vector<TensorSpec> specs_;
   std::vector<std::vector<uint8_t>> storage_;
 };
+
+// A subscriber created with `options`, `destinations` registered. A failure of either fails the
+// test (and a failed Create() throws from here, which gtest reports).
+std::unique_ptr<Subscriber> NewSubscriber(const SubscriberOptions& options,
+                                          const std::vector<NamedTensor>& destinations);
 
 // Waits (bounded) until the ledger's live counts equal `expected`: a publisher notices a departed
 // subscriber on its own thread, so its side of the cleanup lands a few ms later.

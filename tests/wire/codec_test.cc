@@ -13,20 +13,7 @@
 namespace weightsync::wire {
 namespace {
 
-::testing::AssertionResult IsError(const Status& s, StatusCode code,
-                                   std::initializer_list<std::string_view> parts) {
-  if (s.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
-  if (s.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected code " << StatusCodeName(code) << ", got " << s.ToString();
-  }
-  for (std::string_view part : parts) {
-    if (s.message().find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << s.ToString();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::IsError;
 
 TEST(WireWriterTest, EncodesLittleEndian) {
   std::vector<uint8_t> out;

@@ -18,21 +18,7 @@ namespace {
 
 using Header = std::array<uint8_t, kHeaderBytes>;
 
-// Code and message parts: errors must name the field and the values, not just fail.
-::testing::AssertionResult IsError(const Status& s, StatusCode code,
-                                   std::initializer_list<std::string_view> parts) {
-  if (s.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
-  if (s.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected code " << StatusCodeName(code) << ", got " << s.ToString();
-  }
-  for (std::string_view part : parts) {
-    if (s.message().find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << s.ToString();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::IsError;
 
 std::vector<uint8_t> Bytes(std::string_view s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 

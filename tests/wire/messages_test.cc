@@ -20,20 +20,7 @@ namespace {
 
 // ---- helpers ----
 
-::testing::AssertionResult IsError(const Status& s, StatusCode code,
-                                   std::initializer_list<std::string_view> parts) {
-  if (s.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
-  if (s.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected code " << StatusCodeName(code) << ", got " << s.ToString();
-  }
-  for (std::string_view part : parts) {
-    if (s.message().find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << s.ToString();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::IsError;
 
 ::testing::AssertionResult IsProtocolError(const Status& s,
                                            std::initializer_list<std::string_view> parts = {}) {
