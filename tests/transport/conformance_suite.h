@@ -223,6 +223,7 @@ TEST_P(Conformance, PoisonedDestinationsReceiveEveryByteOnOnePreparedHandle) {
     EXPECT_EQ(stats.bytes, model_->total_bytes());
     EXPECT_EQ(stats.handle_created, step == 1) << "step " << step;
     EXPECT_EQ(stats.prepare_count, 1u) << "step " << step;
+    EXPECT_EQ(stats.path, GetParam().path) << "step " << step;  // what the caller is told
     ASSERT_EQ(Holds(step), "") << "step " << step;
   }
   EXPECT_EQ(PreparedPaths(log), std::vector<std::string>{GetParam().path});
