@@ -132,18 +132,18 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
 
   const uint64_t held_element = static_cast<uint64_t>(Info(layout.dtype).bits / 8);
   std::vector<uint64_t> load(layout.trainer_ranks, 0);
+  const Clock::time_point start = Clock::now();
+  const plan::HeldRegions held(layout.held, layout.trainer_ranks);  // indexed once for all
   EngineRank wants;
   Status first_error;
   uint32_t failed = 0, first_failed = 0;
-  const Clock::time_point start = Clock::now();
   for (uint32_t e = 0; e < layout.engine_ranks; ++e) {
     layout.engine_rank(e, &wants);
     r.destinations += wants.destinations.size();
     r.wanted_pieces += wants.wanted.size();
     const Clock::time_point scheduling = Clock::now();
     Result<plan::RegionSchedule> s =
-        plan::ScheduleRegions(layout.held, wants.destinations, wants.wanted, layout.trainer_ranks,
-                              /*rotation=*/e, &load);
+        plan::ScheduleRegions(held, wants.destinations, wants.wanted, /*rotation=*/e, &load);
     r.schedule_seconds += Seconds(scheduling);
     if (!s.ok()) {
       if (failed++ == 0) {

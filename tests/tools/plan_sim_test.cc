@@ -186,6 +186,55 @@ TEST(PlanSimModel, AMissingHolderIsThePlannersOneErrorListingUncoveredRanges) {
   }
 }
 
+// plan-sim indexes the trainer's holdings once (plan::HeldRegions); every engine rank's schedule,
+// the shared load and every error text must equal the plain ScheduleRegions call's, also for
+// holders that disagree with the piece (another dtype or shape) or name a rank out of range.
+TEST(PlanSimModel, IndexedHoldersPlanExactlyLikeThePlainCall) {
+  std::vector<SimLayout> layouts;
+  layouts.push_back(Qwen());
+  layouts.push_back(Qwen());
+  DropSource(&layouts.back(), 2);
+  Result<SimLayout> kimi = FindLayout("kimi-k2", "tp2,pp2,ep2", "tp2,dp2");
+  ASSERT_TRUE(kimi.ok()) << kimi.status();
+  layouts.push_back(*kimi);
+  layouts.push_back(*kimi);
+  layouts.back().held[3].dtype = DType::kFloat16;
+  layouts.back().held[7].global_shape[0] += 1;
+  layouts.back().held[9].source = 99;
+  int failures = 0;
+  for (const SimLayout& layout : layouts) {
+    const plan::HeldRegions indexed(layout.held, layout.trainer_ranks);
+    std::vector<uint64_t> load_plain(layout.trainer_ranks, 0), load_indexed = load_plain;
+    EngineRank wants;
+    for (uint32_t e = 0; e < layout.engine_ranks; ++e) {
+      layout.engine_rank(e, &wants);
+      Result<plan::RegionSchedule> a = plan::ScheduleRegions(
+          layout.held, wants.destinations, wants.wanted, layout.trainer_ranks, e, &load_plain);
+      Result<plan::RegionSchedule> b =
+          plan::ScheduleRegions(indexed, wants.destinations, wants.wanted, e, &load_indexed);
+      ASSERT_EQ(a.ok(), b.ok()) << layout.name << " engine rank " << e;
+      EXPECT_EQ(load_plain, load_indexed);
+      if (!a.ok()) {
+        ++failures;
+        EXPECT_EQ(a.status().message(), b.status().message());
+        continue;
+      }
+      EXPECT_EQ(a->bytes_per_source, b->bytes_per_source);
+      EXPECT_EQ(a->total_bytes, b->total_bytes);
+      ASSERT_EQ(a->copies.size(), b->copies.size());
+      for (size_t i = 0; i < a->copies.size(); ++i) {
+        const plan::RegionCopy &x = a->copies[i], &y = b->copies[i];
+        ASSERT_TRUE(x.held == y.held && x.destination == y.destination &&
+                    x.src_offset == y.src_offset && x.src_pitch == y.src_pitch &&
+                    x.dst_offset == y.dst_offset && x.dst_pitch == y.dst_pitch &&
+                    x.run_bytes == y.run_bytes && x.rows == y.rows)
+            << layout.name << " engine rank " << e << " copy " << i;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 2 + 4) << "the dropped rank and the broken holders fail every engine rank";
+}
+
 TEST(PlanSimModel, ClusterOptionsAreChecked) {
   const SimLayout layout = Qwen();
   ClusterOptions o;
