@@ -96,6 +96,19 @@ int64_t Nodes(int64_t ranks, int64_t per_node) { return (ranks + per_node - 1) /
 
 }  // namespace
 
+std::vector<uint32_t> PlanningOrder(uint32_t ranks) {
+  uint32_t bits = 0;
+  while ((uint64_t{1} << bits) < ranks) ++bits;
+  std::vector<uint32_t> order;
+  for (uint64_t i = 0; i < (uint64_t{1} << bits); ++i) {
+    uint32_t reversed = 0;
+    for (uint32_t b = 0; b < bits; ++b)
+      reversed |= static_cast<uint32_t>((i >> b) & 1) << (bits - 1 - b);
+    if (reversed < ranks) order.push_back(reversed);
+  }
+  return order;
+}
+
 int64_t TrainerNode(const ClusterOptions& o, uint32_t rank) { return rank / o.gpus_per_node; }
 
 int64_t EngineNode(const ClusterOptions& o, const SimLayout& layout, uint32_t rank) {
@@ -137,7 +150,7 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
   EngineRank wants;
   Status first_error;
   uint32_t failed = 0, first_failed = 0;
-  for (uint32_t e = 0; e < layout.engine_ranks; ++e) {
+  for (uint32_t e : PlanningOrder(layout.engine_ranks)) {
     layout.engine_rank(e, &wants);
     r.destinations += wants.destinations.size();
     r.wanted_pieces += wants.wanted.size();

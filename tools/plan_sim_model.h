@@ -67,10 +67,17 @@ struct SimReport {
 using ScheduleObserver =
     std::function<void(uint32_t rank, const EngineRank& wants, const plan::RegionSchedule& s)>;
 
-// Plans engine ranks 0..N-1 in order (rotation = rank). A layout the planner rejects (e.g.
+// Plans every engine rank (in PlanningOrder; rotation = rank). A layout the planner rejects (e.g.
 // uncovered ranges) fails with the first failing engine rank's error, which lists every problem.
 Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions& options,
                                   const ScheduleObserver& observe = {});
+
+// The order engine ranks are planned in: bit-reversed (0, 64, 32, 96, 16, ... of 128). Neighbouring
+// engine ranks want the same trainer ranks' experts; planned far apart, every trainer rank's
+// expert bytes (which only it can send) enter the shared load early and evenly, so the
+// replicated bytes planned around them balance the total instead of piling onto the trainer
+// ranks whose experts come last.
+std::vector<uint32_t> PlanningOrder(uint32_t ranks);
 
 // The node a rank runs on.
 int64_t TrainerNode(const ClusterOptions& o, uint32_t rank);
