@@ -112,6 +112,8 @@ int RunPlanSim(int argc, char** argv) {
   report->layout_seconds = layout_seconds;
   report->rss_before = rss_before;
   report->peak_rss = PeakResidentBytes();
+  report->machine = bench::MachineDescription() + "\n                  load average " +
+                    std::to_string(bench::LoadAverage()).substr(0, 4);
   std::fputs(FormatReport(*layout, o, *report).c_str(), stdout);
   return 0;
 }

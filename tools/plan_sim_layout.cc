@@ -190,8 +190,7 @@ Result<SimLayout> KimiK2Layout(const std::map<std::string, int64_t>& trainer,
   layout.engine_ranks = static_cast<uint32_t>(etp * edp);
   layout.trainer = std::to_string(layout.trainer_ranks) + " ranks: TP" + std::to_string(ttp) +
                    " x PP" + std::to_string(tpp) + " x EP" + std::to_string(tep) +
-                   " (EP over the data-parallel replicas; experts also TP-split: ETP" +
-                   std::to_string(ttp) + ")";
+                   " (EP over the DP replicas), experts also ETP" + std::to_string(ttp);
   layout.engine = std::to_string(layout.engine_ranks) + " ranks: attention and dense TP" +
                   std::to_string(etp) + " in each of " + std::to_string(edp) +
                   " DP groups, experts EP" + std::to_string(layout.engine_ranks) + " (whole)";

@@ -21,10 +21,11 @@ double LinkSeconds(uint64_t bytes, double gbps) {
 
 // The busiest of one kind of link, ties to the lowest rank.
 BusiestLink Busiest(const std::vector<uint64_t>& bytes, LinkKind kind, double gbps) {
-  BusiestLink b{kind, 0, 0, 0};
+  BusiestLink b{kind, 0, 0, 0, 0};
   for (uint32_t r = 0; r < bytes.size(); ++r) {
-    if (bytes[r] > b.bytes) b = {kind, r, bytes[r], 0};
+    if (bytes[r] > b.bytes) b = {kind, r, bytes[r], 0, 0};
   }
+  for (uint32_t r = b.rank + 1; r < bytes.size(); ++r) b.tied += bytes[r] == b.bytes ? 1 : 0;
   b.seconds = LinkSeconds(b.bytes, gbps);
   return b;
 }
@@ -76,6 +77,10 @@ Spread Of(std::vector<uint64_t> v) {
 
 std::string SpreadText(const Spread& s) {
   return Bytes(s.min) + " / " + Bytes(s.median) + " / " + Bytes(s.max);
+}
+
+std::string Tied(const BusiestLink& b) {
+  return b.tied == 0 ? "" : " (and " + std::to_string(b.tied) + " more as loaded)";
 }
 
 std::string LinkName(const BusiestLink& b) {
@@ -227,7 +232,7 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
   const int64_t engine_nodes = Nodes(layout.engine_ranks, o.gpus_per_node);
   const std::string elem(Info(layout.dtype).name);
   os << "plan-sim: " << layout.name << ", " << Fixed(static_cast<double>(r.params) / 1e9, 1)
-     << " B params (" << r.params << "), " << Bytes(r.global_bytes) << " as " << elem << "\n";
+     << " billion params (" << r.params << "), " << Bytes(r.global_bytes) << " as " << elem << "\n";
   os << "  trainer  " << layout.trainer << "\n           on nodes 0-" << trainer_nodes - 1 << " ("
      << o.gpus_per_node << " GPUs each)\n";
   os << "  engine   " << layout.engine << "\n           ";
@@ -238,13 +243,14 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
        << ", a pool of their own (--colocated: engine rank r on trainer rank r's GPU)\n";
   }
   os << "  wire     "
-     << (o.fp8 ? "fp8 e4m3 for linear-layer weights (converted before sending; "
-                 "scales not counted), bf16 for the rest"
+     << (o.fp8 ? "fp8 e4m3 for linear-layer weights, bf16 for the rest (converted on the sending\n"
+                 "           GPU: 1 byte per element on the wire; block scales not counted)"
                : elem + " (as held)")
      << "\n";
   os << "planning (" << layout.engine_ranks << " ScheduleRegions calls, one shared load vector)\n";
   os << "  inputs          " << r.held_tensors << " held tensors, " << r.destinations
      << " destinations with " << r.wanted_pieces << " wanted pieces -> " << r.copies << " copies\n";
+  if (!r.machine.empty()) os << "  machine         " << r.machine << "\n";
   if (r.layout_seconds > 0) os << "  layout build    " << Ms(r.layout_seconds) << "\n";
   os << "  planning time   " << Ms(r.plan_seconds) << " wall (in ScheduleRegions "
      << Ms(r.schedule_seconds) << "); target <= 1 s: " << (r.plan_seconds <= 1 ? "met" : "MISSED")
@@ -268,16 +274,19 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
   os << "links (per rank and direction): NIC " << Fixed(o.nic_gbps, 0)
      << " Gb/s between nodes, NVLink " << Fixed(o.nvlink_gbps, 0) << " Gb/s within a node\n";
   os << "  NIC             " << Bytes(r.nic_bytes) << " in all; busiest " << LinkName(r.busiest_nic)
-     << ", " << Bytes(r.busiest_nic.bytes) << " -> " << Fixed(r.nic_seconds, 3) << " s\n";
+     << ", " << Bytes(r.busiest_nic.bytes) << " -> " << Fixed(r.nic_seconds, 3) << " s"
+     << Tied(r.busiest_nic) << "\n";
   os << "  NVLink          " << Bytes(r.nvlink_bytes) << " in all";
   if (r.nvlink_bytes > 0) {
     os << "; busiest " << LinkName(r.busiest_nvlink) << ", " << Bytes(r.busiest_nvlink.bytes)
-       << " -> " << Fixed(r.nvlink_seconds, 3) << " s";
+       << " -> " << Fixed(r.nvlink_seconds, 3) << " s" << Tied(r.busiest_nvlink);
   }
-  os << "\n  most loaded     " << LinkName(r.busiest) << ", " << Bytes(r.busiest.bytes) << "\n";
+  os << "\n  most loaded     " << LinkName(r.busiest) << ", " << Bytes(r.busiest.bytes)
+     << Tied(r.busiest) << "\n";
   os << "predicted transfer time  " << Fixed(r.predicted_seconds, 3)
-     << " s  (busiest link's bytes / its speed; NIC and NVLink concurrent; serialized "
-     << Fixed(r.nic_seconds + r.nvlink_seconds, 3) << " s)\n";
+     << " s  (the most loaded link's bytes / its speed)\n";
+  os << "  NIC and NVLink run concurrently; one after the other: "
+     << Fixed(r.nic_seconds + r.nvlink_seconds, 3) << " s\n";
   os << "  a prediction from link speeds, not a measurement: no congestion, latency, protocol\n"
         "  overhead or conversion time is modelled (docs/plan_sim.md)\n";
   if (layout.name == "kimi-k2") {

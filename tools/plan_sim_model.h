@@ -36,6 +36,7 @@ struct BusiestLink {
   uint32_t rank = 0;  // trainer rank (send) or engine rank (receive)
   uint64_t bytes = 0;
   double seconds = 0;
+  uint32_t tied = 0;  // other links of this kind and direction exactly as loaded
 };
 
 struct SimReport {
@@ -61,6 +62,7 @@ struct SimReport {
   // Filled by the caller (the CLI reads /proc): RSS before the layout was built, and VmHWM after.
   uint64_t rss_before = 0, peak_rss = 0;
   double layout_seconds = 0;
+  std::string machine;  // where the planning ran, e.g. "AMD EPYC ..., 2 cores, ...; load 4.1"
 };
 
 // Called after each engine rank is planned (tests inspect every copy).

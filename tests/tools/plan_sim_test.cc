@@ -352,6 +352,8 @@ TEST(PlanSimModel, KimiK2EveryEngineRankGetsExactlyItsShard) {
   // Engine ranks receive over their NICs (separate node pools): the most loaded link.
   EXPECT_EQ(r->busiest.kind, LinkKind::kNicReceive);
   EXPECT_EQ(r->busiest.bytes, r->shard[0]);
+  EXPECT_EQ(r->busiest.rank, 0u);
+  EXPECT_EQ(r->busiest.tied, 127u) << "every engine rank receives as much";
   EXPECT_NEAR(r->predicted_seconds, static_cast<double>(r->shard[0]) * 8 / 400e9, 1e-12);
   // Replicated bytes spread over their holders: in PlanningOrder the busiest trainer rank sends
   // at most 1.25x the mean (1.57x when planned in rank order). The last pipeline stage holds 16 of
@@ -411,11 +413,12 @@ class PlanSimCli : public ::testing::Test {
 TEST_F(PlanSimCli, QwenPrintsTheFigures) {
   CliRun run = RunCli("plan-sim --layout qwen2.5-7b");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  for (const char* line : {"plan-sim: qwen2.5-7b, 7.6 B params", "trainer  4 ranks: FSDP4",
-                           "engine   2 ranks: TP2", "planning time", "peak memory",
-                           "RSS growth (VmHWM", "sent per trainer rank", "received per engine rank",
-                           "received / shard          1.00x - 1.00x", "most loaded     engine rank",
-                           "NIC, receiving", "predicted transfer time", "not a measurement"}) {
+  for (const char* line :
+       {"plan-sim: qwen2.5-7b, 7.6 billion params (7615616512)", "trainer  4 ranks: FSDP4",
+        "engine   2 ranks: TP2", "planning time", "peak memory", "RSS growth (VmHWM",
+        "sent per trainer rank", "received per engine rank",
+        "received / shard          1.00x - 1.00x", "most loaded     engine rank", "NIC, receiving",
+        "predicted transfer time", "not a measurement"}) {
     EXPECT_NE(run.output.find(line), std::string::npos) << line << " missing from:\n" << run.output;
   }
   CliRun fp8 = RunCli("plan-sim --layout qwen2.5-7b --dtype-out fp8 --colocated --nvlink-gbps 900");
