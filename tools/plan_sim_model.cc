@@ -99,6 +99,12 @@ std::string LinkName(const BusiestLink& b) {
 
 int64_t Nodes(int64_t ranks, int64_t per_node) { return (ranks + per_node - 1) / per_node; }
 
+// "node 3" or "nodes 3-7".
+std::string NodeRange(int64_t first, int64_t count) {
+  if (count == 1) return "node " + std::to_string(first);
+  return "nodes " + std::to_string(first) + "-" + std::to_string(first + count - 1);
+}
+
 }  // namespace
 
 std::vector<uint32_t> PlanningOrder(uint32_t ranks) {
@@ -233,13 +239,14 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
   const std::string elem(Info(layout.dtype).name);
   os << "plan-sim: " << layout.name << ", " << Fixed(static_cast<double>(r.params) / 1e9, 1)
      << " billion params (" << r.params << "), " << Bytes(r.global_bytes) << " as " << elem << "\n";
-  os << "  trainer  " << layout.trainer << "\n           on nodes 0-" << trainer_nodes - 1 << " ("
-     << o.gpus_per_node << " GPUs each)\n";
+  os << "  trainer  " << layout.trainer << "\n           on " << NodeRange(0, trainer_nodes) << " ("
+     << o.gpus_per_node << " GPUs per node)\n";
   os << "  engine   " << layout.engine << "\n           ";
   if (o.colocated) {
-    os << "colocated: engine rank r on trainer rank r's GPU (nodes 0-" << engine_nodes - 1 << ")\n";
+    os << "colocated: engine rank r on trainer rank r's GPU (" << NodeRange(0, engine_nodes)
+       << ")\n";
   } else {
-    os << "on nodes " << trainer_nodes << "-" << trainer_nodes + engine_nodes - 1
+    os << "on " << NodeRange(trainer_nodes, engine_nodes)
        << ", a pool of their own (--colocated: engine rank r on trainer rank r's GPU)\n";
   }
   os << "  wire     "
