@@ -201,6 +201,10 @@ TEST(PlanSimModel, IndexedHoldersPlanExactlyLikeThePlainCall) {
   layouts.back().held[3].dtype = DType::kFloat16;
   layouts.back().held[7].global_shape[0] += 1;
   layouts.back().held[9].source = 99;
+  layouts.push_back(*kimi);  // every holder of one tensor agrees with the others, not the engine
+  for (plan::HeldTensor& h : layouts.back().held) {
+    if (h.name == "model.layers.0.self_attn.o_proj.weight") h.dtype = DType::kFloat16;
+  }
   int failures = 0;
   for (const SimLayout& layout : layouts) {
     const plan::HeldRegions indexed(layout.held, layout.trainer_ranks);
@@ -232,7 +236,8 @@ TEST(PlanSimModel, IndexedHoldersPlanExactlyLikeThePlainCall) {
       }
     }
   }
-  EXPECT_EQ(failures, 2 + 4) << "the dropped rank and the broken holders fail every engine rank";
+  EXPECT_EQ(failures, 2 + 4 + 4)
+      << "the dropped rank and the broken holders fail every engine rank";
 }
 
 TEST(PlanSimModel, ClusterOptionsAreChecked) {
@@ -373,7 +378,13 @@ TEST(PlanSimLayout, ParallelismOverridesAreChecked) {
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_EQ(small->trainer_ranks, 8u);
   EXPECT_EQ(small->engine_ranks, 4u);
-  EXPECT_FALSE(FindLayout("kimi-k2", "pp62", "").ok());
+  EXPECT_FALSE(FindLayout("kimi-k2", "pp62", "").ok());   // 61 layers
+  EXPECT_FALSE(FindLayout("kimi-k2", "ep385", "").ok());  // 384 experts
+  EXPECT_FALSE(FindLayout("kimi-k2", "tp65", "").ok());   // 64 heads
+  EXPECT_FALSE(FindLayout("kimi-k2", "", "tp65,dp1").ok());
+  EXPECT_TRUE(FindLayout("kimi-k2", "tp64,pp1,ep1", "tp64,dp6").ok());  // the limits
+  EXPECT_TRUE(FindLayout("kimi-k2", "tp1,pp61,ep1", "").ok());
+  EXPECT_FALSE(FindLayout("qwen2.5-7b", "fsdp513", "").ok());
   EXPECT_FALSE(FindLayout("kimi-k2", "", "tp8,dp64").ok());  // 512 ranks for 384 experts
   EXPECT_FALSE(FindLayout("kimi-k2", "fsdp4", "").ok());
   EXPECT_FALSE(FindLayout("qwen2.5-7b", "", "tp8").ok());  // 4 kv heads
@@ -450,6 +461,7 @@ TEST_F(PlanSimCli, BadFlagsExit2AndNameTheProblem) {
       {"--dtype-out fp16", "--dtype-out=fp16: expected bf16 or fp8"},
       {"--nic-gbps 0", "--nic-gbps=0: expected a positive number"},
       {"--nvlink-gbps fast", "--nvlink-gbps=fast: expected a positive number"},
+      {"--nic-gbps 2e9", "--nic-gbps=2e9: expected a positive number"},
       {"--gpus-per-node 0", "--gpus-per-node=0: expected at least 1"},
       {"--layout qwen2.5-7b --drop-source 4", "--drop-source=4: the layout has 4 trainer ranks"},
       {"--layout qwen2.5-7b --trainer tp0", "--trainer: 'tp0': 'tp0' is not a name followed"},
