@@ -6,5 +6,6 @@ namespace weightsync::tools {
 int RunDemo(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunInfo(int argc, char** argv);
+int RunPlanSim(int argc, char** argv);
 
 }  // namespace weightsync::tools

@@ -1,4 +1,4 @@
-// weightsync: the command-line tool. Subcommands: demo, bench, info.
+// weightsync: the command-line tool. Subcommands: demo, bench, info, plan-sim.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -20,6 +20,10 @@ constexpr char kUsage[] =
     "          baseline measured in the same run; prints a table and writes JSON\n"
     "  info    protocol version, the transports this build and machine can use, and every\n"
     "          WEIGHTSYNC_* environment knob with its default and current value\n"
+    "  plan-sim\n"
+    "          plans a sharded trainer -> sharded engine transfer for a whole cluster (Kimi-K2 on\n"
+    "          256 -> 128 GPUs by default) without moving bytes: planning time and memory, bytes\n"
+    "          per rank, the most loaded link and the transfer time the links' speeds predict\n"
     "\n"
     "'weightsync <command> --help' lists the command's flags.\n";
 
@@ -35,6 +39,7 @@ int main(int argc, char** argv) {
   if (command == "demo") return weightsync::tools::RunDemo(argc - 2, argv + 2);
   if (command == "bench") return weightsync::tools::RunBench(argc - 2, argv + 2);
   if (command == "info") return weightsync::tools::RunInfo(argc - 2, argv + 2);
+  if (command == "plan-sim") return weightsync::tools::RunPlanSim(argc - 2, argv + 2);
   std::fprintf(stderr, "weightsync: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

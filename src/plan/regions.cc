@@ -1,6 +1,6 @@
 // Region scheduling. Runs once per transfer handle (and in `weightsync plan-sim` for a whole
-// cluster), so it favours exhaustive checks and simple data structures over speed; the hot path
-// only walks the RegionCopy list it produces.
+// cluster, against publishers indexed once: HeldRegions), so it favours exhaustive checks and
+// simple data structures over speed; the hot path only walks the RegionCopy list it produces.
 #include "plan/regions.h"
 
 #include <algorithm>
@@ -29,10 +29,31 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
   return out;
 }
 
-bool Covers(const Box& outer, const Box& inner) {
-  for (size_t d = 0; d < outer.offset.size(); ++d) {
-    if (inner.offset[d] < outer.offset[d] ||
-        inner.offset[d] + inner.extent[d] > outer.offset[d] + outer.extent[d]) {
+// Intersect(a, b).has_value() without building the intersection.
+bool Overlaps(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.offset.size(); ++d) {
+    const int64_t lo = std::max(a.offset[d], b.offset[d]);
+    const int64_t hi = std::min(a.offset[d] + a.extent[d], b.offset[d] + b.extent[d]);
+    if (hi <= lo) return false;
+  }
+  return true;
+}
+
+// The same for a box packed as `rank` offsets then `rank` extents.
+bool Overlaps(const int64_t* packed, size_t rank, const Box& b) {
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t lo = std::max(packed[d], b.offset[d]);
+    const int64_t hi = std::min(packed[d] + packed[rank + d], b.offset[d] + b.extent[d]);
+    if (hi <= lo) return false;
+  }
+  return true;
+}
+
+// Whether the box packed as `rank` offsets then `rank` extents covers `inner`.
+bool Covers(const int64_t* outer, size_t rank, const Box& inner) {
+  for (size_t d = 0; d < rank; ++d) {
+    if (inner.offset[d] < outer[d] ||
+        inner.offset[d] + inner.extent[d] > outer[d] + outer[rank + d]) {
       return false;
     }
   }
@@ -109,15 +130,16 @@ void EmitCopies(const Box& cell, uint32_t held_index, const HeldTensor& h, const
 }
 
 // The grid of cells a piece splits into at every holder boundary inside it.
-std::vector<Box> Cells(const Box& piece, const std::vector<const HeldTensor*>& holders) {
+// `holders`: boxes packed as `n` offsets then `n` extents.
+std::vector<Box> Cells(const Box& piece, const std::vector<const int64_t*>& holders) {
   if (piece.elements() == 0) return {};  // nothing to move
   const size_t n = piece.offset.size();
   std::vector<std::vector<int64_t>> cuts(n);
   for (size_t d = 0; d < n; ++d) {
     const int64_t lo = piece.offset[d], hi = lo + piece.extent[d];
     cuts[d] = {lo, hi};
-    for (const HeldTensor* h : holders) {
-      for (int64_t c : {h->box.offset[d], h->box.offset[d] + h->box.extent[d]}) {
+    for (const int64_t* h : holders) {
+      for (int64_t c : {h[d], h[d] + h[n + d]}) {
         if (c > lo && c < hi) cuts[d].push_back(c);
       }
     }
@@ -161,33 +183,75 @@ std::string BoxString(const Box& box) {
   return out + "]";
 }
 
-Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
-                                       const std::vector<DestinationShape>& destinations,
-                                       const std::vector<WantedPiece>& wanted, uint32_t sources,
-                                       uint32_t rotation, std::vector<uint64_t>* load) {
-  MismatchList problems("the publishers' regions and the subscriber's");
-  std::vector<uint64_t> own_load(sources, 0);
-  std::vector<uint64_t>& loads = load != nullptr ? *load : own_load;
-  if (loads.size() < sources) loads.resize(sources, 0);
-
-  std::unordered_map<std::string_view, std::vector<uint32_t>> by_name;
+HeldRegions::HeldRegions(const std::vector<HeldTensor>& held, uint32_t sources)
+    : held_(&held), sources_(sources) {
   for (uint32_t i = 0; i < held.size(); ++i) {
     const HeldTensor& h = held[i];
     if (h.source >= sources) {
-      problems.Add("tensor '", h.name, "': held by publisher ", h.source, " of ", sources);
+      std::ostringstream line;
+      line << "tensor '" << h.name << "': held by publisher " << h.source << " of " << sources;
+      problems_.push_back(line.str());
       continue;
     }
     if (!SameRank(h.box, h.global_shape.size()) ||
         !InShape(h.box, h.box.offset, h.global_shape)) {
-      problems.Add("tensor '", h.name, "': publisher ", h.source, " holds ", BoxString(h.box),
-                   " of global shape ", ShapeString(h.global_shape));
+      std::ostringstream line;
+      line << "tensor '" << h.name << "': publisher " << h.source << " holds " << BoxString(h.box)
+           << " of global shape " << ShapeString(h.global_shape);
+      problems_.push_back(line.str());
       continue;
     }
-    by_name[h.name].push_back(i);
+    Holders& named = by_name_[h.name];
+    if (!named.index.empty()) {
+      const HeldTensor& first = held[named.index[0]];
+      named.uniform =
+          named.uniform && h.global_shape == first.global_shape && h.dtype == first.dtype;
+    }
+    named.index.push_back(i);
   }
+  for (auto& [name, named] : by_name_) {
+    if (!named.uniform) continue;
+    named.rank = held[named.index[0]].global_shape.size();
+    named.boxes.reserve(named.index.size() * 2 * named.rank);
+    for (uint32_t i : named.index) {
+      const Box& box = held[i].box;
+      named.boxes.insert(named.boxes.end(), box.offset.begin(), box.offset.end());
+      named.boxes.insert(named.boxes.end(), box.extent.begin(), box.extent.end());
+    }
+  }
+}
+
+const HeldRegions::Holders* HeldRegions::HoldersOf(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &it->second;
+}
+
+Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
+                                       const std::vector<DestinationShape>& destinations,
+                                       const std::vector<WantedPiece>& wanted, uint32_t sources,
+                                       uint32_t rotation, std::vector<uint64_t>* load) {
+  return ScheduleRegions(HeldRegions(held, sources), destinations, wanted, rotation, load);
+}
+
+Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
+                                       const std::vector<DestinationShape>& destinations,
+                                       const std::vector<WantedPiece>& wanted, uint32_t rotation,
+                                       std::vector<uint64_t>* load) {
+  const std::vector<HeldTensor>& held = regions.held();
+  const uint32_t sources = regions.sources();
+  MismatchList problems("the publishers' regions and the subscriber's");
+  for (const std::string& line : regions.problems()) problems.Add(line);
+  std::vector<uint64_t> own_load(sources, 0);
+  std::vector<uint64_t>& loads = load != nullptr ? *load : own_load;
+  if (loads.size() < sources) loads.resize(sources, 0);
 
   RegionSchedule schedule;
   schedule.bytes_per_source.assign(sources, 0);
+  // The current piece's holders that overlap it (reused): index into `held`, source, box packed
+  // as offsets then extents (in `regions`, or in `packed` for holders that disagree).
+  std::vector<uint32_t> holder_index, holder_source;
+  std::vector<const int64_t*> holder_box;
+  std::vector<int64_t> packed;
   std::vector<std::vector<const WantedPiece*>> per_destination(destinations.size());
   std::vector<uint64_t> covered(destinations.size(), 0);
   for (const WantedPiece& p : wanted) {
@@ -223,43 +287,63 @@ Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
     per_destination[p.destination].push_back(&p);
     covered[p.destination] += p.box.elements();
 
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
+    const HeldRegions::Holders* named = regions.HoldersOf(p.name);
+    if (named == nullptr) {
       problems.Add("tensor '", p.name, "': wanted for destination '", dst.name,
                    "' but held by no publisher");
       continue;
     }
-    std::vector<const HeldTensor*> holders;
-    std::vector<uint32_t> holder_index;
+    holder_index.clear();
+    holder_source.clear();
+    holder_box.clear();
+    packed.clear();
     bool consistent = true;
-    for (uint32_t i : it->second) {
-      const HeldTensor& h = held[i];
-      if (h.global_shape != p.global_shape || h.dtype != dst.dtype) {
-        problems.Add("tensor '", p.name, "': publisher ", h.source, " holds it as ",
-                     DTypeName(h.dtype), " ", ShapeString(h.global_shape), ", destination '",
-                     dst.name, "' wants ", DTypeName(dst.dtype), " ",
-                     ShapeString(p.global_shape),
-                     h.dtype != dst.dtype ? " (converting regions is not supported yet)" : "");
-        consistent = false;
-        continue;
+    const HeldTensor& first = held[named->index[0]];
+    if (named->uniform && first.global_shape == p.global_shape && first.dtype == dst.dtype) {
+      // Every holder agrees with the piece: only the overlap scan, over the packed boxes.
+      const size_t stride = 2 * named->rank;
+      for (size_t j = 0; j < named->index.size(); ++j) {
+        if (Overlaps(named->boxes.data() + j * stride, named->rank, p.box)) {
+          holder_index.push_back(named->index[j]);
+          holder_source.push_back(held[named->index[j]].source);
+          holder_box.push_back(named->boxes.data() + j * stride);
+        }
       }
-      if (Intersect(h.box, p.box)) {
-        holders.push_back(&h);
-        holder_index.push_back(i);
+    } else {
+      for (uint32_t i : named->index) {
+        const HeldTensor& h = held[i];
+        if (h.global_shape != p.global_shape || h.dtype != dst.dtype) {
+          problems.Add("tensor '", p.name, "': publisher ", h.source, " holds it as ",
+                       DTypeName(h.dtype), " ", ShapeString(h.global_shape), ", destination '",
+                       dst.name, "' wants ", DTypeName(dst.dtype), " ",
+                       ShapeString(p.global_shape),
+                       h.dtype != dst.dtype ? " (converting regions is not supported yet)" : "");
+          consistent = false;
+          continue;
+        }
+        if (Overlaps(h.box, p.box)) {
+          holder_index.push_back(i);
+          holder_source.push_back(h.source);
+          packed.insert(packed.end(), h.box.offset.begin(), h.box.offset.end());
+          packed.insert(packed.end(), h.box.extent.begin(), h.box.extent.end());
+        }
+      }
+      for (size_t j = 0; j < holder_index.size(); ++j) {
+        holder_box.push_back(packed.data() + j * 2 * n);
       }
     }
     if (!consistent) continue;
     const uint64_t element_bytes = static_cast<uint64_t>(bits / 8);
-    for (const Box& cell : Cells(p.box, holders)) {
+    for (const Box& cell : Cells(p.box, holder_box)) {
       // The least-loaded holder covering the cell; ties from `rotation` on.
       int best = -1;
-      for (size_t j = 0; j < holders.size(); ++j) {
-        if (!Covers(holders[j]->box, cell)) continue;
+      for (size_t j = 0; j < holder_box.size(); ++j) {
+        if (!Covers(holder_box[j], n, cell)) continue;
         if (best < 0) {
           best = static_cast<int>(j);
           continue;
         }
-        const uint32_t a = holders[j]->source, b = holders[best]->source;
+        const uint32_t a = holder_source[j], b = holder_source[best];
         const uint32_t ra = (a + sources - rotation % sources) % sources;
         const uint32_t rb = (b + sources - rotation % sources) % sources;
         if (loads[a] < loads[b] || (loads[a] == loads[b] && ra < rb)) best = static_cast<int>(j);
@@ -270,10 +354,11 @@ Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
         continue;
       }
       const uint64_t bytes = cell.elements() * element_bytes;
-      loads[holders[best]->source] += bytes;
-      schedule.bytes_per_source[holders[best]->source] += bytes;
+      const uint32_t source = holder_source[best];
+      loads[source] += bytes;
+      schedule.bytes_per_source[source] += bytes;
       schedule.total_bytes += bytes;
-      EmitCopies(cell, holder_index[best], *holders[best], p, dst.shape, element_bytes,
+      EmitCopies(cell, holder_index[best], held[holder_index[best]], p, dst.shape, element_bytes,
                  &schedule.copies);
     }
   }

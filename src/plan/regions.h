@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "weightsync/dtype.h"
@@ -80,6 +82,41 @@ struct RegionSchedule {
 Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
                                        const std::vector<DestinationShape>& destinations,
                                        const std::vector<WantedPiece>& wanted, uint32_t sources,
+                                       uint32_t rotation = 0,
+                                       std::vector<uint64_t>* load = nullptr);
+
+// The publishers' side of ScheduleRegions, checked and indexed by tensor name once, for planning
+// many subscribers against the same publishers (`weightsync plan-sim` plans every engine rank of a
+// cluster): ScheduleRegions(regions, ...) returns exactly what ScheduleRegions(held, ..., sources,
+// ...) returns, without re-indexing `held` on every call. Points into `held`, which must outlive
+// it unchanged.
+class HeldRegions {
+ public:
+  HeldRegions(const std::vector<HeldTensor>& held, uint32_t sources);
+  const std::vector<HeldTensor>& held() const { return *held_; }
+  uint32_t sources() const { return sources_; }
+  // The usable held tensors of one name, in held() order.
+  struct Holders {
+    std::vector<uint32_t> index;  // into held()
+    // True when every one has the global shape and dtype of held()[index[0]]; then `boxes` holds
+    // their boxes side by side (offset then extent, `rank` values each) for the overlap scans.
+    bool uniform = true;
+    size_t rank = 0;
+    std::vector<int64_t> boxes;
+  };
+  const Holders* HoldersOf(std::string_view name) const;  // nullptr if none
+  // One line per held tensor that cannot be used (source out of range, box outside its shape).
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  const std::vector<HeldTensor>* held_;
+  uint32_t sources_;
+  std::vector<std::string> problems_;
+  std::unordered_map<std::string_view, Holders> by_name_;
+};
+Result<RegionSchedule> ScheduleRegions(const HeldRegions& held,
+                                       const std::vector<DestinationShape>& destinations,
+                                       const std::vector<WantedPiece>& wanted,
                                        uint32_t rotation = 0,
                                        std::vector<uint64_t>* load = nullptr);
 
