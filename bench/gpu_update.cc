@@ -31,8 +31,8 @@
 
 #include "cuda/device.h"
 #include "cuda/kernels.h"
-#include "model_presets.h"
 #include "cuda/vmm.h"
+#include "model_presets.h"
 #include "weightsync/weightsync.h"
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -61,12 +61,12 @@ struct Args {
   bool verify = false;
   int src = 0, dst = 1;
   std::string role = "main";
-  bool nccl = true;  // also measure the nccl transport
-  bool fp8 = true;   // also measure bf16 → fp8 conversion in flight (cuda-ipc)
-  bool host = false;        // publisher role: host tensors (a shared-memory arena)
+  bool nccl = true;                // also measure the nccl transport
+  bool fp8 = true;                 // also measure bf16 → fp8 conversion in flight (cuda-ipc)
+  bool host = false;               // publisher role: host tensors (a shared-memory arena)
   bool host_destinations = false;  // the subscriber receives into host memory
   double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
-  std::string only;  // empty: every row the flags above allow; else a comma-separated subset
+  std::string only;         // empty: every row the flags above allow; else a comma-separated subset
   std::string endpoint;
 
   bool Row(const std::string& row) const {
@@ -105,8 +105,9 @@ std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, 
     auto b = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
     if (!b.ok()) Die("allocate " + spec.name, b.status());
     if (auto s = ws::gpu::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
-    out.push_back({spec.name, ws::TensorView{b->data(), spec.dtype, spec.shape,
-                                             {ws::Device::Kind::kCUDA, device}}});
+    out.push_back(
+        {spec.name,
+         ws::TensorView{b->data(), spec.dtype, spec.shape, {ws::Device::Kind::kCUDA, device}}});
     keep->push_back(std::move(b).value());
   }
   return out;
@@ -159,10 +160,19 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
   posix_spawn_file_actions_adddup2(&fa, from[1], 1);
   posix_spawn_file_actions_addclose(&fa, to[1]);
   posix_spawn_file_actions_addclose(&fa, from[0]);
-  std::vector<std::string> argv = {"/proc/self/exe", "--role", "publisher", "--endpoint",
-                                   endpoint, "--model", a.model, "--scale",
-                                   std::to_string(scale), "--src", std::to_string(a.src),
-                                   "--host", a.host ? "1" : "0"};
+  std::vector<std::string> argv = {"/proc/self/exe",
+                                   "--role",
+                                   "publisher",
+                                   "--endpoint",
+                                   endpoint,
+                                   "--model",
+                                   a.model,
+                                   "--scale",
+                                   std::to_string(scale),
+                                   "--src",
+                                   std::to_string(a.src),
+                                   "--host",
+                                   a.host ? "1" : "0"};
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -372,20 +382,34 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--scale") a.scale = std::atof(v.c_str());
-    else if (k == "--steps") a.steps = std::atoi(v.c_str());
-    else if (k == "--mode") a.staged = v == "staged";
-    else if (k == "--verify") a.verify = v == "1";
-    else if (k == "--src") a.src = std::atoi(v.c_str());
-    else if (k == "--dst") a.dst = std::atoi(v.c_str());
-    else if (k == "--role") a.role = v;
-    else if (k == "--endpoint") a.endpoint = v;
-    else if (k == "--nccl") a.nccl = v == "1";
-    else if (k == "--fp8") a.fp8 = v == "1";
-    else if (k == "--only") a.only = v;
-    else if (k == "--host") a.host = v == "1";
-    else if (k == "--h2d-scale") a.h2d_scale = std::atof(v.c_str());
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--scale")
+      a.scale = std::atof(v.c_str());
+    else if (k == "--steps")
+      a.steps = std::atoi(v.c_str());
+    else if (k == "--mode")
+      a.staged = v == "staged";
+    else if (k == "--verify")
+      a.verify = v == "1";
+    else if (k == "--src")
+      a.src = std::atoi(v.c_str());
+    else if (k == "--dst")
+      a.dst = std::atoi(v.c_str());
+    else if (k == "--role")
+      a.role = v;
+    else if (k == "--endpoint")
+      a.endpoint = v;
+    else if (k == "--nccl")
+      a.nccl = v == "1";
+    else if (k == "--fp8")
+      a.fp8 = v == "1";
+    else if (k == "--only")
+      a.only = v;
+    else if (k == "--host")
+      a.host = v == "1";
+    else if (k == "--h2d-scale")
+      a.h2d_scale = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "gpu_update: unknown flag %s\n", k.c_str());
       return 2;

@@ -53,9 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   verified.ToString().c_str());
   }
   if (!verified.ok()) {
-    WS_FUZZ_CHECK(verified.code() == StatusCode::kProtocolError ||
-                      verified.code() == StatusCode::kCorruption,
-                  "%s", verified.ToString().c_str());
+    WS_FUZZ_CHECK(
+        verified.code() == StatusCode::kProtocolError || verified.code() == StatusCode::kCorruption,
+        "%s", verified.ToString().c_str());
     // A truncated read of the same frame: the reader got fewer bytes than announced.
     if (!payload.empty()) {
       (void)wire::VerifyPayload(*header, payload.first(payload.size() - 1));

@@ -5,13 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define WS_FUZZ_CHECK(cond, ...)                                                   \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "%s:%d: fuzz property violated: %s\n  ", __FILE__,      \
-                   __LINE__, #cond);                                               \
-      std::fprintf(stderr, __VA_ARGS__);                                           \
-      std::fprintf(stderr, "\n");                                                  \
-      std::abort();                                                                \
-    }                                                                              \
+#define WS_FUZZ_CHECK(cond, ...)                                                                \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      std::fprintf(stderr, "%s:%d: fuzz property violated: %s\n  ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                        \
+      std::fprintf(stderr, "\n");                                                               \
+      std::abort();                                                                             \
+    }                                                                                           \
   } while (0)

@@ -89,18 +89,21 @@ wire::Welcome MakeWelcome(const std::vector<TensorSpec>& specs, uint64_t segment
 }
 
 // messages_fuzz selector: type 1 (Welcome), bucket index, destination set.
-uint8_t WelcomeSelector(int bucket, int set) { return static_cast<uint8_t>(1 + 7 * (bucket + 4 * set)); }
+uint8_t WelcomeSelector(int bucket, int set) {
+  return static_cast<uint8_t>(1 + 7 * (bucket + 4 * set));
+}
 
 void Messages() {
   const std::string t = "messages_fuzz";
   const std::vector<TensorSpec> dests = weightsync::fuzz::DestinationSpecs();
 
-  Write(t, "hello", WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion,
-                                                         wire::Role::kSubscriber, 4242})));
+  Write(
+      t, "hello",
+      WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 4242})));
   Write(t, "hello_bad_role", WithSelector(0, {1, 0, 2, 0, 0, 0, 0}));
 
-  Write(t, "welcome_mixed_seg16", WithSelector(WelcomeSelector(1, 0),
-                                               Payload(MakeWelcome(dests, 16, false, false))));
+  Write(t, "welcome_mixed_seg16",
+        WithSelector(WelcomeSelector(1, 0), Payload(MakeWelcome(dests, 16, false, false))));
   Write(t, "welcome_direct_seg4096",
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome(dests, 4096, false, true))));
   Write(t, "welcome_slots_seg1",
@@ -159,13 +162,15 @@ void Messages() {
   Write(t, "step_begin", WithSelector(3, Payload(wire::StepBegin{7, 1})));
   Write(t, "step_begin_no_slot", WithSelector(3, Payload(wire::StepBegin{7, wire::kNoSlot})));
   Write(t, "copy_done", WithSelector(4, Payload(wire::CopyDone{7})));
-  Write(t, "step_end", WithSelector(5, Payload(wire::StepEnd{7, {1, 2, 3, 0xFFFFFFFFFFFFFFFFull}})));
+  Write(t, "step_end",
+        WithSelector(5, Payload(wire::StepEnd{7, {1, 2, 3, 0xFFFFFFFFFFFFFFFFull}})));
   Write(t, "step_end_empty", WithSelector(5, Payload(wire::StepEnd{7, {}})));
-  Write(t, "error", WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kTimeout,
-                                                               "publisher: step 7 timed out"})));
-  Write(t, "error_utf8", WithSelector(6, Payload(wire::ErrorMessage{
-                                             weightsync::StatusCode::kCorruption,
-                                             "tensor 'w\xc3\xa9ight' digest mismatch"})));
+  Write(t, "error",
+        WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kTimeout,
+                                                   "publisher: step 7 timed out"})));
+  Write(t, "error_utf8",
+        WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kCorruption,
+                                                   "tensor 'w\xc3\xa9ight' digest mismatch"})));
 }
 
 void Handshake() {
@@ -194,22 +199,29 @@ void Frames() {
   const std::string t = "frame_fuzz";
   const std::vector<TensorSpec> dests = weightsync::fuzz::DestinationSpecs();
   wire::Nonce nonce{};
-  Write(t, "hello", Frame(wire::FrameType::kHello, Payload(wire::Hello{1, wire::Role::kSubscriber, 1})));
-  Write(t, "welcome", Frame(wire::FrameType::kWelcome, Payload(MakeWelcome(dests, 16, false, false))));
-  Write(t, "update_request", Frame(wire::FrameType::kUpdateRequest, Payload(wire::UpdateRequest{})));
+  Write(t, "hello",
+        Frame(wire::FrameType::kHello, Payload(wire::Hello{1, wire::Role::kSubscriber, 1})));
+  Write(t, "welcome",
+        Frame(wire::FrameType::kWelcome, Payload(MakeWelcome(dests, 16, false, false))));
+  Write(t, "update_request",
+        Frame(wire::FrameType::kUpdateRequest, Payload(wire::UpdateRequest{})));
   Write(t, "step_begin", Frame(wire::FrameType::kStepBegin, Payload(wire::StepBegin{3, 0})));
   Write(t, "copy_done", Frame(wire::FrameType::kCopyDone, Payload(wire::CopyDone{3})));
   Write(t, "step_end", Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}})));
-  Write(t, "error", Frame(wire::FrameType::kError,
-                          Payload(wire::ErrorMessage{weightsync::StatusCode::kBusy, "busy"})));
-  Write(t, "challenge", Frame(wire::FrameType::kChallenge, Payload(wire::Challenge{1, 5, nonce, true})));
-  Write(t, "auth", Frame(wire::FrameType::kAuth, Payload(wire::Auth{wire::Role::kSubscriber, nonce, {}})));
+  Write(t, "error",
+        Frame(wire::FrameType::kError,
+              Payload(wire::ErrorMessage{weightsync::StatusCode::kBusy, "busy"})));
+  Write(t, "challenge",
+        Frame(wire::FrameType::kChallenge, Payload(wire::Challenge{1, 5, nonce, true})));
+  Write(t, "auth",
+        Frame(wire::FrameType::kAuth, Payload(wire::Auth{wire::Role::kSubscriber, nonce, {}})));
   Write(t, "auth_ok", Frame(wire::FrameType::kAuthOk, Payload(wire::AuthOk{})));
   Write(t, "select", Frame(wire::FrameType::kSelect, Payload(wire::Select{{0, 2}})));
   Write(t, "nccl_setup", Frame(wire::FrameType::kNcclSetup, Payload(wire::NcclSetup{22809, 0})));
   Write(t, "nccl_id", Frame(wire::FrameType::kNcclId, Payload(wire::NcclId{22809, {}})));
   Write(t, "empty_payload", Frame(wire::FrameType::kCopyDone, {}));
-  std::vector<uint8_t> truncated = Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}}));
+  std::vector<uint8_t> truncated =
+      Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}}));
   truncated.pop_back();
   Write(t, "truncated_payload", truncated);
   std::vector<uint8_t> flipped = Frame(wire::FrameType::kCopyDone, Payload(wire::CopyDone{3}));

@@ -50,15 +50,12 @@ bool RoundTrip(std::span<const uint8_t> payload, M* m) {
 
 void CheckMacs(const wire::Challenge& challenge, const wire::Nonce& client_nonce,
                const wire::Mac& received) {
-  const wire::Mac client =
-      wire::ComputeMac(kToken, wire::MacSide::kClient, challenge, client_nonce,
-                       wire::Role::kSubscriber);
-  const wire::Mac again =
-      wire::ComputeMac(kToken, wire::MacSide::kClient, challenge, client_nonce,
-                       wire::Role::kSubscriber);
-  const wire::Mac server =
-      wire::ComputeMac(kToken, wire::MacSide::kServer, challenge, client_nonce,
-                       wire::Role::kSubscriber);
+  const wire::Mac client = wire::ComputeMac(kToken, wire::MacSide::kClient, challenge, client_nonce,
+                                            wire::Role::kSubscriber);
+  const wire::Mac again = wire::ComputeMac(kToken, wire::MacSide::kClient, challenge, client_nonce,
+                                           wire::Role::kSubscriber);
+  const wire::Mac server = wire::ComputeMac(kToken, wire::MacSide::kServer, challenge, client_nonce,
+                                            wire::Role::kSubscriber);
   WS_FUZZ_CHECK(client == again && wire::MacEquals(client, again), "MAC not deterministic");
   WS_FUZZ_CHECK(client != server && !wire::MacEquals(client, server),
                 "client and server MACs coincide");

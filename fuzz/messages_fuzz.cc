@@ -192,8 +192,7 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
       WS_FUZZ_CHECK(s.bytes > 0 && s.bytes <= w.segment_bytes && s.dst_offset == covered &&
                         s.region == src.region && s.destination == t.destination &&
                         s.src_offset == src.offset + covered &&
-                        s.shadow_offset == t.shadow_offset + covered &&
-                        s.converted == converted &&
+                        s.shadow_offset == t.shadow_offset + covered && s.converted == converted &&
                         (!converted || s.landing_offset == t.landing_offset + covered),
                     "segment %u of tensor %u malformed", i, t.publisher_index);
       WS_FUZZ_CHECK(u128{s.src_offset} + s.bytes <= RegionBytes(w, s.region),
@@ -217,7 +216,8 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
     WS_FUZZ_CHECK(p.tensors.size() == w.tensors.size(), "strict plan skipped a tensor");
   }
   size_t converted_count = 0;
-  for (const plan::PlannedTensor& t : p.tensors) converted_count += t.transform != plan::Transform::kCopy;
+  for (const plan::PlannedTensor& t : p.tensors)
+    converted_count += t.transform != plan::Transform::kCopy;
   WS_FUZZ_CHECK(p.converted.size() == converted_count, "converted list");
 
   uint32_t expected_first = 0;
@@ -257,13 +257,13 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
       const plan::Segment& s = p.segments[b.first_segment + i];
       // A tcp segment is received into a buffer of segment size; bytes ≤ segment_bytes.
       if (!mapped && s.bytes > received.size()) continue;
-      const uint8_t* src =
-          mapped ? arena.get() + s.src_offset +
-                       (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
-                 : received.data();
+      const uint8_t* src = mapped
+                               ? arena.get() + s.src_offset +
+                                     (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
+                               : received.data();
       std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);  // staged
-      uint8_t* in_place = s.converted ? landing.get() + s.landing_offset
-                                      : dst[s.destination].get() + s.dst_offset;
+      uint8_t* in_place =
+          s.converted ? landing.get() + s.landing_offset : dst[s.destination].get() + s.dst_offset;
       std::memcpy(in_place, src, s.bytes);  // in place
     }
   }

@@ -52,10 +52,9 @@ Status ValidateDemoOptions(const DemoOptions& o) {
   }
   if (o.timeout_ms < 1) return Status::InvalidArgument("--timeout-ms must be ≥ 1");
   if (o.copy_threads < 0) return Status::InvalidArgument("--copy-threads must be ≥ 0");
-  for (const auto& [flag, text] :
-       {std::pair<const char*, std::string>{"device", o.device},
-        {"publisher-device", PublisherDeviceText(o)},
-        {"subscriber-device", SubscriberDeviceText(o)}}) {
+  for (const auto& [flag, text] : {std::pair<const char*, std::string>{"device", o.device},
+                                   {"publisher-device", PublisherDeviceText(o)},
+                                   {"subscriber-device", SubscriberDeviceText(o)}}) {
     WS_RETURN_IF_ERROR(ParseDemoDevice(flag, text).status());
   }
   if (!o.role.empty() && o.role != "publisher" && o.role != "subscriber") {

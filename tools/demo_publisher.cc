@@ -2,8 +2,8 @@
 #include <cstdio>
 
 #include "demo_roles.h"
-#include "harness/alloc_counter.h"
 #include "demo_tensors.h"
+#include "harness/alloc_counter.h"
 #include "step_pipe.h"
 #include "weightsync/publisher.h"
 

@@ -37,8 +37,7 @@ Result<DemoTensors> DemoTensors::Create(const std::vector<TensorSpec>& tensors, 
   }
   Result<DeviceMemory> memory = DeviceMemory::Allocate(device.index, total);
   if (!memory.ok()) {
-    return memory.status().WithContext("allocating the demo's tensors on " +
-                                       DeviceString(device));
+    return memory.status().WithContext("allocating the demo's tensors on " + DeviceString(device));
   }
   t.gpu_ = std::move(memory).value();
   if (fill != 0) {  // Allocate zero-fills; anything else is copied up from the host copy

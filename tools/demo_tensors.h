@@ -41,7 +41,7 @@ class DemoTensors {
   const std::vector<TensorSpec>* tensors_;
   Device device_;
   bench::TensorStorage host_;
-  DeviceMemory gpu_;              // empty on the CPU
+  DeviceMemory gpu_;               // empty on the CPU
   std::vector<uint64_t> offsets_;  // of each tensor in gpu_
 };
 

@@ -20,8 +20,9 @@ namespace weightsync::tools {
 
 int RunInfo(int argc, char** argv) {
   if (argc > 0 && (!std::strcmp(argv[0], "--help") || !std::strcmp(argv[0], "-h"))) {
-    std::printf("usage: weightsync info\n\nPrints the protocol version, the transports this "
-                "build and machine can use, and every WEIGHTSYNC_* environment knob.\n");
+    std::printf(
+        "usage: weightsync info\n\nPrints the protocol version, the transports this "
+        "build and machine can use, and every WEIGHTSYNC_* environment knob.\n");
     return 0;
   }
   if (argc > 0) {
@@ -34,9 +35,10 @@ int RunInfo(int argc, char** argv) {
   std::printf("  tcp       tcp://HOST:PORT available\n");
   Status cuda = gpu::CudaAvailable();
   if (cuda.ok()) {
-    std::printf("  cuda-ipc  local://NAME   available: %d CUDA device(s); %d scalar types and %d "
-                "kernels ready for prepared launches\n",
-                gpu::DeviceCount(), gpu::ReadyScalarTypeCount(), gpu::ReadyKernelCount());
+    std::printf(
+        "  cuda-ipc  local://NAME   available: %d CUDA device(s); %d scalar types and %d "
+        "kernels ready for prepared launches\n",
+        gpu::DeviceCount(), gpu::ReadyScalarTypeCount(), gpu::ReadyKernelCount());
   } else {
     std::printf("  cuda-ipc  local://NAME   unavailable: %s\n", cuda.message().c_str());
   }

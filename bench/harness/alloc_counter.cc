@@ -11,9 +11,9 @@
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define WS_ALLOC_COUNTER_SANITIZER_HOOKS 1
 // From the sanitizer runtimes' common interface (GCC ships no header for it).
-extern "C" int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void*, std::size_t),
-    void (*free_hook)(const volatile void*));
+extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*,
+                                                                             std::size_t),
+                                                         void (*free_hook)(const volatile void*));
 #else
 #define WS_ALLOC_COUNTER_SANITIZER_HOOKS 0
 #endif

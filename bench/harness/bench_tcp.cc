@@ -74,8 +74,8 @@ bool ReceiveAll(int fd, TensorStorage& to) {
 
 Status MeasureTcpThroughput(const BenchOptions& o, BenchReport* report) {
   const std::vector<TensorSpec> tensors = UniformTensors(o.tensors, o.bytes / o.tensors);
-  WS_ASSIGN_OR_RETURN(auto pair, BenchPair::Create(tensors, static_cast<int>(o.copy_threads),
-                                                   "tcp://127.0.0.1:0"));
+  WS_ASSIGN_OR_RETURN(
+      auto pair, BenchPair::Create(tensors, static_cast<int>(o.copy_threads), "tcp://127.0.0.1:0"));
   const uint64_t bytes = pair->bytes();
   const std::string model = FormatBytes(bytes) + " in " + std::to_string(o.tensors) + " tensors";
 

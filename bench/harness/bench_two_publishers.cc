@@ -68,7 +68,8 @@ Status MeasureTwoPublishers(const BenchOptions& o, BenchReport* report) {
        "1 publisher, same bytes", base, "GB/s", two / base, "x one publisher", "", std::nullopt,
        FormatBytes(bytes) + " in " + std::to_string(count) +
            " tensors: bytes / median Subscriber::Update() time over " +
-           std::to_string(o.throughput_steps) + " steps; each publisher holds half the tensors "
+           std::to_string(o.throughput_steps) +
+           " steps; each publisher holds half the tensors "
            "and both shares move at once (one thread per publisher, each with its copy workers)"});
   WS_RETURN_IF_ERROR(a->publisher().Close());
   return b->publisher().Close();

@@ -22,7 +22,7 @@ enum class DType : uint8_t {
   kUInt64,
   kFloat16,
   kBFloat16,
-  kTFloat32,      // stored in 32 bits; DLPack has no code for it (see DTypeInfo::dlpack_code)
+  kTFloat32,  // stored in 32 bits; DLPack has no code for it (see DTypeInfo::dlpack_code)
   kFloat32,
   kFloat64,
   kFloat8E4M3FN,
@@ -35,21 +35,21 @@ inline constexpr int kDTypeCount = 18;
 
 struct DTypeInfo {
   DType dtype;
-  std::string_view name;       // canonical lower-case name, e.g. "bfloat16"
-  uint8_t bits;                // bits per element (4 for float4_e2m1fn)
-  uint8_t dlpack_code;         // DLDataTypeCode; kNoDLPackCode where DLPack has none
-  uint8_t dlpack_bits;         // bits as DLPack spells them
+  std::string_view name;  // canonical lower-case name, e.g. "bfloat16"
+  uint8_t bits;           // bits per element (4 for float4_e2m1fn)
+  uint8_t dlpack_code;    // DLDataTypeCode; kNoDLPackCode where DLPack has none
+  uint8_t dlpack_bits;    // bits as DLPack spells them
 };
 inline constexpr uint8_t kNoDLPackCode = 0xFF;
 
 // Every dtype in wire-code order.
-const DTypeInfo* AllDTypes();  // kDTypeCount entries
-const DTypeInfo& Info(DType dtype);  // dtype must be valid (IsValidDType)
+const DTypeInfo* AllDTypes();             // kDTypeCount entries
+const DTypeInfo& Info(DType dtype);       // dtype must be valid (IsValidDType)
 std::string_view DTypeName(DType dtype);  // "unknown" for an invalid value
 
 bool IsValidDType(uint8_t wire_code);
-Result<DType> DTypeFromWire(uint8_t wire_code);         // InvalidArgument names the code
-Result<DType> DTypeFromName(std::string_view name);     // accepts canonical names and "bf16" etc.
+Result<DType> DTypeFromWire(uint8_t wire_code);      // InvalidArgument names the code
+Result<DType> DTypeFromName(std::string_view name);  // accepts canonical names and "bf16" etc.
 Result<DType> DTypeFromDLPack(uint8_t code, uint8_t bits);
 
 // Bytes needed for `elements` elements, overflow-checked; float4 rounds up to whole bytes.

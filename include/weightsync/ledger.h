@@ -8,15 +8,15 @@
 namespace weightsync {
 
 struct LedgerSnapshot {
-  int64_t fds = 0;            // file descriptors owned (sockets, memfds)
-  int64_t segments = 0;       // shared-memory segments created or imported
-  int64_t mappings = 0;       // live mmap regions
+  int64_t fds = 0;       // file descriptors owned (sockets, memfds)
+  int64_t segments = 0;  // shared-memory segments created or imported
+  int64_t mappings = 0;  // live mmap regions
   int64_t mapped_bytes = 0;
-  int64_t threads = 0;        // threads started and not yet joined
-  int64_t staging_bytes = 0;  // shadow / staging buffers
-  int64_t pinned_bytes = 0;   // host memory page-locked for the copy engines (cudaHostRegister)
-  int64_t handles = 0;        // prepared transfer handles
-  int64_t connections = 0;    // live control connections (both roles)
+  int64_t threads = 0;           // threads started and not yet joined
+  int64_t staging_bytes = 0;     // shadow / staging buffers
+  int64_t pinned_bytes = 0;      // host memory page-locked for the copy engines (cudaHostRegister)
+  int64_t handles = 0;           // prepared transfer handles
+  int64_t connections = 0;       // live control connections (both roles)
   int64_t release_failures = 0;  // cumulative: cleanups that failed (and were logged)
 
   // Compares the live counts (not the cumulative ones).

@@ -87,7 +87,7 @@ struct SubscriberOptions {
   // is the latest of the first listed one that delivers something. `endpoint` may be left empty
   // when this is not.
   std::vector<std::string> endpoints;
-  std::string token;       // as PublisherOptions::token (TCP only)
+  std::string token;  // as PublisherOptions::token (TCP only)
   std::string token_file;
   UpdateMode mode = UpdateMode::kStaged;
   MatchPolicy policy = MatchPolicy::kStrict;

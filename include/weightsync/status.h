@@ -46,25 +46,41 @@ class [[nodiscard]] Status {
 
   static Status Ok() { return Status(); }
   template <typename... Args>
-  static Status InvalidArgument(Args&&... args) { return Make(StatusCode::kInvalidArgument, args...); }
+  static Status InvalidArgument(Args&&... args) {
+    return Make(StatusCode::kInvalidArgument, args...);
+  }
   template <typename... Args>
-  static Status NotFound(Args&&... args) { return Make(StatusCode::kNotFound, args...); }
+  static Status NotFound(Args&&... args) {
+    return Make(StatusCode::kNotFound, args...);
+  }
   template <typename... Args>
-  static Status AlreadyExists(Args&&... args) { return Make(StatusCode::kAlreadyExists, args...); }
+  static Status AlreadyExists(Args&&... args) {
+    return Make(StatusCode::kAlreadyExists, args...);
+  }
   template <typename... Args>
   static Status FailedPrecondition(Args&&... args) {
     return Make(StatusCode::kFailedPrecondition, args...);
   }
   template <typename... Args>
-  static Status Busy(Args&&... args) { return Make(StatusCode::kBusy, args...); }
+  static Status Busy(Args&&... args) {
+    return Make(StatusCode::kBusy, args...);
+  }
   template <typename... Args>
-  static Status Timeout(Args&&... args) { return Make(StatusCode::kTimeout, args...); }
+  static Status Timeout(Args&&... args) {
+    return Make(StatusCode::kTimeout, args...);
+  }
   template <typename... Args>
-  static Status PeerLost(Args&&... args) { return Make(StatusCode::kPeerLost, args...); }
+  static Status PeerLost(Args&&... args) {
+    return Make(StatusCode::kPeerLost, args...);
+  }
   template <typename... Args>
-  static Status Corruption(Args&&... args) { return Make(StatusCode::kCorruption, args...); }
+  static Status Corruption(Args&&... args) {
+    return Make(StatusCode::kCorruption, args...);
+  }
   template <typename... Args>
-  static Status ProtocolError(Args&&... args) { return Make(StatusCode::kProtocolError, args...); }
+  static Status ProtocolError(Args&&... args) {
+    return Make(StatusCode::kProtocolError, args...);
+  }
   template <typename... Args>
   static Status Unauthenticated(Args&&... args) {
     return Make(StatusCode::kUnauthenticated, args...);
@@ -74,15 +90,25 @@ class [[nodiscard]] Status {
     return Make(StatusCode::kResourceExhausted, args...);
   }
   template <typename... Args>
-  static Status IoError(Args&&... args) { return Make(StatusCode::kIoError, args...); }
+  static Status IoError(Args&&... args) {
+    return Make(StatusCode::kIoError, args...);
+  }
   template <typename... Args>
-  static Status Unavailable(Args&&... args) { return Make(StatusCode::kUnavailable, args...); }
+  static Status Unavailable(Args&&... args) {
+    return Make(StatusCode::kUnavailable, args...);
+  }
   template <typename... Args>
-  static Status NotSupported(Args&&... args) { return Make(StatusCode::kNotSupported, args...); }
+  static Status NotSupported(Args&&... args) {
+    return Make(StatusCode::kNotSupported, args...);
+  }
   template <typename... Args>
-  static Status Cancelled(Args&&... args) { return Make(StatusCode::kCancelled, args...); }
+  static Status Cancelled(Args&&... args) {
+    return Make(StatusCode::kCancelled, args...);
+  }
   template <typename... Args>
-  static Status Internal(Args&&... args) { return Make(StatusCode::kInternal, args...); }
+  static Status Internal(Args&&... args) {
+    return Make(StatusCode::kInternal, args...);
+  }
   // errno-based failure: "<context>: <strerror> (errno N)".
   static Status FromErrno(int err, std::string_view context);
 
@@ -118,7 +144,7 @@ std::ostream& operator<<(std::ostream& os, const Status& status);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : repr_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : repr_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : repr_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(repr_).ok()) {
       repr_ = Status::Internal("Result constructed from an OK Status without a value");
@@ -145,10 +171,10 @@ class [[nodiscard]] Result {
 #define WS_CONCAT_(a, b) WS_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define WS_RETURN_IF_ERROR(expr)                                 \
-  do {                                                           \
+#define WS_RETURN_IF_ERROR(expr)                                    \
+  do {                                                              \
     ::weightsync::Status ws_status_ = ::weightsync::ToStatus(expr); \
-    if (!ws_status_.ok()) return ws_status_;                     \
+    if (!ws_status_.ok()) return ws_status_;                        \
   } while (0)
 
 // `WS_ASSIGN_OR_RETURN(auto x, MakeX());` binds the value or returns the error.
@@ -162,5 +188,7 @@ class [[nodiscard]] Result {
 namespace weightsync {
 inline const Status& ToStatus(const Status& s) { return s; }
 template <typename T>
-Status ToStatus(const Result<T>& r) { return r.status(); }
+Status ToStatus(const Result<T>& r) {
+  return r.status();
+}
 }  // namespace weightsync

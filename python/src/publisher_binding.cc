@@ -112,11 +112,12 @@ void* StreamArg(nb::handle stream, int cuda_device) {
                           ".cuda_stream (torch.cuda.Stream) or .ptr (cupy.cuda.Stream), got " +
                           std::string(Py_TYPE(stream.ptr())->tp_name))
                              .c_str());
-  } else if (const int device = StreamDevice(stream); device >= 0 && cuda_device >= 0 &&
-                                                        device != cuda_device) {
-    ThrowIfError(Status::InvalidArgument(
-        "stream: it belongs to cuda:", device, ", but this publisher's tensors are on cuda:",
-        cuda_device, "; pass a stream of cuda:", cuda_device, " (the one whose work wrote them)"));
+  } else if (const int device = StreamDevice(stream);
+             device >= 0 && cuda_device >= 0 && device != cuda_device) {
+    ThrowIfError(Status::InvalidArgument("stream: it belongs to cuda:", device,
+                                         ", but this publisher's tensors are on cuda:", cuda_device,
+                                         "; pass a stream of cuda:", cuda_device,
+                                         " (the one whose work wrote them)"));
   }
   const unsigned long long value = PyLong_AsUnsignedLongLong(handle.ptr());
   if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
@@ -289,8 +290,7 @@ void BindPublisher(nb::module_& m) {
                     "', latest_step=" + std::to_string(self.publisher->latest_step()) + ")";
            })
       .def_prop_ro(
-          "manifest",
-          [](PyPublisher& self) { return ManifestList(self.publisher->manifest()); },
+          "manifest", [](PyPublisher& self) { return ManifestList(self.publisher->manifest()); },
           nb::sig("def manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
           "(name, dtype name, shape) of every tensor, in registration order: what a\n"
           "Subscriber.allocate() loop needs to mirror this publisher.")

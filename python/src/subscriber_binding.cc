@@ -293,8 +293,7 @@ void BindSubscriber(nb::module_& m) {
       .def_ro("up_to_date", &UpdateStats::up_to_date,
               "The latest step was already committed; nothing moved.")
       .def_prop_ro(
-          "lineage",
-          [](const UpdateStats& s) { return Utf8Out(s.lineage.view()); },
+          "lineage", [](const UpdateStats& s) { return Utf8Out(s.lineage.view()); },
           "The publisher's lineage of the committed version (PublisherOptions.lineage).")
       .def_prop_ro(
           "path", [](const UpdateStats& s) { return std::string(s.path); },
@@ -309,9 +308,8 @@ void BindSubscriber(nb::module_& m) {
                ", tensors=" + std::to_string(s.tensors) + ", seconds=" + std::to_string(s.seconds) +
                ", gbps=" + std::to_string(s.gbps) + ", handle_created=" + b(s.handle_created) +
                ", prepare_count=" + std::to_string(s.prepare_count) +
-               ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) +
-               ", path='" + std::string(s.path) + "'" +
-               ", lineage='" + std::string(s.lineage.view()) +
+               ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ", path='" +
+               std::string(s.path) + "'" + ", lineage='" + std::string(s.lineage.view()) +
                "', lineage_changed=" + b(s.lineage_changed) + ")";
       });
 
@@ -342,7 +340,8 @@ void BindSubscriber(nb::module_& m) {
           "__init__",
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
-             bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy) {
+             bool convert_dtypes, bool convert_on_publisher_gpu,
+             const std::string& lineage_policy) {
             SubscriberOptions o;
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
@@ -375,7 +374,8 @@ void BindSubscriber(nb::module_& m) {
           "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
           "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
           "convert_on_publisher_gpu"_a = false, "lineage_policy"_a = "follow",
-          nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: typing.Literal['staged', 'in_place'] "
+          nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
+                  "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
@@ -469,7 +469,8 @@ void BindSubscriber(nb::module_& m) {
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
             nb::object view = ArrayView(raw_array.data(), dt, dims, raw, framework);
             nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
-            ThrowIfError(self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
+            ThrowIfError(
+                self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
             self.Keep(name, nb::object(), entry);
             return view;
           },

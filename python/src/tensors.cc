@@ -25,22 +25,38 @@ constexpr int32_t kDLCUDAManaged = 13;
 
 std::string DLDeviceName(int32_t type) {
   switch (type) {
-    case 1: return "CPU";
-    case 2: return "CUDA";
-    case 3: return "CUDA host (pinned)";
-    case 4: return "OpenCL";
-    case 7: return "Vulkan";
-    case 8: return "Metal";
-    case 9: return "VPI";
-    case 10: return "ROCm";
-    case 11: return "ROCm host";
-    case 12: return "ext_dev";
-    case 13: return "CUDA managed";
-    case 14: return "oneAPI";
-    case 15: return "WebGPU";
-    case 16: return "Hexagon";
-    case 17: return "MAIA";
-    default: return "unknown";
+    case 1:
+      return "CPU";
+    case 2:
+      return "CUDA";
+    case 3:
+      return "CUDA host (pinned)";
+    case 4:
+      return "OpenCL";
+    case 7:
+      return "Vulkan";
+    case 8:
+      return "Metal";
+    case 9:
+      return "VPI";
+    case 10:
+      return "ROCm";
+    case 11:
+      return "ROCm host";
+    case 12:
+      return "ext_dev";
+    case 13:
+      return "CUDA managed";
+    case 14:
+      return "oneAPI";
+    case 15:
+      return "WebGPU";
+    case 16:
+      return "Hexagon";
+    case 17:
+      return "MAIA";
+    default:
+      return "unknown";
   }
 }
 
@@ -136,7 +152,8 @@ std::string NumpyDTypeProblem(nb::handle array) {
            " values: pass their int64 ticks, x.view(np.int64), and keep that object";
   }
   if (kind == "V") {
-    return "is a structured array (dtype " + str + "): register each field as its own "
+    return "is a structured array (dtype " + str +
+           "): register each field as its own "
            "contiguous array (np.ascontiguousarray(x['field']))";
   }
   if (kind == "f" && itemsize > 8) {
@@ -212,7 +229,9 @@ bool OnCudaDevice(nb::handle obj) {
           "tensor '", name,
           "': a JAX array is immutable, so a registered one would never change: every publish() "
           "would copy these same bytes. Publish through a buffer of your own instead: once, "
-          "buf = pub.allocate('", name, "', x.dtype, x.shape, framework='torch', "
+          "buf = pub.allocate('",
+          name,
+          "', x.dtype, x.shape, framework='torch', "
           "device='cuda:N'); before each publish(), buf.copy_(torch.from_dlpack(new_x)) (or "
           "the CuPy equivalent). See docs/python.md, \"JAX\""));
     }
@@ -220,7 +239,9 @@ bool OnCudaDevice(nb::handle obj) {
         "tensor '", name,
         "': a JAX array is immutable; weightsync would overwrite it in place behind JAX's back "
         "(compiled code and caches assume it never changes). Let the subscriber own the buffer: "
-        "view = sub.allocate('", name, "', dtype, shape, framework='dlpack', device='cuda:N'), "
+        "view = sub.allocate('",
+        name,
+        "', dtype, shape, framework='dlpack', device='cuda:N'), "
         "and after each update take a JAX array of it: jnp.array(jax.dlpack.from_dlpack(view)) "
         "copies (safe); jax.dlpack.from_dlpack(view) alone shares the memory, which the next "
         "update overwrites"));
@@ -231,7 +252,8 @@ bool OnCudaDevice(nb::handle obj) {
         "': a JAX array is immutable, so a registered one would never change: every publish() "
         "would copy these same bytes (rebinding `params = new_params` does not reach the "
         "publisher). Publish through the arena instead: once, view = pub.allocate('",
-        name, "', x.dtype, x.shape); before each publish(), pub.begin_write() and "
+        name,
+        "', x.dtype, x.shape); before each publish(), pub.begin_write() and "
         "np.copyto(view, np.asarray(new_x)). See docs/python.md, \"JAX\""));
   }
   ThrowStatus(Status::InvalidArgument(
@@ -239,7 +261,9 @@ bool OnCudaDevice(nb::handle obj) {
       "': a JAX array is immutable; weightsync would overwrite it in place behind JAX's back "
       "(compiled code and caches assume it never changes). Let the subscriber own the buffer: "
       "view = sub.allocate('",
-      name, "', dtype, shape), and after each update take a JAX array of it: jnp.array(view) copies (safe); "
+      name,
+      "', dtype, shape), and after each update take a JAX array of it: jnp.array(view) copies "
+      "(safe); "
       "jax.dlpack.from_dlpack(view) shares the memory, which the next update overwrites"));
 }
 
@@ -261,11 +285,13 @@ bool OnCudaDevice(nb::handle obj) {
   AnyArrayRo any;
   if (!nb::try_cast(obj, any, /*convert=*/false)) {
     if (std::string refusal = ProducerRefusal(obj); !refusal.empty()) {
-      ThrowStatus(Status::InvalidArgument(tensor, "its __dlpack__() refused the export: ",
-                                          refusal));
+      ThrowStatus(
+          Status::InvalidArgument(tensor, "its __dlpack__() refused the export: ", refusal));
     }
-    throw nb::type_error((tensor + "expected a tensor with __dlpack__ (CPU or CUDA) or a NumPy "
-                          "array, got " + TypeName(obj))
+    throw nb::type_error((tensor +
+                          "expected a tensor with __dlpack__ (CPU or CUDA) or a NumPy "
+                          "array, got " +
+                          TypeName(obj))
                              .c_str());
   }
   bool contiguous = true;
@@ -299,7 +325,8 @@ Device ImportedDevice(const std::string& name, const nb::ndarray<>& array) {
   }
   if (type == kDLCUDAManaged) {
     ThrowStatus(Status::InvalidArgument(
-        "tensor '", name, "': in CUDA managed memory (DLPack device type 13), which weightsync "
+        "tensor '", name,
+        "': in CUDA managed memory (DLPack device type 13), which weightsync "
         "does not move: pass device memory (e.g. torch.empty(..., device='cuda')) or host "
         "memory"));
   }
@@ -475,8 +502,8 @@ int64_t Dimension(nb::handle d) {
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (overflow != 0) {
-    ThrowStatus(Status::InvalidArgument("shape: dimension ", Text(index),
-                                        " is out of the int64 range"));
+    ThrowStatus(
+        Status::InvalidArgument("shape: dimension ", Text(index), " is out of the int64 range"));
   }
   return v;
 }
@@ -609,8 +636,8 @@ void RequireCudaDevice(const Device& device, const std::string& what) {
   if (!device.is_cuda()) return;
   if (Status s = CudaStatus(); !s.ok()) {
     ThrowStatus(Status::Unavailable(what, " is on ", DeviceString(device),
-                                    ", but this weightsync module cannot use CUDA: ",
-                                    s.message(), " (weightsync.cuda_status())"));
+                                    ", but this weightsync module cannot use CUDA: ", s.message(),
+                                    " (weightsync.cuda_status())"));
   }
   if (device.index >= CudaDeviceCount()) {
     ThrowStatus(Status::InvalidArgument(what, " is on ", DeviceString(device), ", but ",
@@ -671,8 +698,7 @@ nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape,
   auto [raw, raw_shape] = RawLayout(dtype, shape);
   // CuPy has no bfloat16/float8 dtypes either: it gets the raw bits, as NumPy without ml_dtypes.
   const bool own_code = framework != Framework::kNumpy && framework != Framework::kCupy &&
-                        Info(dtype).dlpack_code != kNoDLPackCode &&
-                        dtype != DType::kFloat4E2M1FN;
+                        Info(dtype).dlpack_code != kNoDLPackCode && dtype != DType::kFloat4E2M1FN;
   const DTypeInfo& element = Info(own_code ? dtype : raw);
   const std::vector<int64_t>& dims64 = own_code ? shape : raw_shape;
   const nb::dlpack::dtype dl{element.dlpack_code, element.dlpack_bits, 1};
@@ -690,8 +716,8 @@ nb::object ArrayView(void* data, DType dtype, const std::vector<int64_t>& shape,
                                       device_type, device_id)
           .cast();
     case Framework::kCupy:
-      return nb::ndarray<nb::cupy>(data, dims.size(), dims.data(), owner, nullptr, dl,
-                                   device_type, device_id)
+      return nb::ndarray<nb::cupy>(data, dims.size(), dims.data(), owner, nullptr, dl, device_type,
+                                   device_id)
           .cast();
     case Framework::kDLPack:
       return nb::ndarray<nb::array_api>(data, dims.size(), dims.data(), owner, nullptr, dl,

@@ -37,11 +37,19 @@ struct Alias {
   DType dtype;
 };
 constexpr Alias kAliases[] = {
-    {"bf16", DType::kBFloat16}, {"fp16", DType::kFloat16},   {"half", DType::kFloat16},
-    {"fp32", DType::kFloat32},  {"float", DType::kFloat32},  {"fp64", DType::kFloat64},
-    {"double", DType::kFloat64}, {"tf32", DType::kTFloat32}, {"fp8_e4m3", DType::kFloat8E4M3FN},
-    {"fp8_e5m2", DType::kFloat8E5M2}, {"e8m0", DType::kFloat8E8M0FNU},
-    {"fp4", DType::kFloat4E2M1FN}, {"float8_e4m3", DType::kFloat8E4M3FN},
+    {"bf16", DType::kBFloat16},
+    {"fp16", DType::kFloat16},
+    {"half", DType::kFloat16},
+    {"fp32", DType::kFloat32},
+    {"float", DType::kFloat32},
+    {"fp64", DType::kFloat64},
+    {"double", DType::kFloat64},
+    {"tf32", DType::kTFloat32},
+    {"fp8_e4m3", DType::kFloat8E4M3FN},
+    {"fp8_e5m2", DType::kFloat8E5M2},
+    {"e8m0", DType::kFloat8E8M0FNU},
+    {"fp4", DType::kFloat4E2M1FN},
+    {"float8_e4m3", DType::kFloat8E4M3FN},
 };
 
 }  // namespace
@@ -78,8 +86,8 @@ Result<DType> DTypeFromDLPack(uint8_t code, uint8_t bits) {
   for (const auto& info : kInfos) {
     if (info.dlpack_code == code && info.dlpack_bits == bits) return info.dtype;
   }
-  return Status::InvalidArgument("unsupported DLPack dtype (code ", int(code), ", bits ",
-                                 int(bits), ")");
+  return Status::InvalidArgument("unsupported DLPack dtype (code ", int(code), ", bits ", int(bits),
+                                 ")");
 }
 
 Result<uint64_t> ByteSize(DType dtype, uint64_t elements) {

@@ -35,8 +35,7 @@ Status Manifest::Append(std::vector<TensorSpec> specs) {
       problems.push_back(who + ": duplicate name");
     }
     if (!IsValidDType(static_cast<uint8_t>(s.dtype))) {
-      problems.push_back(who + ": unknown dtype code " +
-                         std::to_string(static_cast<int>(s.dtype)));
+      problems.push_back(who + ": unknown dtype code " + std::to_string(static_cast<int>(s.dtype)));
       continue;
     }
     if (s.shape.size() > kMaxDims) {

@@ -6,23 +6,40 @@ namespace weightsync {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kAlreadyExists: return "already_exists";
-    case StatusCode::kFailedPrecondition: return "failed_precondition";
-    case StatusCode::kBusy: return "busy";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kPeerLost: return "peer_lost";
-    case StatusCode::kCorruption: return "corruption";
-    case StatusCode::kProtocolError: return "protocol_error";
-    case StatusCode::kUnauthenticated: return "unauthenticated";
-    case StatusCode::kResourceExhausted: return "resource_exhausted";
-    case StatusCode::kIoError: return "io_error";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kNotSupported: return "not_supported";
-    case StatusCode::kCancelled: return "cancelled";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kAlreadyExists:
+      return "already_exists";
+    case StatusCode::kFailedPrecondition:
+      return "failed_precondition";
+    case StatusCode::kBusy:
+      return "busy";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kPeerLost:
+      return "peer_lost";
+    case StatusCode::kCorruption:
+      return "corruption";
+    case StatusCode::kProtocolError:
+      return "protocol_error";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case StatusCode::kIoError:
+      return "io_error";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kNotSupported:
+      return "not_supported";
+    case StatusCode::kCancelled:
+      return "cancelled";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -71,8 +88,6 @@ void Status::Update(const Status& other) {
   *this = Status(code(), state_->message + "; also " + other.ToString());
 }
 
-std::ostream& operator<<(std::ostream& os, const Status& status) {
-  return os << status.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.ToString(); }
 
 }  // namespace weightsync

@@ -54,7 +54,7 @@ struct Publisher::Impl final : transport::link::VersionSource {
   // Registration (before the first Publish), in manifest order.
   std::vector<transport::store::PublishedTensor> tensors;
   std::unordered_map<const uint8_t*, size_t> registered_at;  // data → first tensor registered there
-  uint64_t slot_used = 0;  // slot bytes including alignment padding
+  uint64_t slot_used = 0;   // slot bytes including alignment padding
   bool has_direct = false;  // some tensor lives in the store (Allocate)
   Manifest manifest;
   wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
@@ -99,20 +99,19 @@ Publisher::~Publisher() {
 Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& options) {
   WS_RETURN_IF_ERROR(util::FailPoints::LoadFromEnv());
   if (options.slots < 1 || options.slots > static_cast<int>(wire::kMaxSlots)) {
-    return Status::InvalidArgument("PublisherOptions.slots = ", options.slots,
-                                   ": must be 1..", wire::kMaxSlots);
+    return Status::InvalidArgument("PublisherOptions.slots = ", options.slots, ": must be 1..",
+                                   wire::kMaxSlots);
   }
   if (options.max_connections < 1) {
     return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
   }
   if (options.resume_from_step < -1) {
-    return Status::InvalidArgument("PublisherOptions.resume_from_step = ",
-                                   options.resume_from_step, ": must be ≥ 0, or -1 for none");
+    return Status::InvalidArgument("PublisherOptions.resume_from_step = ", options.resume_from_step,
+                                   ": must be ≥ 0, or -1 for none");
   }
   if (options.resume_from_step >= 0 && options.lineage.empty()) {
-    return Status::InvalidArgument(
-        "PublisherOptions.resume_from_step = ", options.resume_from_step,
-        " needs PublisherOptions.lineage: the lineage it resumes");
+    return Status::InvalidArgument("PublisherOptions.resume_from_step = ", options.resume_from_step,
+                                   " needs PublisherOptions.lineage: the lineage it resumes");
   }
   if (!options.lineage.empty()) {
     WS_RETURN_IF_ERROR(wire::CheckLineage(options.lineage).WithContext("PublisherOptions"));
@@ -154,9 +153,9 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   }
   // One memory kind per publisher: host tensors, or tensors of one CUDA device.
   int device = d.tensors.empty() ? (tensors.empty() || !tensors[0].view.device.is_cuda()
-                                           ? -1
-                                           : tensors[0].view.device.index)
-                                    : d.cuda_device;
+                                        ? -1
+                                        : tensors[0].view.device.index)
+                                 : d.cuda_device;
   for (const auto& t : tensors) {
     int here = t.view.device.is_cuda() ? t.view.device.index : -1;
     if (here != device) {
@@ -219,8 +218,8 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
     if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
   }
   if (d.cuda_device >= 0) {
-    return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:",
-                                d.cuda_device, "): arena-allocated GPU tensors are not supported "
+    return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:", d.cuda_device,
+                                "): arena-allocated GPU tensors are not supported "
                                 "yet; register the tensors instead");
   }
   WS_RETURN_IF_ERROR(d.manifest.Append({{name, dtype, shape, 0}}));
@@ -303,8 +302,10 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     }
     if (step <= d.options.resume_from_step) {
       return Status::InvalidArgument("step ", step, " is not after step ",
-                                     d.options.resume_from_step, ", which this publisher resumes "
-                                     "lineage '", d.welcome.lineage, "' from");
+                                     d.options.resume_from_step,
+                                     ", which this publisher resumes "
+                                     "lineage '",
+                                     d.welcome.lineage, "' from");
     }
     if (d.tensors.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
@@ -335,8 +336,8 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     d.versions[k].writing = true;
     if (d.latest == chosen) d.latest = -1;
   }
-  Status published = d.store->Publish(k, d.digests[k], options.cuda_stream,
-                                      Deadline(d.options.timeout));
+  Status published =
+      d.store->Publish(k, d.digests[k], options.cuda_stream, Deadline(d.options.timeout));
   if (!published.ok()) {
     util::MutexLock lock(&d.mu);
     d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
@@ -360,8 +361,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   d.cv.NotifyAll();
   stats.step = step;
   stats.bytes_copied = d.store->copy_bytes();
-  stats.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
   return stats;
 }
@@ -417,10 +417,10 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
     }
     if (give_up()) return Status::PeerLost("subscriber left while waiting for a step");
     if (deadline.expired()) {
-      return Status::Timeout("step ", request.step < 0 ? std::string("latest")
-                                                       : std::to_string(request.step),
-                             " not available within the subscriber's wait of ", request.wait_ms,
-                             " ms (latest is ", latest_step, ")");
+      return Status::Timeout(
+          "step ", request.step < 0 ? std::string("latest") : std::to_string(request.step),
+          " not available within the subscriber's wait of ", request.wait_ms, " ms (latest is ",
+          latest_step, ")");
     }
     cv.WaitFor(&mu, kWaitSlice);
   }

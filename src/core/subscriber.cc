@@ -10,9 +10,9 @@
 #include <unordered_map>
 
 #include "core/destination_set.h"
+#include "cuda/vmm.h"
 #include "plan/plan.h"
 #include "plan/schedule.h"
-#include "cuda/vmm.h"
 #include "transport/link/endpoint.h"
 #include "transport/transport.h"
 #include "util/deadline.h"
@@ -108,8 +108,8 @@ struct Subscriber::Impl {
   Status PrepareShares(const Deadline& deadline) WS_REQUIRES(update_mu);
   Held HeldVersion() const WS_REQUIRES(update_mu);
   Status CheckLineage(Held held, const UpdateOptions& update) const WS_REQUIRES(update_mu);
-  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after,
-                            const Deadline& deadline) WS_REQUIRES(update_mu);
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after, const Deadline& deadline)
+      WS_REQUIRES(update_mu);
   void RecordCommitted(int64_t step) WS_REQUIRES(update_mu);
   Result<UpdateStats> Update(const UpdateOptions& update) WS_REQUIRES(update_mu);
 
@@ -130,13 +130,14 @@ Status Subscriber::Impl::ForEachSource(Fn&& fn) {
     std::vector<Source*>* active;
     std::remove_reference_t<Fn>* fn;
   } context{&active, &fn};
-  pool->Run(static_cast<uint32_t>(active.size()),
-            [](void* c, uint32_t i) {
-              auto* ctx = static_cast<Context*>(c);
-              Source& source = *(*ctx->active)[i];
-              source.status = (*ctx->fn)(source);
-            },
-            &context);
+  pool->Run(
+      static_cast<uint32_t>(active.size()),
+      [](void* c, uint32_t i) {
+        auto* ctx = static_cast<Context*>(c);
+        Source& source = *(*ctx->active)[i];
+        source.status = (*ctx->fn)(source);
+      },
+      &context);
   return CombinedStatus();
 }
 
@@ -168,22 +169,22 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   {
-  util::MutexLock lock(&impl->update_mu);  // nobody else sees it yet; the analysis wants it held
-  std::vector<std::string> names;
-  if (!options.endpoint.empty() || options.endpoints.empty()) names.push_back(options.endpoint);
-  names.insert(names.end(), options.endpoints.begin(), options.endpoints.end());
-  for (const std::string& name : names) {
-    for (const Source& seen : impl->sources) {
-      if (seen.name == name) {
-        return Status::InvalidArgument("publisher endpoint '", name, "' is listed twice");
+    util::MutexLock lock(&impl->update_mu);  // nobody else sees it yet; the analysis wants it held
+    std::vector<std::string> names;
+    if (!options.endpoint.empty() || options.endpoints.empty()) names.push_back(options.endpoint);
+    names.insert(names.end(), options.endpoints.begin(), options.endpoints.end());
+    for (const std::string& name : names) {
+      for (const Source& seen : impl->sources) {
+        if (seen.name == name) {
+          return Status::InvalidArgument("publisher endpoint '", name, "' is listed twice");
+        }
       }
+      Source source;
+      source.name = name;
+      WS_ASSIGN_OR_RETURN(source.endpoint, transport::link::ParseEndpoint(name));
+      impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
+      impl->sources.push_back(std::move(source));
     }
-    Source source;
-    source.name = name;
-    WS_ASSIGN_OR_RETURN(source.endpoint, transport::link::ParseEndpoint(name));
-    impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
-    impl->sources.push_back(std::move(source));
-  }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
@@ -304,9 +305,9 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     source.welcome = *welcome;
     manifests.push_back({source.name, *welcome});
   }
-  WS_ASSIGN_OR_RETURN(plan::Schedule schedule,
-                      plan::AssignSources(manifests, registered.destinations(), options.policy,
-                                          Convert()));
+  WS_ASSIGN_OR_RETURN(
+      plan::Schedule schedule,
+      plan::AssignSources(manifests, registered.destinations(), options.policy, Convert()));
   std::ostringstream line;
   line << "schedule over " << sources.size() << " publishers:";
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -387,8 +388,8 @@ Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step, int64_t
   for (size_t i = 1; i < active.size(); ++i) {
     Result<int64_t> other = active[i]->handle->BeginStep(*got, after, deadline);
     if (!other.ok()) {
-      return other.status().WithContext(active[i]->name + " (publishers out of step? " +
-                                        lead.name + " offered step " + std::to_string(*got) + ")");
+      return other.status().WithContext(active[i]->name + " (publishers out of step? " + lead.name +
+                                        " offered step " + std::to_string(*got) + ")");
     }
     if (*other != *got) {
       return Status::ProtocolError(active[i]->name, " offered step ", *other, " when asked for ",
@@ -465,8 +466,8 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
     // Steps compare only within one publisher session: after a restart the committed step number
     // says nothing about what the new session's step of that number holds.
     held = HeldVersion();
-    after = held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed_step
-                                                                                   : -1;
+    after =
+        held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed_step : -1;
     // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
     if (Status s = CheckLineage(held, update); !s.ok()) {
       return s.WithContext("update to step " + step_text + " from " + sources_text);
@@ -507,22 +508,23 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   }
   if (held == Held::kRestarted || held == Held::kOtherLineage) {
     const wire::Welcome& now = *active[0]->welcome;
-    WS_LOG(WARN, "subscriber")
-        << sources_text << ": "
-        << (held == Held::kRestarted ? "publisher restarted lineage '" + now.lineage + "'"
-                                     : "new lineage '" + now.lineage + "'")
-        << (now.resumed_from >= 0 ? " resumed from step " + std::to_string(now.resumed_from)
-                                  : std::string())
-        << ": its step " << *step << " replaces committed step " << committed_step << " of lineage '"
-        << active[0]->committed_lineage << "'";
+    WS_LOG(WARN, "subscriber") << sources_text << ": "
+                               << (held == Held::kRestarted
+                                       ? "publisher restarted lineage '" + now.lineage + "'"
+                                       : "new lineage '" + now.lineage + "'")
+                               << (now.resumed_from >= 0
+                                       ? " resumed from step " + std::to_string(now.resumed_from)
+                                       : std::string())
+                               << ": its step " << *step << " replaces committed step "
+                               << committed_step << " of lineage '" << active[0]->committed_lineage
+                               << "'";
     stats.lineage_changed = true;
   }
 
   const bool staged = options.mode == UpdateMode::kStaged;
   touched_destinations = !staged;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
-  Status s =
-      ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
+  Status s = ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
   if (!s.ok()) return fail(s);
   s = ForEachSource([&](Source& src) {
     Result<std::span<const uint64_t>> digests = src.handle->EndStep(deadline);

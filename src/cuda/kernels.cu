@@ -226,7 +226,10 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t lo = 0, hi = count;
     while (hi - lo > 1) {
       const uint32_t mid = (lo + hi) / 2;
-      if (jobs[mid].first_tile <= t) lo = mid; else hi = mid;
+      if (jobs[mid].first_tile <= t)
+        lo = mid;
+      else
+        hi = mid;
     }
     const Fp8GroupJob& j = jobs[lo];
     const bool fast = Fp8FastPath(j.x, j.q, j.cols);
@@ -236,10 +239,9 @@ __global__ void __launch_bounds__(kThreads)
                                              static_cast<uint8_t*>(j.q), j.scales, j.rows, j.cols,
                                              j.tile_cols, local, fast, warp_amax, &block_scale);
     } else {
-      QuantizeFp8Tile<Fp8ScaleFormat::kFloat32>(static_cast<const uint16_t*>(j.x),
-                                                static_cast<uint8_t*>(j.q), j.scales, j.rows,
-                                                j.cols, j.tile_cols, local, fast, warp_amax,
-                                                &block_scale);
+      QuantizeFp8Tile<Fp8ScaleFormat::kFloat32>(
+          static_cast<const uint16_t*>(j.x), static_cast<uint8_t*>(j.q), j.scales, j.rows, j.cols,
+          j.tile_cols, local, fast, warp_amax, &block_scale);
     }
   }
 }
@@ -510,8 +512,8 @@ Result<uint64_t> CheckFp8Tensor(std::string_view kernel, const Fp8GroupTensor& t
   const uint64_t tiles = uint64_t(Fp8ScaleRows(t.rows)) * uint64_t(Fp8ScaleCols(t.cols));
   WS_RETURN_IF_ERROR(CheckDevicePointer(kernel, "input", t.x_bf16, elements * 2));
   WS_RETURN_IF_ERROR(CheckDevicePointer(kernel, "output", t.q_e4m3, elements));
-  WS_RETURN_IF_ERROR(CheckDevicePointer(
-      kernel, "scales", t.scales, tiles * (t.format == Fp8ScaleFormat::kE8M0 ? 1 : 4)));
+  WS_RETURN_IF_ERROR(CheckDevicePointer(kernel, "scales", t.scales,
+                                        tiles * (t.format == Fp8ScaleFormat::kE8M0 ? 1 : 4)));
   return tiles;
 }
 
@@ -545,8 +547,8 @@ Result<PreparedLaunch> PrepareQuantizeFp8(const void* x_bf16, void* q_e4m3, void
   const KernelId id = format == Fp8ScaleFormat::kE8M0 ? KernelId::kQuantizeFp8ScaleE8M0
                                                       : KernelId::kQuantizeFp8ScaleF32;
   WS_RETURN_IF_ERROR(CudaAvailable());
-  WS_ASSIGN_OR_RETURN(const uint64_t tiles,
-                      CheckFp8Tensor(Kernel(id).name, {x_bf16, q_e4m3, scales, rows, cols, format}));
+  WS_ASSIGN_OR_RETURN(const uint64_t tiles, CheckFp8Tensor(Kernel(id).name, {x_bf16, q_e4m3, scales,
+                                                                             rows, cols, format}));
   WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(tiles, 1, 16));
   WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
   launch.args().Set(QuantizeFp8Args::kX, x_bf16);
@@ -579,9 +581,9 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
                                   group.jobs_.size() * sizeof(Fp8GroupJob)));
   // As many blocks as stay resident at once (every one loops over its share of the tiles).
   int per_sm = 0;
-  WS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                              &per_sm, QuantizeFp8GroupKernel, kThreads, 0),
-                          "occupancy of ", name);
+  WS_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantizeFp8GroupKernel, kThreads, 0),
+      "occupancy of ", name);
   WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(tiles, 1, std::max(per_sm, 1)));
   WS_ASSIGN_OR_RETURN(group.launch_, Make(KernelId::kQuantizeFp8Group, grid, kThreads, stream));
   group.launch_.args().Set(QuantizeFp8GroupArgs::kJobs, group.table_.data());

@@ -61,10 +61,10 @@ Result<std::unique_ptr<NcclLibrary>> OpenNcclLibrary(const std::string& library)
     }
   }
   Dl_info info{};
-  lib->path = ::dladdr(lib->entry[NcclLibrary::kGetVersion], &info) != 0 &&
-                      info.dli_fname != nullptr
-                  ? info.dli_fname
-                  : library;
+  lib->path =
+      ::dladdr(lib->entry[NcclLibrary::kGetVersion], &info) != 0 && info.dli_fname != nullptr
+          ? info.dli_fname
+          : library;
   // ncclResult_t is a C enum, int-sized and returned like an int on every ABI we build for.
   using GetVersionFn = int (*)(int*);
   int code = 0;

@@ -17,7 +17,7 @@
 namespace weightsync::gpu::nccl {
 
 // Every NCCL entry point weightsync calls (X-macro: table index, dlsym name).
-#define WS_NCCL_ENTRY_POINTS(X) \
+#define WS_NCCL_ENTRY_POINTS(X)                 \
   X(GetVersion, ncclGetVersion)                 \
   X(GetErrorString, ncclGetErrorString)         \
   X(GetLastError, ncclGetLastError)             \
@@ -40,10 +40,10 @@ struct NcclLibrary {
 #undef WS_NCCL_ENTRY_ENUM
         kEntryCount
   };
-  void* handle = nullptr;            // from dlopen; never closed once loaded (see Nccl())
-  void* entry[kEntryCount] = {};     // resolved addresses, by Entry
-  std::string path;                  // the file the loader actually opened
-  int version_code = 0;              // ncclGetVersion, e.g. 22809 for 2.28.9
+  void* handle = nullptr;         // from dlopen; never closed once loaded (see Nccl())
+  void* entry[kEntryCount] = {};  // resolved addresses, by Entry
+  std::string path;               // the file the loader actually opened
+  int version_code = 0;           // ncclGetVersion, e.g. 22809 for 2.28.9
 };
 
 // Opens `library` and resolves every entry point, then asks its version. Unavailable names the

@@ -63,15 +63,24 @@ std::atomic<int64_t> g_aborted{0};
 
 const char* ResultName(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    default: return "ncclResult?";
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      return "ncclResult?";
   }
 }
 
@@ -79,10 +88,14 @@ const char* ResultName(ncclResult_t r) {
 // made; anything else is a fault in NCCL, CUDA or our use of them.
 StatusCode CodeFor(ncclResult_t r) {
   switch (r) {
-    case ncclRemoteError: return StatusCode::kPeerLost;
-    case ncclSystemError: return StatusCode::kIoError;
-    case ncclInvalidArgument: return StatusCode::kInvalidArgument;
-    default: return StatusCode::kInternal;
+    case ncclRemoteError:
+      return StatusCode::kPeerLost;
+    case ncclSystemError:
+      return StatusCode::kIoError;
+    case ncclInvalidArgument:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kInternal;
   }
 }
 
@@ -141,14 +154,14 @@ struct Link::Impl {
 };
 
 Status Link::Impl::Fail(const Op& op, const Watch& watch, const Status& cause) {
-  std::string message = std::string("nccl rank ") + std::to_string(rank) + " on cuda:" +
-                        std::to_string(device) + ", " + op.what;
+  std::string message = std::string("nccl rank ") + std::to_string(rank) +
+                        " on cuda:" + std::to_string(device) + ", " + op.what;
   if (op.count > 0) {
     message += " (" + std::to_string(op.count) + (rank == 0 ? " sends, " : " receives, ") +
                std::to_string(op.bytes) + " bytes)";
   }
-  message += std::string(rank == 0 ? " to " : " from ") + std::string(watch.peer) + ": " +
-             cause.message();
+  message +=
+      std::string(rank == 0 ? " to " : " from ") + std::string(watch.peer) + ": " + cause.message();
   Status aborted = AbortNow();
   message += aborted.ok() ? "; communicator aborted"
                           : "; aborting the communicator failed too: " + aborted.message();
@@ -296,8 +309,7 @@ Result<std::unique_ptr<Link>> Link::Connect(const UniqueId& id, int rank, int de
   return std::move(link);
 }
 
-Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline,
-                      const Watch& watch) {
+Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline, const Watch& watch) {
   Impl& d = *impl_;
   if (!d.live) {
     return Status::FailedPrecondition("nccl: the communicator was aborted; the link is dead");
@@ -327,8 +339,7 @@ Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline,
   if (failed != ncclSuccess) {
     return d.Fail(op, watch,
                   NcclError(*d.api, d.comm, failed,
-                            std::string("ncclBroadcast of piece ") +
-                                std::to_string(failed_at)));
+                            std::string("ncclBroadcast of piece ") + std::to_string(failed_at)));
   }
   if (end != ncclSuccess && end != ncclInProgress) {
     return d.Fail(op, watch, NcclError(*d.api, d.comm, end, "ncclGroupEnd"));

@@ -69,9 +69,10 @@ class Link {
   ~Link();  // Close(), logging a failure; local only (abort, never a collective)
 
   // Sends (rank 0, the broadcast root) or receives (rank 1) every piece, in order, as one group of
-  // ncclBroadcast calls on the link's stream, and waits until the stream has finished them. Pieces match one for one between the
-  // two ranks (same count, same sizes). Allocates nothing; `pieces` is the caller's prepared list.
-  // Any failure aborts the communicator first; the message names what was in flight.
+  // ncclBroadcast calls on the link's stream, and waits until the stream has finished them. Pieces
+  // match one for one between the two ranks (same count, same sizes). Allocates nothing; `pieces`
+  // is the caller's prepared list. Any failure aborts the communicator first; the message names
+  // what was in flight.
   Status Transfer(std::span<const Piece> pieces, const util::Deadline& deadline,
                   const Watch& watch);
 
@@ -83,7 +84,7 @@ class Link {
 
   int rank() const;
   int device() const;
-  bool live() const;              // false once aborted
+  bool live() const;               // false once aborted
   double connect_seconds() const;  // how long Connect took
 
   Link(const Link&) = delete;

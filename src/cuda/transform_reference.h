@@ -42,7 +42,8 @@ Status Cast(DType from, DType to, const void* src, void* dst, uint64_t count);
 
 // The quantizer of PrepareQuantizeFp8, on the CPU: x is bf16 bits [rows, cols] row-major; q gets
 // e4m3fn bits [rows, cols]; scales gets Fp8ScaleRows(rows) x Fp8ScaleCols(cols) float32 values or
-// e8m0 bytes. amax of a block is the largest |x|, quiet and signaling NaNs ignored (as the device's fmaxf does).
+// e8m0 bytes. amax of a block is the largest |x|, quiet and signaling NaNs ignored (as the device's
+// fmaxf does).
 Status QuantizeFp8(const uint16_t* x_bf16, int64_t rows, int64_t cols, uint8_t* q_e4m3,
                    void* scales, Fp8ScaleFormat format);
 

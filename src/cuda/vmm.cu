@@ -7,11 +7,12 @@
 // The explicit moves in `return std::move(x)` are needed by nvcc's front end, redundant to g++'s.
 #pragma GCC diagnostic ignored "-Wredundant-move"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <thread>
-#include <unistd.h>
 
 #include "cuda/vmm.h"
 #include "util/fail_point.h"
@@ -73,7 +74,8 @@ const Driver& GetDriver() {
     s.Update(Load("cuMemImportFromShareableHandle", &d.MemImportFromShareableHandle));
     s.Update(Load("cuMemGetAllocationGranularity", &d.MemGetAllocationGranularity));
     s.Update(Load("cuGetErrorName", &d.GetErrorName));
-    s.Update(Load("cuMemGetAllocationPropertiesFromHandle", &d.MemGetAllocationPropertiesFromHandle));
+    s.Update(
+        Load("cuMemGetAllocationPropertiesFromHandle", &d.MemGetAllocationPropertiesFromHandle));
     s.Update(Load("cuMemGetAccess", &d.MemGetAccess));
     s.Update(Load("cuPointerGetAttribute", &d.PointerGetAttribute));
     s.Update(Load("cuDeviceGet", &d.DeviceGet));
@@ -86,8 +88,8 @@ const Driver& GetDriver() {
 Status DriverError(CUresult r, const char* what) {
   const char* name = "unknown";
   if (GetDriver().GetErrorName) GetDriver().GetErrorName(r, &name);
-  StatusCode code = r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted
-                                                  : StatusCode::kIoError;
+  StatusCode code =
+      r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted : StatusCode::kIoError;
   return Status(code, std::string(what) + ": " + name + " (CUresult " + std::to_string(r) + ")");
 }
 
@@ -99,19 +101,19 @@ Status RuntimeError(cudaError_t e, const char* what) {
                     : (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
                         ? StatusCode::kUnavailable
                         : StatusCode::kIoError;
-  return Status(code, std::string(what) + ": " + cudaGetErrorName(e) + ": " +
-                          cudaGetErrorString(e));
+  return Status(code,
+                std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
-#define WS_CU(call, what)                                        \
-  do {                                                           \
-    CUresult ws_r_ = (call);                                     \
-    if (ws_r_ != CUDA_SUCCESS) return DriverError(ws_r_, what);  \
+#define WS_CU(call, what)                                       \
+  do {                                                          \
+    CUresult ws_r_ = (call);                                    \
+    if (ws_r_ != CUDA_SUCCESS) return DriverError(ws_r_, what); \
   } while (0)
-#define WS_CUDART(call, what)                                     \
-  do {                                                            \
-    cudaError_t ws_e_ = (call);                                   \
-    if (ws_e_ != cudaSuccess) return RuntimeError(ws_e_, what);   \
+#define WS_CUDART(call, what)                                   \
+  do {                                                          \
+    cudaError_t ws_e_ = (call);                                 \
+    if (ws_e_ != cudaSuccess) return RuntimeError(ws_e_, what); \
   } while (0)
 
 CUmemAllocationProp PropFor(int device) {
@@ -185,7 +187,8 @@ Result<HostRegistration> HostRegistration::Register(const void* data, uint64_t b
     WS_CUDART(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device),
               "cudaDeviceGetAttribute(HostRegisterReadOnlySupported)");
     if (supported == 0) {
-      return Status::Unavailable("cuda:", device, " cannot pin read-only host memory "
+      return Status::Unavailable("cuda:", device,
+                                 " cannot pin read-only host memory "
                                  "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
     }
     flags |= cudaHostRegisterReadOnly;
@@ -477,8 +480,7 @@ CopyQueue::~CopyQueue() {
 
 Status CopyQueue::Enqueue(void* dst, const void* src, uint64_t bytes) {
   if (bytes == 0) return Status::Ok();
-  WS_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                            static_cast<cudaStream_t>(stream_)),
+  WS_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)),
             "cudaMemcpyAsync");
   return Status::Ok();
 }
@@ -540,9 +542,9 @@ Status CopyQueue::SignalTo(void* waiting_stream) {
 
 Status CopyQueue::WaitFor(void* stream) {
   WS_RETURN_IF_ERROR(SetDevice(device_));
-  WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(after_event_),
-                            static_cast<cudaStream_t>(stream)),
-            "cudaEventRecord (the caller's stream)");
+  WS_CUDART(
+      cudaEventRecord(static_cast<cudaEvent_t>(after_event_), static_cast<cudaStream_t>(stream)),
+      "cudaEventRecord (the caller's stream)");
   WS_CUDART(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
                                 static_cast<cudaEvent_t>(after_event_), 0),
             "cudaStreamWaitEvent");
@@ -552,7 +554,8 @@ Status CopyQueue::WaitFor(void* stream) {
 Status CopyQueue::Close() {
   Status result;
   if (after_event_ != nullptr) {
-    cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(after_event_, nullptr)));
+    cudaError_t e =
+        cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(after_event_, nullptr)));
     if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy"));
   }
   if (event_ != nullptr) {

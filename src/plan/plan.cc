@@ -101,7 +101,6 @@ Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_
   return Status::Ok();
 }
 
-
 // Cuts every planned tensor into segments of at most `segment_bytes`. `digest_base[i]` is the
 // first digest index of publisher tensor i.
 void CutSegments(const wire::Welcome& welcome, const std::vector<uint32_t>& digest_base,
@@ -340,10 +339,10 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     // A conversion checks both sizes against the element count instead.
     if (same) {
       Status sizes = t.transform == Transform::kCopy
-                         ? (src.nbytes == dst.nbytes ? Status::Ok()
-                                                     : Status::InvalidArgument(
-                                                           "byte size mismatch: publisher ",
-                                                           src.nbytes, ", subscriber ", dst.nbytes))
+                         ? (src.nbytes == dst.nbytes
+                                ? Status::Ok()
+                                : Status::InvalidArgument("byte size mismatch: publisher ",
+                                                          src.nbytes, ", subscriber ", dst.nbytes))
                          : PlanConversion(src, destinations, by_name, convert, &t);
       if (!sizes.ok()) {
         mismatches.Add("tensor '", src.name, "': ", sizes.message());
@@ -375,8 +374,10 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
   // Subscriber-side problems, in subscriber order.
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     if (published_into[d] && scale_of[d] != kNoDestination) {
-      mismatches.Add("tensor '", destinations[d].spec.name, "': published, but it is also where "
-                     "the fp8 scales of '", welcome.tensors[scale_of[d]].spec.name, "' go");
+      mismatches.Add("tensor '", destinations[d].spec.name,
+                     "': published, but it is also where "
+                     "the fp8 scales of '",
+                     welcome.tensors[scale_of[d]].spec.name, "' go");
     }
     if (matched[d] || destinations[d].alias_of != kNoDestination) continue;
     const std::string& name = destinations[d].spec.name;

@@ -41,7 +41,7 @@ const char* TransformName(Transform t);
 Transform TransformFor(DType from, DType to);
 
 struct ConvertOptions {
-  bool enabled = false;                   // off: any dtype difference is a mismatch
+  bool enabled = false;                     // off: any dtype difference is a mismatch
   std::string scale_suffix = "_scale_inv";  // fp8: scales go to destination NAME + suffix
   // In place over cuda-ipc: run the conversions on the publisher's GPU when this process can
   // (SubscriberOptions::convert_on_publisher_gpu).
@@ -56,9 +56,9 @@ struct Segment {
   uint64_t dst_offset = 0;     // byte offset inside that destination tensor
   uint64_t shadow_offset = 0;  // byte offset inside the staged shadow buffer
   uint64_t bytes = 0;
-  uint32_t digest_index = 0;   // index into StepEnd::digests
-  bool converted = false;      // its tensor has a transform: in place, it lands in the landing
-  uint64_t landing_offset = 0; // buffer at this offset instead of in the destination
+  uint32_t digest_index = 0;    // index into StepEnd::digests
+  bool converted = false;       // its tensor has a transform: in place, it lands in the landing
+  uint64_t landing_offset = 0;  // buffer at this offset instead of in the destination
 };
 
 // Consecutive segments copied by one worker in one go.
@@ -82,21 +82,21 @@ struct PlannedTensor {
   uint64_t elements = 0;
   int64_t rows = 0, cols = 0;  // kQuantizeFp8: cols = last dimension, rows = the rest
   uint32_t scale_destination = kNoDestination;  // kQuantizeFp8: index into destinations
-  bool e8m0_scales = false;    // kQuantizeFp8: power-of-two scales (else float32)
-  uint64_t landing_offset = 0; // converted tensors: offset in the in-place landing buffer
+  bool e8m0_scales = false;                     // kQuantizeFp8: power-of-two scales (else float32)
+  uint64_t landing_offset = 0;  // converted tensors: offset in the in-place landing buffer
 };
 
 struct Plan {
   std::vector<PlannedTensor> tensors;  // in publisher manifest order
   std::vector<Segment> segments;       // in publisher manifest order
   std::vector<Bucket> buckets;
-  uint64_t total_bytes = 0;            // bytes moved per step
-  uint64_t shadow_bytes = 0;           // staged shadow buffer size (tensors 64-byte aligned)
-  uint64_t landing_bytes = 0;          // in-place landing buffer size (converted tensors only)
-  std::vector<uint32_t> converted;     // indices into `tensors` with a transform
-  uint32_t digest_count = 0;           // digests the publisher sends per step (all its tensors)
-  bool uses_slots = false;             // some planned tensor lives in a slot
-  bool uses_direct = false;            // some planned tensor lives in the direct region
+  uint64_t total_bytes = 0;         // bytes moved per step
+  uint64_t shadow_bytes = 0;        // staged shadow buffer size (tensors 64-byte aligned)
+  uint64_t landing_bytes = 0;       // in-place landing buffer size (converted tensors only)
+  std::vector<uint32_t> converted;  // indices into `tensors` with a transform
+  uint32_t digest_count = 0;        // digests the publisher sends per step (all its tensors)
+  bool uses_slots = false;          // some planned tensor lives in a slot
+  bool uses_direct = false;         // some planned tensor lives in the direct region
 };
 
 // Checks a Welcome against itself: regions inside the arena, every placement inside its region,

@@ -110,8 +110,7 @@ void EmitCopies(const Box& cell, uint32_t held_index, const HeldTensor& h, const
       src += static_cast<uint64_t>(src_origin[d] * src_stride[d]);
       dst += static_cast<uint64_t>(dst_origin[d] * dst_stride[d]);
     }
-    RegionCopy c{held_index, p.destination, src * element_bytes, 0, dst * element_bytes, 0, run,
-                 1};
+    RegionCopy c{held_index, p.destination, src * element_bytes, 0, dst * element_bytes, 0, run, 1};
     if (k >= 1) {
       c.rows = static_cast<uint64_t>(cell.extent[k - 1]);
       c.src_pitch = static_cast<uint64_t>(src_stride[k - 1]) * element_bytes;
@@ -193,8 +192,7 @@ HeldRegions::HeldRegions(const std::vector<HeldTensor>& held, uint32_t sources)
       problems_.push_back(line.str());
       continue;
     }
-    if (!SameRank(h.box, h.global_shape.size()) ||
-        !InShape(h.box, h.box.offset, h.global_shape)) {
+    if (!SameRank(h.box, h.global_shape.size()) || !InShape(h.box, h.box.offset, h.global_shape)) {
       std::ostringstream line;
       line << "tensor '" << h.name << "': publisher " << h.source << " holds " << BoxString(h.box)
            << " of global shape " << ShapeString(h.global_shape);
@@ -280,8 +278,8 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
     }
     const int bits = Info(dst.dtype).bits;
     if (bits % 8 != 0) {
-      problems.Add("destination '", dst.name, "': regions of ", DTypeName(dst.dtype),
-                   " tensors (", bits, "-bit elements) are not supported");
+      problems.Add("destination '", dst.name, "': regions of ", DTypeName(dst.dtype), " tensors (",
+                   bits, "-bit elements) are not supported");
       continue;
     }
     per_destination[p.destination].push_back(&p);
@@ -315,8 +313,7 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
         if (h.global_shape != p.global_shape || h.dtype != dst.dtype) {
           problems.Add("tensor '", p.name, "': publisher ", h.source, " holds it as ",
                        DTypeName(h.dtype), " ", ShapeString(h.global_shape), ", destination '",
-                       dst.name, "' wants ", DTypeName(dst.dtype), " ",
-                       ShapeString(p.global_shape),
+                       dst.name, "' wants ", DTypeName(dst.dtype), " ", ShapeString(p.global_shape),
                        h.dtype != dst.dtype ? " (converting regions is not supported yet)" : "");
           consistent = false;
           continue;
@@ -380,17 +377,15 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
     uint64_t elements = 1;
     for (int64_t e : destinations[d].shape) elements *= static_cast<uint64_t>(e);
     if (!overlap && covered[d] != elements) {
-      problems.Add("destination '", destinations[d].name, "' ",
-                   ShapeString(destinations[d].shape), ": its pieces write ", covered[d], " of ",
-                   elements, " elements");
+      problems.Add("destination '", destinations[d].name, "' ", ShapeString(destinations[d].shape),
+                   ": its pieces write ", covered[d], " of ", elements, " elements");
     }
   }
   if (!problems.empty()) return problems.ToStatus();
   return schedule;
 }
 
-std::vector<WantedPiece> Fused(uint32_t destination, int dim,
-                               const std::vector<FusedPart>& parts) {
+std::vector<WantedPiece> Fused(uint32_t destination, int dim, const std::vector<FusedPart>& parts) {
   std::vector<WantedPiece> pieces;
   int64_t at = 0;
   for (const FusedPart& part : parts) {

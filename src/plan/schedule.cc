@@ -40,8 +40,8 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
       }
       const TensorSpec& dst = destinations[it->second].spec;
       bool same = true;
-      const bool converts = convert.enabled && TransformFor(p.spec.dtype, dst.dtype) !=
-                                                   Transform::kCopy;
+      const bool converts =
+          convert.enabled && TransformFor(p.spec.dtype, dst.dtype) != Transform::kCopy;
       if (p.spec.dtype != dst.dtype && !converts) {
         mismatches.Add("tensor '", p.spec.name, "': dtype mismatch: publisher ", sources[s].name,
                        " ", DTypeName(p.spec.dtype), ", subscriber ", DTypeName(dst.dtype));
@@ -62,8 +62,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     const std::string& name = destinations[d].spec.name;
     const std::string& suffix = convert.scale_suffix;
-    if (!convert.enabled || !holders[d].empty() || suffix.empty() ||
-        name.size() <= suffix.size() ||
+    if (!convert.enabled || !holders[d].empty() || suffix.empty() || name.size() <= suffix.size() ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
@@ -78,7 +77,8 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     if (holders[d].empty() && scale_base[d] == kNoDestination) {
       bool reported = false;  // a holder with the wrong dtype/shape was already listed above
       for (const auto& s : sources) {
-        for (const auto& p : s.welcome->tensors) reported |= p.spec.name == destinations[d].spec.name;
+        for (const auto& p : s.welcome->tensors)
+          reported |= p.spec.name == destinations[d].spec.name;
       }
       if (!reported) {
         mismatches.Add("tensor '", destinations[d].spec.name,
@@ -124,7 +124,8 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   }
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     // Computed on the subscriber from its tensor's bytes, so nothing crosses a link for it.
-    if (scale_base[d] != kNoDestination) schedule.destinations[source_of[scale_base[d]]].push_back(d);
+    if (scale_base[d] != kNoDestination)
+      schedule.destinations[source_of[scale_base[d]]].push_back(d);
     // Tied to another destination: with it, so the share's plan knows it is covered.
     const uint32_t original = destinations[d].alias_of;
     if (original != kNoDestination && source_of[original] != kNoDestination) {

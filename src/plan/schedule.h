@@ -27,7 +27,7 @@
 namespace weightsync::plan {
 
 struct SourceManifest {
-  std::string name;                       // how errors name it, e.g. "local://rank0"
+  std::string name;                        // how errors name it, e.g. "local://rank0"
   const wire::Welcome* welcome = nullptr;  // its manifest (tensors), validated by ValidateLayout
 };
 

@@ -29,8 +29,7 @@ constexpr PathEntry kPaths[] = {
     {"shm", "host store -> host memory: CPU threads copy from the store mapped read-only",
      &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kHost>,
      &Make<path::HostCopyPath>},
-    {"host-to-gpu",
-     "host store -> one CUDA device: the copy engines read the store, pinned once",
+    {"host-to-gpu", "host store -> one CUDA device: the copy engines read the store, pinned once",
      &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kCuda>,
      &Make<path::HostToGpuPath>},
     {"gpu-to-host",
@@ -44,8 +43,7 @@ constexpr PathEntry kPaths[] = {
      &Serves<LinkKind::kTcp, ArenaKind::kHostMemfd, DestinationKind::kHost>,
      &Make<path::TcpReadPath>},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
-     &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>,
-     &Make<path::NcclPath>},
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>},
 };
 
 std::string StoreText(const wire::Welcome& welcome) {

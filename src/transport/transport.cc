@@ -50,8 +50,8 @@ Status TransferHandle::Prepare(const std::vector<plan::Destination>& destination
                              << ": " << plan_.tensors.size() << " tensors, " << plan_.total_bytes
                              << " bytes, " << plan_.buckets.size() << " buckets, "
                              << plan_.segments.size() << " segments, " << welcome.slot_count
-                             << " slots (" << welcome.arena_bytes << " bytes)"
-                             << link_->Describe() << path_->Describe();
+                             << " slots (" << welcome.arena_bytes << " bytes)" << link_->Describe()
+                             << path_->Describe();
   return Status::Ok();
 }
 

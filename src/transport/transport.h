@@ -50,8 +50,8 @@ class TransferHandle {
   Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
   // Connects (if needed), matches manifests into a plan, chooses the data path, checks what this
   // machine needs for it, tells the publisher what to send, prepares the path. Logs one line.
-  Status Prepare(const std::vector<plan::Destination>& destinations,
-                 const PrepareOptions& options, const util::Deadline& deadline);
+  Status Prepare(const std::vector<plan::Destination>& destinations, const PrepareOptions& options,
+                 const util::Deadline& deadline);
   const plan::Plan& plan() const { return plan_; }
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher

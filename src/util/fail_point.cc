@@ -5,12 +5,11 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-
-#include "util/mutex.h"
 #include <string>
 #include <thread>
 
 #include "util/knobs.h"
+#include "util/mutex.h"
 
 namespace weightsync::util {
 namespace {
@@ -66,11 +65,16 @@ Status FailPoints::ArmSpec(std::string_view spec) {
       rest.resize(colon);
     }
     FailAction action;
-    if (rest == "error") action = FailAction::kError;
-    else if (rest == "sleep") action = FailAction::kSleep;
-    else if (rest == "flip") action = FailAction::kFlip;
-    else if (rest == "abort") action = FailAction::kAbort;
-    else return Status::InvalidArgument("WEIGHTSYNC_FAILPOINTS: unknown action '", rest, "'");
+    if (rest == "error")
+      action = FailAction::kError;
+    else if (rest == "sleep")
+      action = FailAction::kSleep;
+    else if (rest == "flip")
+      action = FailAction::kFlip;
+    else if (rest == "abort")
+      action = FailAction::kAbort;
+    else
+      return Status::InvalidArgument("WEIGHTSYNC_FAILPOINTS: unknown action '", rest, "'");
     Arm(name, action, arg, count);
   }
   return Status::Ok();

@@ -40,21 +40,22 @@ class FailPoints {
 }  // namespace weightsync::util
 
 // Returns an injected error from the enclosing function when the point fires with kError.
-#define WS_FAIL_POINT_RETURN(name)                                                     \
-  do {                                                                                 \
-    if (::weightsync::util::FailPoints::Check(name).action ==                          \
-        ::weightsync::util::FailAction::kError) {                                      \
+#define WS_FAIL_POINT_RETURN(name)                                                          \
+  do {                                                                                      \
+    if (::weightsync::util::FailPoints::Check(name).action ==                               \
+        ::weightsync::util::FailAction::kError) {                                           \
       return ::weightsync::Status::Internal("injected failure at fail point '", name, "'"); \
-    }                                                                                  \
+    }                                                                                       \
   } while (0)
 
 // Like WS_FAIL_POINT_RETURN, but routes the injected error through `handler` (a callable taking
 // a Status and returning the Status to return), so the caller's failure path runs as for a real
 // error. Sleep actions just sleep.
-#define WS_FAIL_POINT_RETURN_VIA(handler, name)                                        \
-  do {                                                                                 \
-    if (::weightsync::util::FailPoints::Check(name).action ==                          \
-        ::weightsync::util::FailAction::kError) {                                      \
-      return handler(::weightsync::Status::Internal("injected failure at fail point '", name, "'")); \
-    }                                                                                  \
+#define WS_FAIL_POINT_RETURN_VIA(handler, name)                                           \
+  do {                                                                                    \
+    if (::weightsync::util::FailPoints::Check(name).action ==                             \
+        ::weightsync::util::FailAction::kError) {                                         \
+      return handler(                                                                     \
+          ::weightsync::Status::Internal("injected failure at fail point '", name, "'")); \
+    }                                                                                     \
   } while (0)

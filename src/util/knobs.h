@@ -13,13 +13,13 @@
 namespace weightsync::util {
 
 enum class Knob {
-  kLogLevel,      // WEIGHTSYNC_LOG_LEVEL
-  kSocketDir,     // WEIGHTSYNC_SOCKET_DIR
-  kTokenFile,     // WEIGHTSYNC_TOKEN_FILE
-  kToken,         // WEIGHTSYNC_TOKEN
-  kNcclLibrary,   // WEIGHTSYNC_NCCL_LIBRARY
-  kFailPoints,    // WEIGHTSYNC_FAILPOINTS
-  kCount,         // not a knob: how many there are
+  kLogLevel,     // WEIGHTSYNC_LOG_LEVEL
+  kSocketDir,    // WEIGHTSYNC_SOCKET_DIR
+  kTokenFile,    // WEIGHTSYNC_TOKEN_FILE
+  kToken,        // WEIGHTSYNC_TOKEN
+  kNcclLibrary,  // WEIGHTSYNC_NCCL_LIBRARY
+  kFailPoints,   // WEIGHTSYNC_FAILPOINTS
+  kCount,        // not a knob: how many there are
 };
 
 struct KnobInfo {
@@ -28,7 +28,7 @@ struct KnobInfo {
   std::string_view type;           // "enum: debug|info|warn|error", "path", "string", ...
   std::string_view default_value;  // as shown to users ("" = unset)
   std::string_view meaning;
-  bool secret;                     // never printed (its value is a credential)
+  bool secret;  // never printed (its value is a credential)
 };
 
 std::span<const KnobInfo> AllKnobs();

@@ -39,8 +39,8 @@ LedgerSnapshot ReadLedger() {
 bool LedgerSnapshot::SameLiveCounts(const LedgerSnapshot& o) const {
   return fds == o.fds && segments == o.segments && mappings == o.mappings &&
          mapped_bytes == o.mapped_bytes && threads == o.threads &&
-         staging_bytes == o.staging_bytes && pinned_bytes == o.pinned_bytes && handles == o.handles &&
-         connections == o.connections;
+         staging_bytes == o.staging_bytes && pinned_bytes == o.pinned_bytes &&
+         handles == o.handles && connections == o.connections;
 }
 
 std::string LedgerSnapshot::ToString() const {
@@ -48,8 +48,8 @@ std::string LedgerSnapshot::ToString() const {
   os << "fds=" << fds << " segments=" << segments << " mappings=" << mappings
      << " mapped_bytes=" << mapped_bytes << " threads=" << threads
      << " staging_bytes=" << staging_bytes << " pinned_bytes=" << pinned_bytes
-     << " handles=" << handles
-     << " connections=" << connections << " release_failures=" << release_failures;
+     << " handles=" << handles << " connections=" << connections
+     << " release_failures=" << release_failures;
   return os.str();
 }
 

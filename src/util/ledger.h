@@ -8,8 +8,17 @@
 namespace weightsync::util {
 
 enum class LedgerItem {
-  kFds, kSegments, kMappings, kMappedBytes, kThreads, kStagingBytes, kPinnedBytes, kHandles,
-  kConnections, kReleaseFailures, kCount
+  kFds,
+  kSegments,
+  kMappings,
+  kMappedBytes,
+  kThreads,
+  kStagingBytes,
+  kPinnedBytes,
+  kHandles,
+  kConnections,
+  kReleaseFailures,
+  kCount
 };
 
 void LedgerAdd(LedgerItem item, int64_t delta);

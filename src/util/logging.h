@@ -41,8 +41,8 @@ struct LogVoidify {
 }  // namespace weightsync::util
 
 // `&` binds looser than `<<`, so the whole streamed line is built before Voidify swallows it.
-#define WS_LOG(level, component)                                                     \
-  !::weightsync::util::LogEnabled(::weightsync::util::LogLevel::level)               \
-      ? (void)0                                                                      \
-      : ::weightsync::util::LogVoidify() &                                           \
+#define WS_LOG(level, component)                                       \
+  !::weightsync::util::LogEnabled(::weightsync::util::LogLevel::level) \
+      ? (void)0                                                        \
+      : ::weightsync::util::LogVoidify() &                             \
             ::weightsync::util::LogLine(::weightsync::util::LogLevel::level, component)

@@ -16,8 +16,8 @@ Result<StagingBuffer> StagingBuffer::Allocate(uint64_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
-    return Status::FromErrno(errno, "allocating a staging buffer of " + std::to_string(bytes) +
-                                        " bytes");
+    return Status::FromErrno(errno,
+                             "allocating a staging buffer of " + std::to_string(bytes) + " bytes");
   }
   b.data_ = static_cast<uint8_t*>(p);
   b.size_ = bytes;

@@ -3,8 +3,8 @@
 // starts goes through here and a refusal becomes a Status naming what could not be started.
 #pragma once
 
-#include <string_view>
 #include <new>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>

@@ -19,7 +19,8 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   if (raw < 0) return Status::FromErrno(errno, "token file '" + path + "'");
   UniqueFd fd(raw);
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat token file '" + path + "'");
+  if (::fstat(fd.get(), &st) != 0)
+    return Status::FromErrno(errno, "stat token file '" + path + "'");
   if (!S_ISREG(st.st_mode)) {
     return Status::InvalidArgument("token file '", path, "' is not a regular file");
   }

@@ -25,8 +25,8 @@ WorkerPool::WorkerPool(int threads) {
     std::thread t;
     if (Status s = StartThread(&t, "copy worker", [this] { WorkerLoop(); }); !s.ok()) {
       // Fewer workers is slower, not wrong: the caller of Run always works too.
-      WS_LOG(WARN, "pool") << s << "; continuing with " << workers_.size() + 1 << " of "
-                           << threads << " threads";
+      WS_LOG(WARN, "pool") << s << "; continuing with " << workers_.size() + 1 << " of " << threads
+                           << " threads";
       break;
     }
     workers_.push_back(std::move(t));

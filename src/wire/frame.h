@@ -36,13 +36,13 @@ enum class FrameType : uint16_t {
   kStepEnd = 6,        // publisher → subscriber: segment digests; the version may be committed
   kError = 7,          // either way: a typed error, then the sender closes
   // TCP only (src/wire/handshake.h): mutual authentication, then the subscriber's selection.
-  kChallenge = 8,      // publisher → subscriber, first frame on a TCP connection
-  kAuth = 9,           // subscriber → publisher
-  kAuthOk = 10,        // publisher → subscriber
-  kSelect = 11,        // subscriber → publisher: which tensors to stream each step
+  kChallenge = 8,  // publisher → subscriber, first frame on a TCP connection
+  kAuth = 9,       // subscriber → publisher
+  kAuthOk = 10,    // publisher → subscriber
+  kSelect = 11,    // subscriber → publisher: which tensors to stream each step
   // TCP with a GPU arena (src/wire/handshake.h): the bytes move over NCCL, set up once.
-  kNcclSetup = 12,     // subscriber → publisher: asks for an NCCL communicator
-  kNcclId = 13,        // publisher → subscriber: the ncclUniqueId to join it with
+  kNcclSetup = 12,  // subscriber → publisher: asks for an NCCL communicator
+  kNcclId = 13,     // publisher → subscriber: the ncclUniqueId to join it with
 };
 inline constexpr uint16_t kMinFrameType = 1;
 inline constexpr uint16_t kMaxFrameType = 13;

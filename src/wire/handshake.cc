@@ -72,7 +72,8 @@ Status Decode(std::span<const uint8_t> payload, Challenge* m) {
   WS_RETURN_IF_ERROR(GetBytes(r, "server_nonce", &m->server_nonce));
   WS_ASSIGN_OR_RETURN(uint8_t required, r.U8("auth_required"));
   if (required > 1) {
-    return Status::ProtocolError("challenge: auth_required is ", int(required), ", expected 0 or 1");
+    return Status::ProtocolError("challenge: auth_required is ", int(required),
+                                 ", expected 0 or 1");
   }
   m->auth_required = required == 1;
   return r.ExpectEnd();

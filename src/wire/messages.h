@@ -34,7 +34,7 @@ enum class Region : uint8_t {
 };
 
 struct TensorPlacement {
-  TensorSpec spec;   // name, dtype, shape, nbytes (nbytes recomputed and checked by the decoder)
+  TensorSpec spec;  // name, dtype, shape, nbytes (nbytes recomputed and checked by the decoder)
   Region region = Region::kSlot;
   uint64_t offset = 0;
 };
@@ -60,8 +60,8 @@ struct Welcome {
   // random per Publisher::Create, so a restarted trainer is a new session even under the same
   // lineage and step numbers; a subscriber reports "up to date" only within one session.
   uint64_t session_id = 0;
-  std::string lineage;       // 1..kMaxLineageBytes, see above
-  int64_t resumed_from = -1; // ≥ 0: this session continues `lineage` from that step
+  std::string lineage;         // 1..kMaxLineageBytes, see above
+  int64_t resumed_from = -1;   // ≥ 0: this session continues `lineage` from that step
   uint64_t arena_bytes = 0;    // size of the memfd passed with this frame
   uint64_t direct_offset = 0;  // start of the direct region in the arena
   uint64_t direct_bytes = 0;
@@ -70,14 +70,14 @@ struct Welcome {
   uint32_t slot_count = 0;     // ≤ kMaxSlots
   uint64_t segment_bytes = 0;  // digest granularity, > 0
   ArenaKind arena_kind = ArenaKind::kHostMemfd;
-  int32_t device = -1;         // kCudaMem: the publisher's CUDA device ordinal
+  int32_t device = -1;  // kCudaMem: the publisher's CUDA device ordinal
   DigestKind digest_kind = DigestKind::kXxh3;
   std::vector<TensorPlacement> tensors;  // ≤ kMaxTensors
 };
 inline constexpr uint32_t kMaxSlots = 64;
 
 struct UpdateRequest {
-  int64_t step = -1;        // -1: latest
+  int64_t step = -1;  // -1: latest
   // The subscriber's committed step of this publisher session (-1: it holds none of this
   // session's versions, e.g. after the publisher restarted): equal to the latest means
   // "up to date".

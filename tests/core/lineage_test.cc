@@ -61,9 +61,9 @@ class Lineage : public ::testing::TestWithParam<testing::TransportMode> {
     auto r = publisher_->Publish(step);
     ASSERT_TRUE(r.ok()) << r.status();
   }
-  std::unique_ptr<Subscriber> Connect(LineagePolicy policy = LineagePolicy::kFollow,
-                                      std::chrono::milliseconds timeout =
-                                          std::chrono::milliseconds(5000)) {
+  std::unique_ptr<Subscriber> Connect(
+      LineagePolicy policy = LineagePolicy::kFollow,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
     SubscriberOptions o;
     o.endpoint = endpoint_;
     o.mode = GetParam().mode;
@@ -160,8 +160,7 @@ TEST_P(Lineage, StrictPolicyKeepsStepsMovingForwardAcrossRestarts) {
   RestartPublisher("run-8", /*resume_from=*/4);
   Publish(5, kRestartedContent);
   Result<UpdateStats> stats = sub->Update();
-  ASSERT_STATUS_IS(kFailedPrecondition, stats,
-                   "restarted lineage 'run-8'",
+  ASSERT_STATUS_IS(kFailedPrecondition, stats, "restarted lineage 'run-8'",
                    "not newer than the committed step 5");
   EXPECT_EQ(testing::Digests(dst_), before);
   EXPECT_EQ(sub->committed_step(), 5);
@@ -180,8 +179,7 @@ TEST_P(Lineage, StrictPolicyKeepsStepsMovingForwardAcrossRestarts) {
   RestartPublisher("other-run");
   Publish(1, kRestartedContent + 1);
   stats = sub->Update();
-  ASSERT_STATUS_IS(kFailedPrecondition, stats,
-                   "lineage 'other-run' (committed: 'run-8')",
+  ASSERT_STATUS_IS(kFailedPrecondition, stats, "lineage 'other-run' (committed: 'run-8')",
                    "accept_new_lineage");
   EXPECT_EQ(sub->committed_step(), 6);
   EXPECT_TRUE(Holds(kRestartedContent + 6, &why)) << why;
@@ -283,8 +281,8 @@ TEST(LineageShm, APublisherNamingASlotPastItsArenaIsAProtocolErrorAndNothingIsWr
     ASSERT_OK((*publisher)->Register(tensors));
     model.Fill(1);
     ASSERT_OK((*publisher)->Publish(1));
-    auto sub = Subscriber::Create(
-        {.endpoint = (*publisher)->endpoint(), .mode = mode, .verify = true});
+    auto sub =
+        Subscriber::Create({.endpoint = (*publisher)->endpoint(), .mode = mode, .verify = true});
     ASSERT_TRUE(sub.ok()) << sub.status();
     ASSERT_OK((*sub)->Register(dst));
     ASSERT_OK((*sub)->Update());
@@ -306,8 +304,7 @@ TEST(LineageShm, APublisherNamingASlotPastItsArenaIsAProtocolErrorAndNothingIsWr
 }
 
 TEST(LineageOptions, ResumingNeedsALineageAndLineagesAreNames) {
-  auto p = Publisher::Create(
-      {.endpoint = testing::UniqueEndpoint("opt"), .resume_from_step = 4});
+  auto p = Publisher::Create({.endpoint = testing::UniqueEndpoint("opt"), .resume_from_step = 4});
   ASSERT_STATUS_IS(kInvalidArgument, p, "needs PublisherOptions.lineage");
   p = Publisher::Create({.endpoint = testing::UniqueEndpoint("opt"), .lineage = "run 1"});
   ASSERT_STATUS_IS(kInvalidArgument, p, "outside [A-Za-z0-9._:-]");

@@ -28,9 +28,9 @@ class MultiPublisher : public ::testing::TestWithParam<Param> {
   void StartPublisher(int which, const std::vector<NamedTensor>& owned,
                       const std::string& endpoint = "") {
     PublisherOptions o;
-    o.endpoint = !endpoint.empty()       ? endpoint
-                 : GetParam().tcp        ? std::string("tcp://127.0.0.1:0")
-                                         : testing::UniqueEndpoint("multi");
+    o.endpoint = !endpoint.empty() ? endpoint
+                 : GetParam().tcp  ? std::string("tcp://127.0.0.1:0")
+                                   : testing::UniqueEndpoint("multi");
     o.segment_bytes = 4096;
     o.timeout = std::chrono::milliseconds(5000);
     auto p = Publisher::Create(o);
@@ -203,8 +203,7 @@ TEST_P(MultiPublisher, ATensorNoPublisherHoldsIsListedAtPrepare) {
   auto sub = Connect(MatchPolicy::kStrict, &views);
   PublishBoth(1);
   auto r = sub->Update();
-  ASSERT_STATUS_IS(kInvalidArgument, r,
-                   "'orphan': registered by subscriber but published by none");
+  ASSERT_STATUS_IS(kInvalidArgument, r, "'orphan': registered by subscriber but published by none");
 }
 
 TEST_P(MultiPublisher, SleepReleasesBothHandlesAndTheLedgerReturnsToBaseline) {
@@ -319,7 +318,8 @@ TEST(PublishedManifest, PublishersThatDisagreeAreNamedAndNoPublisherIsAnError) {
     pubs[i] = std::move(p).value();
     eps[i] = pubs[i]->endpoint();
     std::vector<float>& w = i == 0 ? a : b;
-    ASSERT_OK(pubs[i]->Register({{"w", {w.data(), DType::kFloat32, {static_cast<int64_t>(w.size())}}}}));
+    ASSERT_OK(
+        pubs[i]->Register({{"w", {w.data(), DType::kFloat32, {static_cast<int64_t>(w.size())}}}}));
     ASSERT_OK(pubs[i]->Publish(1));
   }
   SubscriberOptions o;
@@ -328,9 +328,9 @@ TEST(PublishedManifest, PublishersThatDisagreeAreNamedAndNoPublisherIsAnError) {
   auto sub = Subscriber::Create(o);
   ASSERT_TRUE(sub.ok());
   auto m = (*sub)->PublishedManifest();
-  ASSERT_STATUS_IS(kInvalidArgument, m,
-                   "tensor 'w': " + eps[0] + " publishes float32 [4], " + eps[1] +
-                       " publishes float32 [8]");
+  ASSERT_STATUS_IS(
+      kInvalidArgument, m,
+      "tensor 'w': " + eps[0] + " publishes float32 [4], " + eps[1] + " publishes float32 [8]");
 
   SubscriberOptions none;
   none.endpoint = testing::UniqueEndpoint("nobody");

@@ -22,8 +22,8 @@ class Registration : public ::testing::TestWithParam<testing::TransportMode> {
  protected:
   void StartPublisher(const std::vector<NamedTensor>& tensors) {
     PublisherOptions o;
-    o.endpoint = GetParam().tcp ? std::string("tcp://127.0.0.1:0")
-                                : testing::UniqueEndpoint("registration");
+    o.endpoint =
+        GetParam().tcp ? std::string("tcp://127.0.0.1:0") : testing::UniqueEndpoint("registration");
     o.segment_bytes = 4096;
     ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
     ASSERT_OK(publisher_->Register(tensors));
@@ -161,9 +161,9 @@ TEST_P(Registration, TiedWeightsAreCopiedOnceAndWrittenOnce) {
   stats = untied->Update();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->bytes, model_.total_bytes() + tied.view.NumBytes().value());
-  EXPECT_EQ(std::memcmp(untied_storage[5].data(), untied_storage.back().data(),
-                        untied_storage[5].size()),
-            0);
+  EXPECT_EQ(
+      std::memcmp(untied_storage[5].data(), untied_storage.back().data(), untied_storage[5].size()),
+      0);
   EXPECT_TRUE(SyntheticModel::Holds({untied_views.begin(), untied_views.end() - 1}, 2, &why))
       << why;
 }

@@ -2,8 +2,8 @@
 // transfer handle, step semantics, validation.
 #include <gtest/gtest.h>
 
-#include "testing/test_util.h"
 #include "testing/local_pair.h"
+#include "testing/test_util.h"
 #include "wire/handshake.h"
 
 namespace weightsync {

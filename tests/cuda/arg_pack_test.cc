@@ -14,9 +14,8 @@
 #include "cuda/kernel_table.h"
 #include "cuda/launch_registry.h"
 #include "cuda/prepared_launch.h"
-#include "testing/test_util.h"
-
 #include "testing/count_new.inc"
+#include "testing/test_util.h"
 
 namespace weightsync::gpu {
 namespace {

@@ -341,9 +341,9 @@ TEST(Fp8QuantizeReferenceTest, AmaxIgnoresQuietAndSignalingNaNs) {
     float scale = 0;
     ASSERT_OK(QuantizeFp8(x, 1, 4, q, &scale, Fp8ScaleFormat::kFloat32));
     EXPECT_EQ(scale, 2.0f) << std::hex << nan;
-    EXPECT_EQ(q[0], 0x7E) << std::hex << nan;               // 896 / 2 = 448
+    EXPECT_EQ(q[0], 0x7E) << std::hex << nan;  // 896 / 2 = 448
     EXPECT_EQ(q[2], FloatToE4M3FN(1.0f)) << std::hex << nan;
-    EXPECT_EQ(q[1] & 0x7F, 0x7F) << std::hex << nan;        // NaN stays NaN
+    EXPECT_EQ(q[1] & 0x7F, 0x7F) << std::hex << nan;  // NaN stays NaN
     uint8_t e8m0 = 0;
     ASSERT_OK(QuantizeFp8(x, 1, 4, q, &e8m0, Fp8ScaleFormat::kE8M0));
     EXPECT_EQ(e8m0, 128) << std::hex << nan;

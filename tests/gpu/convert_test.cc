@@ -14,11 +14,11 @@
 
 #include "cuda/device.h"
 #include "cuda/kernels.h"
+#include "cuda/nccl_link.h"
 #include "cuda/transform_reference.h"
+#include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "cuda/vmm.h"
-#include "cuda/nccl_link.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -35,7 +35,7 @@ constexpr char kToken[] = "convert test token, 32 bytes....";
 struct Param {
   bool nccl;
   UpdateMode mode;
-  bool on_publisher_gpu = true;  // SubscriberOptions::convert_on_publisher_gpu
+  bool on_publisher_gpu = true;      // SubscriberOptions::convert_on_publisher_gpu
   bool break_publisher_gpu = false;  // fail point: preparing there fails, the fallback runs
 };
 
@@ -166,7 +166,8 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
           size_t first = got->size(), count = 0;
           for (size_t k = 0; k + w <= got->size(); k += w) {
             if (std::memcmp(&(*got)[k], &(*expect)[k], w) != 0 &&
-                !(IsNaN(dst_[d].view.dtype, &(*got)[k]) && IsNaN(dst_[d].view.dtype, &(*expect)[k]))) {
+                !(IsNaN(dst_[d].view.dtype, &(*got)[k]) &&
+                  IsNaN(dst_[d].view.dtype, &(*expect)[k]))) {
               first = std::min(first, k);
               ++count;
             }
@@ -174,7 +175,8 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
           char detail[160];
           const size_t in_w = Info(v.dtype).bits / 8, elem = first / w;
           uint32_t in = 0;
-          if ((elem + 1) * in_w <= published.size()) std::memcpy(&in, &published[elem * in_w], in_w);
+          if ((elem + 1) * in_w <= published.size())
+            std::memcpy(&in, &published[elem * in_w], in_w);
           std::snprintf(detail, sizeof(detail),
                         " at element %zu: got 0x%02x want 0x%02x (input bits 0x%x); %zu of %zu "
                         "elements differ",
@@ -258,8 +260,8 @@ TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
     ASSERT_OK(d_x);
     ASSERT_OK(d_q);
     ASSERT_OK(d_s);
-    auto launch = gpu::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols,
-                                          format, nullptr);
+    auto launch =
+        gpu::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols, format, nullptr);
     ASSERT_OK(launch);
     ASSERT_OK(launch->Launch());
     ASSERT_OK(gpu::DeviceSynchronize());
@@ -270,9 +272,9 @@ TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
     auto got_s = gpu::testing::Download<uint8_t>(d_s->data(), want_s.size());
     ASSERT_OK(got_q);
     ASSERT_OK(got_s);
-    EXPECT_TRUE(SameUpToNaNPayload(format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU
-                                                                        : DType::kFloat32,
-                                   *got_s, want_s))
+    EXPECT_TRUE(SameUpToNaNPayload(
+        format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, *got_s,
+        want_s))
         << "scales";
     size_t bad = 0, first = want_q.size();
     for (size_t i = 0; i < want_q.size(); ++i) {
@@ -283,8 +285,9 @@ TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
     }
     uint16_t in = 0;
     if (first < want_q.size()) std::memcpy(&in, &x[first * 2], 2);
-    EXPECT_EQ(bad, 0u) << "first at " << first << ": got " << int(first < want_q.size() ? (*got_q)[first] : 0)
-                       << " want " << int(first < want_q.size() ? want_q[first] : 0) << " input bf16 0x"
+    EXPECT_EQ(bad, 0u) << "first at " << first << ": got "
+                       << int(first < want_q.size() ? (*got_q)[first] : 0) << " want "
+                       << int(first < want_q.size() ? want_q[first] : 0) << " input bf16 0x"
                        << std::hex << in;
   }
 }
@@ -301,15 +304,12 @@ TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
     gpu::Fp8ScaleFormat format;
     uint64_t misalign;  // bytes added to the input pointer
   };
-  const std::vector<Case> cases = {{2, 70005, gpu::Fp8ScaleFormat::kFloat32, 0},
-                                   {300, 260, gpu::Fp8ScaleFormat::kE8M0, 0},
-                                   {128, 128, gpu::Fp8ScaleFormat::kFloat32, 0},
-                                   {1, 5, gpu::Fp8ScaleFormat::kE8M0, 0},
-                                   {257, 1024, gpu::Fp8ScaleFormat::kFloat32, 2},
-                                   {0, 64, gpu::Fp8ScaleFormat::kFloat32, 0},
-                                   {129, 384, gpu::Fp8ScaleFormat::kE8M0, 0},
-                                   {8192, 2048, gpu::Fp8ScaleFormat::kFloat32, 0},
-                                   {4096, 4096, gpu::Fp8ScaleFormat::kE8M0, 0}};
+  const std::vector<Case> cases = {
+      {2, 70005, gpu::Fp8ScaleFormat::kFloat32, 0},  {300, 260, gpu::Fp8ScaleFormat::kE8M0, 0},
+      {128, 128, gpu::Fp8ScaleFormat::kFloat32, 0},  {1, 5, gpu::Fp8ScaleFormat::kE8M0, 0},
+      {257, 1024, gpu::Fp8ScaleFormat::kFloat32, 2}, {0, 64, gpu::Fp8ScaleFormat::kFloat32, 0},
+      {129, 384, gpu::Fp8ScaleFormat::kE8M0, 0},     {8192, 2048, gpu::Fp8ScaleFormat::kFloat32, 0},
+      {4096, 4096, gpu::Fp8ScaleFormat::kE8M0, 0}};
   constexpr uint64_t kGuard = 64;
   std::vector<std::vector<uint8_t>> inputs;
   std::vector<gpu::DeviceBuffer> d_x, d_q, d_s;
@@ -361,9 +361,9 @@ TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
     const std::vector<uint8_t> q(got_q->begin() + kGuard, got_q->end() - kGuard);
     const std::vector<uint8_t> sc(got_s->begin() + kGuard, got_s->end() - kGuard);
     EXPECT_TRUE(SameUpToNaNPayload(DType::kFloat8E4M3FN, q, want_q)) << "tensor " << i;
-    EXPECT_TRUE(SameUpToNaNPayload(c.format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU
-                                                                          : DType::kFloat32,
-                                   sc, want_s))
+    EXPECT_TRUE(SameUpToNaNPayload(
+        c.format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, sc,
+        want_s))
         << "scales of tensor " << i;
     for (uint64_t g = 0; g < kGuard; ++g) {
       ASSERT_EQ((*got_q)[g], 0xA5) << "tensor " << i << " wrote before its output";

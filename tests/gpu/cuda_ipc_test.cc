@@ -11,9 +11,9 @@
 #include <new>
 
 #include "cuda/device.h"
+#include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "cuda/vmm.h"
 #include "util/fail_point.h"
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
@@ -50,8 +50,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
     ASSERT_EQ(ready, "ready " + endpoint_);
   }
   void Publish(int64_t step) {
-    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
-              "ok " + std::to_string(step));
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)), "ok " + std::to_string(step));
   }
   std::unique_ptr<Subscriber> Connect(bool verify = true) {
     SubscriberOptions o;

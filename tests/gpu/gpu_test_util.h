@@ -73,9 +73,10 @@ inline bool DestinationsHold(const std::vector<NamedTensor>& dst,
       weightsync::testing::SyntheticModel::Views(like, host), step, why);
 }
 
-// Updates `sub` to steps 1..`steps` (`publish(step)` first makes each available), with a Sleep after
-// each: every update prepares again and pins host memory (the ledger's pinned_bytes rises above
-// `before`), every Sleep returns the ledger to `before`. Call through ASSERT_NO_FATAL_FAILURE.
+// Updates `sub` to steps 1..`steps` (`publish(step)` first makes each available), with a Sleep
+// after each: every update prepares again and pins host memory (the ledger's pinned_bytes rises
+// above `before`), every Sleep returns the ledger to `before`. Call through
+// ASSERT_NO_FATAL_FAILURE.
 inline void SleepWakeCyclesPinAndReturnToBaseline(Subscriber& sub, int64_t steps,
                                                   const LedgerSnapshot& before,
                                                   const std::function<void(int64_t)>& publish) {

@@ -6,9 +6,9 @@
 // cycles that unpin and re-pin.
 #include <gtest/gtest.h>
 
+#include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/local_pair.h"
-#include "cuda/vmm.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -128,8 +128,8 @@ TEST_P(HostToGpu, SleepAndWakeCyclesReturnToBaseline) {
   auto sub = pair_.ConnectWith(dst_, GetParam(), /*verify=*/false);
   pair_.Publish(1);  // the publisher's arena and copy threads exist from here on
   const LedgerSnapshot before = ReadLedger();
-  ASSERT_NO_FATAL_FAILURE(gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(
-      *sub, 20, before, [&](int64_t step) {
+  ASSERT_NO_FATAL_FAILURE(
+      gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(*sub, 20, before, [&](int64_t step) {
         if (step > 1) pair_.Publish(step);
       }));
   EXPECT_EQ(Holds(20), "");

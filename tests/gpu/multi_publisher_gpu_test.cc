@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "cuda/vmm.h"
 
 namespace weightsync {
 namespace {
@@ -28,10 +28,10 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
     const int devices = gpu::DeviceCount();
     for (int rank = 0; rank < 2; ++rank) {
       const std::string asked = testing::UniqueEndpoint("gpurank" + std::to_string(rank));
-      ranks_[rank] = ChildProcess::Spawn(
-          {testing::HelperPath("gpu_publisher"), asked, std::to_string(kTensors),
-           std::to_string(kElements), std::to_string(rank % devices), "2",
-           std::to_string(rank) + "/2"});
+      ranks_[rank] =
+          ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), asked,
+                               std::to_string(kTensors), std::to_string(kElements),
+                               std::to_string(rank % devices), "2", std::to_string(rank) + "/2"});
       const std::string ready = ranks_[rank].ReadLine(60000);
       ASSERT_EQ(ready, "ready " + asked);
       endpoints_[rank] = asked;

@@ -21,10 +21,10 @@
 #include <thread>
 
 #include "cuda/device.h"
+#include "cuda/nccl_link.h"
+#include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
-#include "cuda/vmm.h"
-#include "cuda/nccl_link.h"
 #include "util/fail_point.h"
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
@@ -53,7 +53,8 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
 
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
-    if (gpu::DeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpu::DeviceCount();
+    if (gpu::DeviceCount() < 2)
+      GTEST_SKIP() << "needs 2 CUDA devices, found " << gpu::DeviceCount();
     if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     FailPoints::DisarmAll();
     StartPublisher("tcp://127.0.0.1:0");
@@ -68,17 +69,16 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
   // address it bound.
   void StartPublisher(const std::string& endpoint, int tensors = kTensors,
                       int64_t elements = kElements) {
-    publisher_ = ChildProcess::Spawn(
-        {testing::HelperPath("gpu_publisher"), endpoint, std::to_string(tensors),
-         std::to_string(elements), "0"},
-        {"NCCL_NVLS_ENABLE=0", std::string("WEIGHTSYNC_TOKEN=") + kToken});
+    publisher_ =
+        ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), endpoint,
+                             std::to_string(tensors), std::to_string(elements), "0"},
+                            {"NCCL_NVLS_ENABLE=0", std::string("WEIGHTSYNC_TOKEN=") + kToken});
     std::string ready = publisher_.ReadLine(60000);
     ASSERT_EQ(ready.rfind("ready tcp://127.0.0.1:", 0), 0u) << ready;
     endpoint_ = ready.substr(6);
   }
   void Publish(int64_t step) {
-    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)),
-              "ok " + std::to_string(step));
+    ASSERT_EQ(publisher_.Command("publish " + std::to_string(step)), "ok " + std::to_string(step));
   }
   std::unique_ptr<Subscriber> Connect(bool verify = true,
                                       std::chrono::milliseconds timeout = kTimeout,
@@ -155,8 +155,8 @@ TEST_P(Nccl, HundredStepsOnOneCommunicator) {
     if (step == 10) ASSERT_OK(gpu::MemInfo(&free_before, &total));
   }
   ASSERT_OK(gpu::MemInfo(&free_after, &total));
-  std::cout << "  90 steady nccl updates of " << model_.total_bytes() << " bytes: "
-            << seconds / 90 * 1e3 << " ms each, " << allocations_in_updates
+  std::cout << "  90 steady nccl updates of " << model_.total_bytes()
+            << " bytes: " << seconds / 90 * 1e3 << " ms each, " << allocations_in_updates
             << " host allocations in all\n";
   EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 90 steady updates";
   EXPECT_EQ(free_before, free_after) << "GPU memory changed over 90 steady updates";
@@ -307,8 +307,7 @@ TEST_P(Nccl, SleepWakeCyclesRebuildTheCommunicatorAndReturnToBaseline) {
   EXPECT_EQ(free0, free1) << "GPU memory not returned after sleep/wake cycles";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Nccl,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+INSTANTIATE_TEST_SUITE_P(Modes, Nccl, ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
                          [](const auto& info) {
                            return info.param == UpdateMode::kStaged ? "staged" : "in_place";
                          });

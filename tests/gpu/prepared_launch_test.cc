@@ -15,7 +15,6 @@
 #include "cuda/kernels.h"
 #include "cuda/launch_registry.h"
 #include "gpu/gpu_test_util.h"
-
 #include "testing/count_new.inc"
 
 namespace weightsync::gpu {

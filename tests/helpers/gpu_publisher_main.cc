@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
   ws::testing::SayReady((*publisher)->endpoint());
   // Publish runs with another device current (when there is one): the publisher must make and use
   // everything on its tensors' device and give the caller its own back.
-  const int callers_device = ws::gpu::DeviceCount() > 1 ? (device + 1) % ws::gpu::DeviceCount()
-                                                        : device;
+  const int callers_device =
+      ws::gpu::DeviceCount() > 1 ? (device + 1) % ws::gpu::DeviceCount() : device;
   ws::testing::CommandLoop loop;
   loop.On("publish", [&](std::istream& args) {
     int64_t step = 0;

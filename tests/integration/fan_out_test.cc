@@ -30,8 +30,8 @@ TEST_P(FanOut, AStalledAndAKilledSubscriberDoNotHoldUpTheOthers) {
 
   std::vector<ChildProcess> subs;
   for (int i = 0; i < 3; ++i) {
-    subs.push_back(ChildProcess::Spawn(
-        {testing::HelperPath("subscriber"), endpoint, "12", "3000", "8000"}));
+    subs.push_back(
+        ChildProcess::Spawn({testing::HelperPath("subscriber"), endpoint, "12", "3000", "8000"}));
     ASSERT_EQ(subs.back().ReadLine(), "ready");
   }
   for (auto& s : subs) ASSERT_EQ(s.Command("update 1").rfind("ok 1 ", 0), 0u);

@@ -36,7 +36,8 @@ class NetnsTcp : public ::testing::Test {
     created_ = true;
     ASSERT_EQ(Sh("ip netns add " + sub_ns_), 0);
     ASSERT_EQ(Sh("ip link add wsa" + tag + " netns " + pub_ns_ + " type veth peer name wsb" + tag +
-                 " netns " + sub_ns_), 0);
+                 " netns " + sub_ns_),
+              0);
     link_ = "wsa" + tag;
     ASSERT_EQ(Sh("ip -n " + pub_ns_ + " addr add 10.77.0.1/24 dev wsa" + tag), 0);
     ASSERT_EQ(Sh("ip -n " + sub_ns_ + " addr add 10.77.0.2/24 dev wsb" + tag), 0);
@@ -57,16 +58,15 @@ class NetnsTcp : public ::testing::Test {
 TEST_F(NetnsTcp, TwentyStepsThenLinkCutMidTransferThenRecovery) {
   const std::string tensors = "24", elements = "600000";  // ~40 MB: outlasts socket buffers
   const std::string token_env = std::string("WEIGHTSYNC_TOKEN=") + kToken;
-  ChildProcess pub = ChildProcess::Spawn({"/usr/sbin/ip", "netns", "exec", pub_ns_,
-                                          testing::HelperPath("publisher"),
-                                          "tcp://10.77.0.1:7791", tensors, elements},
-                                         {token_env});
+  ChildProcess pub = ChildProcess::Spawn(
+      {"/usr/sbin/ip", "netns", "exec", pub_ns_, testing::HelperPath("publisher"),
+       "tcp://10.77.0.1:7791", tensors, elements},
+      {token_env});
   ASSERT_EQ(pub.ReadLine(), "ready tcp://10.77.0.1:7791");
-  ChildProcess sub = ChildProcess::Spawn({"/usr/sbin/ip", "netns", "exec", sub_ns_,
-                                          testing::HelperPath("subscriber"),
-                                          "tcp://10.77.0.1:7791", tensors, elements,
-                                          std::to_string(kTimeoutMs)},
-                                         {token_env});
+  ChildProcess sub = ChildProcess::Spawn(
+      {"/usr/sbin/ip", "netns", "exec", sub_ns_, testing::HelperPath("subscriber"),
+       "tcp://10.77.0.1:7791", tensors, elements, std::to_string(kTimeoutMs)},
+      {token_env});
   ASSERT_EQ(sub.ReadLine(), "ready");
   for (int step = 1; step <= 20; ++step) {
     ASSERT_EQ(pub.Command("publish " + std::to_string(step)), "ok " + std::to_string(step));

@@ -166,16 +166,16 @@ TEST_P(PublisherFaults, PublisherGoneBeforeUpdateIsNotFoundThenRecovers) {
   UpdateTo(5);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndTransports, PublisherFaults,
-    ::testing::Values(Param{UpdateMode::kStaged, Transport::kShm},
-                      Param{UpdateMode::kInPlace, Transport::kShm},
-                      Param{UpdateMode::kStaged, Transport::kTcp},
-                      Param{UpdateMode::kInPlace, Transport::kTcp}),
-    [](const auto& info) {
-      return std::string(info.param.transport == Transport::kShm ? "shm_" : "tcp_") +
-             (info.param.mode == UpdateMode::kStaged ? "staged" : "in_place");
-    });
+INSTANTIATE_TEST_SUITE_P(ModesAndTransports, PublisherFaults,
+                         ::testing::Values(Param{UpdateMode::kStaged, Transport::kShm},
+                                           Param{UpdateMode::kInPlace, Transport::kShm},
+                                           Param{UpdateMode::kStaged, Transport::kTcp},
+                                           Param{UpdateMode::kInPlace, Transport::kTcp}),
+                         [](const auto& info) {
+                           return std::string(info.param.transport == Transport::kShm ? "shm_"
+                                                                                      : "tcp_") +
+                                  (info.param.mode == UpdateMode::kStaged ? "staged" : "in_place");
+                         });
 
 }  // namespace
 }  // namespace weightsync

@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-
 #include "testing/local_pair.h"
 
 namespace weightsync {
@@ -25,8 +24,8 @@ TEST_P(SubscriberFaults, KilledSubscriberReleasesItsPinAndOthersContinue) {
   const std::string endpoint = p.publisher->endpoint();
   const LedgerSnapshot idle = ReadLedger();
 
-  ChildProcess child = ChildProcess::Spawn(
-      {testing::HelperPath("subscriber"), endpoint, "12", "3000", "3000"});
+  ChildProcess child =
+      ChildProcess::Spawn({testing::HelperPath("subscriber"), endpoint, "12", "3000", "3000"});
   ASSERT_EQ(child.ReadLine(), "ready");
   ASSERT_EQ(child.Command("update 1").rfind("ok 1 ", 0), 0u);
   p.Publish(2);
@@ -48,8 +47,7 @@ TEST_P(SubscriberFaults, KilledSubscriberReleasesItsPinAndOthersContinue) {
   EXPECT_EQ(stats->step, 4);
   sub.reset();
   LedgerSnapshot now;
-  EXPECT_TRUE(testing::LedgerSettlesTo(idle, &now))
-      << now.ToString() << " vs " << idle.ToString();
+  EXPECT_TRUE(testing::LedgerSettlesTo(idle, &now)) << now.ToString() << " vs " << idle.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SubscriberFaults, ::testing::Values(false, true),

@@ -48,8 +48,8 @@ const ConvertOptions kOn{true, "_scale_inv"};
 
 TEST(ConvertPlan, OffByDefaultAConvertiblePairIsAMismatchThatSaysHowToEnableIt) {
   auto w = Publishes({Spec("w", DType::kBFloat16, {4, 8})});
-  auto p = BuildPlan(w, Registers({Spec("w", DType::kFloat32, {4, 8})}), MatchPolicy::kStrict,
-                     1 << 20);
+  auto p =
+      BuildPlan(w, Registers({Spec("w", DType::kFloat32, {4, 8})}), MatchPolicy::kStrict, 1 << 20);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("dtype mismatch: publisher bfloat16, subscriber float32 "
                                       "(convertible in flight: enable "
@@ -61,10 +61,11 @@ TEST(ConvertPlan, OffByDefaultAConvertiblePairIsAMismatchThatSaysHowToEnableIt) 
 TEST(ConvertPlan, CastsAmongTheThreeFloatTypesArePlannedWithTheirElementCount) {
   auto w = Publishes({Spec("a", DType::kBFloat16, {3, 5}), Spec("b", DType::kFloat32, {7}),
                       Spec("c", DType::kFloat16, {2, 2}), Spec("same", DType::kUInt8, {9})});
-  auto p = BuildPlan(w,
-                     Registers({Spec("a", DType::kFloat32, {3, 5}), Spec("b", DType::kBFloat16, {7}),
-                                Spec("c", DType::kFloat32, {2, 2}), Spec("same", DType::kUInt8, {9})}),
-                     MatchPolicy::kStrict, 1 << 20, kOn);
+  auto p =
+      BuildPlan(w,
+                Registers({Spec("a", DType::kFloat32, {3, 5}), Spec("b", DType::kBFloat16, {7}),
+                           Spec("c", DType::kFloat32, {2, 2}), Spec("same", DType::kUInt8, {9})}),
+                MatchPolicy::kStrict, 1 << 20, kOn);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->tensors.size(), 4u);
   EXPECT_EQ(p->tensors[0].transform, Transform::kCast);
@@ -79,14 +80,14 @@ TEST(ConvertPlan, CastsAmongTheThreeFloatTypesArePlannedWithTheirElementCount) {
 
 TEST(ConvertPlan, UnsupportedPairsStayMismatchesEvenWhenEnabled) {
   auto w = Publishes({Spec("i", DType::kInt32, {4}), Spec("f8", DType::kFloat32, {4, 4})});
-  auto p = BuildPlan(w,
-                     Registers({Spec("i", DType::kFloat32, {4}),
-                                Spec("f8", DType::kFloat8E4M3FN, {4, 4})}),
-                     MatchPolicy::kStrict, 1 << 20, kOn);
+  auto p = BuildPlan(
+      w, Registers({Spec("i", DType::kFloat32, {4}), Spec("f8", DType::kFloat8E4M3FN, {4, 4})}),
+      MatchPolicy::kStrict, 1 << 20, kOn);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("2 mismatches"), std::string::npos) << p.status();
   EXPECT_NE(p.status().message().find("'i': dtype mismatch: publisher int32, subscriber float32"),
-            std::string::npos) << p.status();
+            std::string::npos)
+      << p.status();
 }
 
 TEST(ConvertPlan, Fp8QuantizationFindsItsScaleDestination) {
@@ -136,9 +137,10 @@ TEST(ConvertPlan, E8M0ScalesAreRecognised) {
 }
 
 TEST(ConvertPlan, EveryScaleProblemIsListed) {
-  auto w = Publishes({Spec("none", DType::kBFloat16, {4, 4}), Spec("shape", DType::kBFloat16, {300, 4}),
-                      Spec("dtype", DType::kBFloat16, {4, 4}), Spec("clash", DType::kBFloat16, {4, 4}),
-                      Spec("clash_scale_inv", DType::kFloat32, {1, 1})});
+  auto w =
+      Publishes({Spec("none", DType::kBFloat16, {4, 4}), Spec("shape", DType::kBFloat16, {300, 4}),
+                 Spec("dtype", DType::kBFloat16, {4, 4}), Spec("clash", DType::kBFloat16, {4, 4}),
+                 Spec("clash_scale_inv", DType::kFloat32, {1, 1})});
   auto p = BuildPlan(w,
                      Registers({Spec("none", DType::kFloat8E4M3FN, {4, 4}),
                                 Spec("shape", DType::kFloat8E4M3FN, {300, 4}),
@@ -152,25 +154,28 @@ TEST(ConvertPlan, EveryScaleProblemIsListed) {
   const std::string m = p.status().message();
   EXPECT_NE(m.find("'none': bfloat16 → float8_e4m3fn needs a scale destination 'none_scale_inv' "
                    "(float32 or float8_e8m0fnu, shape [1, 1]); none is registered"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("'shape': scale destination 'shape_scale_inv' has shape [2, 1]; 128x128 "
                    "blocks of [300, 4] need [3, 1]"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("'dtype': scale destination 'dtype_scale_inv' is float16"), std::string::npos)
       << m;
-  EXPECT_NE(m.find("'clash_scale_inv': published, but it is also where the fp8 scales of 'clash' go"),
-            std::string::npos) << m;
+  EXPECT_NE(
+      m.find("'clash_scale_inv': published, but it is also where the fp8 scales of 'clash' go"),
+      std::string::npos)
+      << m;
 }
 
 TEST(ConvertPlan, InPlaceLandingHoldsOnlyConvertedTensorsAndSegmentsKnowIt) {
   auto w = Publishes({Spec("copy", DType::kFloat32, {1000}), Spec("cast", DType::kBFloat16, {700}),
                       Spec("copy2", DType::kUInt8, {10}), Spec("cast2", DType::kFloat16, {3})});
-  auto p = BuildPlan(w,
-                     Registers({Spec("copy", DType::kFloat32, {1000}),
-                                Spec("cast", DType::kFloat32, {700}),
-                                Spec("copy2", DType::kUInt8, {10}),
-                                Spec("cast2", DType::kBFloat16, {3})}),
-                     MatchPolicy::kStrict, 1 << 20, kOn);
+  auto p = BuildPlan(
+      w,
+      Registers({Spec("copy", DType::kFloat32, {1000}), Spec("cast", DType::kFloat32, {700}),
+                 Spec("copy2", DType::kUInt8, {10}), Spec("cast2", DType::kBFloat16, {3})}),
+      MatchPolicy::kStrict, 1 << 20, kOn);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->tensors[1].landing_offset, 0u);
   EXPECT_EQ(p->tensors[3].landing_offset, 1408u);  // 1400 rounded up to 64

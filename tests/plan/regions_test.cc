@@ -132,7 +132,7 @@ TEST(Regions, FsdpDimZeroShardsIntoTensorParallelColumnAndRowShards) {
   World w;
   const int col = w.Global("mlp.up.weight", {64, 32});    // column-parallel: split rows
   const int row = w.Global("mlp.down.weight", {32, 64});  // row-parallel: split columns
-  for (uint32_t r = 0; r < 4; ++r) {                       // FSDP-4: dim-0 shards
+  for (uint32_t r = 0; r < 4; ++r) {                      // FSDP-4: dim-0 shards
     w.Hold(r, col, EvenShard({64, 32}, 0, 4, r));
     w.Hold(r, row, EvenShard({32, 64}, 0, 4, r));
   }
@@ -175,11 +175,10 @@ TEST(Regions, FusedQkvWithGroupedQueryAttention) {
   }
   // TP-2 rank 1: qkv_proj = q rows [112, 224) ++ k rows [16, 32) ++ v rows [16, 32).
   const uint32_t qkv = w.Destination("qkv_proj.weight", {112 + 16 + 16, hidden});
-  for (const WantedPiece& p :
-       Fused(qkv, 0,
-             {{w.names[q], w.shapes[q], EvenShard(w.shapes[q], 0, 2, 1)},
-              {w.names[k], w.shapes[k], EvenShard(w.shapes[k], 0, 2, 1)},
-              {w.names[v], w.shapes[v], EvenShard(w.shapes[v], 0, 2, 1)}})) {
+  for (const WantedPiece& p : Fused(qkv, 0,
+                                    {{w.names[q], w.shapes[q], EvenShard(w.shapes[q], 0, 2, 1)},
+                                     {w.names[k], w.shapes[k], EvenShard(w.shapes[k], 0, 2, 1)},
+                                     {w.names[v], w.shapes[v], EvenShard(w.shapes[v], 0, 2, 1)}})) {
     w.wanted.push_back(p);
   }
   ASSERT_OK_AND_ASSIGN(RegionSchedule s, ScheduleRegions(w.held, w.destinations, w.wanted, 4));
@@ -318,8 +317,8 @@ TEST(Regions, RandomLayoutsDeliverEveryByteExactlyOnce) {
           rest.offset[0] = cut;
           rest.extent[0] = shape[0] - cut;
           const uint32_t dst = sub.Destination("f" + std::to_string(t), shape);
-          for (const WantedPiece& p : Fused(dst, 0, {{w.names[t], shape, rest},
-                                                      {w.names[t], shape, top}})) {
+          for (const WantedPiece& p :
+               Fused(dst, 0, {{w.names[t], shape, rest}, {w.names[t], shape, top}})) {
             sub.wanted.push_back(p);
           }
           expected += Elements(shape) * 4;

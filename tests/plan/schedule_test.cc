@@ -89,11 +89,15 @@ TEST(AssignSources, EveryProblemIsListedWithThePublisherThatHasIt) {
   EXPECT_NE(m.find("4 mismatches"), std::string::npos) << m;
   EXPECT_NE(m.find("'extra_a': published by local://a but not registered"), std::string::npos) << m;
   EXPECT_NE(m.find("'wide': shape mismatch: publisher local://a [8], subscriber [16]"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("'typed': dtype mismatch: publisher local://b float32, subscriber uint8"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("'nowhere': registered by subscriber but published by none of local://a, "
-                   "local://b"), std::string::npos) << m;
+                   "local://b"),
+            std::string::npos)
+      << m;
 }
 
 TEST(AssignSources, AReplicaNeedingNoConversionWinsAndScalesFollowTheirTensor) {
@@ -141,7 +145,8 @@ TEST(AssignSources, EveryDestinationHasExactlyOneSourceThatHoldsIt) {
     const int sources = 1 + static_cast<int>(rng() % 4);
     const int tensors = 1 + static_cast<int>(rng() % 30);
     std::vector<TensorSpec> all;
-    for (int t = 0; t < tensors; ++t) all.push_back(Bytes("t" + std::to_string(t), 1 + rng() % 999));
+    for (int t = 0; t < tensors; ++t)
+      all.push_back(Bytes("t" + std::to_string(t), 1 + rng() % 999));
     std::vector<wire::Welcome> welcomes(sources);
     for (int t = 0; t < tensors; ++t) {
       welcomes[rng() % sources].tensors.push_back({all[t], wire::Region::kSlot, 0});

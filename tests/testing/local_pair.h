@@ -22,8 +22,7 @@ struct LocalPair {
     return ConnectWith(dst, mode, verify);
   }
   std::unique_ptr<Subscriber> ConnectWith(const std::vector<NamedTensor>& views,
-                                          UpdateMode mode = UpdateMode::kStaged,
-                                          bool verify = true,
+                                          UpdateMode mode = UpdateMode::kStaged, bool verify = true,
                                           MatchPolicy policy = MatchPolicy::kStrict) {
     SubscriberOptions o;
     o.policy = policy;

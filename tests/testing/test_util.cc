@@ -28,8 +28,8 @@ LogCapture::LogCapture() {
   util::SetLogSink([this](util::LogLevel level, std::string_view comp, std::string_view line) {
     static const char kL[] = {'D', 'I', 'W', 'E'};
     std::lock_guard<std::mutex> lock(mu_);
-    lines_.push_back(std::string(1, kL[static_cast<int>(level)]) + " " + std::string(comp) +
-                     ": " + std::string(line));
+    lines_.push_back(std::string(1, kL[static_cast<int>(level)]) + " " + std::string(comp) + ": " +
+                     std::string(line));
   });
 }
 LogCapture::~LogCapture() { util::SetLogSink(nullptr); }
@@ -46,16 +46,16 @@ bool LogCapture::Contains(const std::string& needle) const {
 }
 
 namespace {
-constexpr DType kCycle[] = {DType::kBFloat16, DType::kFloat32, DType::kFloat16, DType::kInt8,
-                            DType::kFloat8E4M3FN, DType::kInt64, DType::kBool, DType::kUInt16};
+constexpr DType kCycle[] = {DType::kBFloat16,     DType::kFloat32, DType::kFloat16, DType::kInt8,
+                            DType::kFloat8E4M3FN, DType::kInt64,   DType::kBool,    DType::kUInt16};
 }
 
 SyntheticModel::SyntheticModel(int count, int64_t elements_per_tensor) {
   for (int i = 0; i < count; ++i) {
     DType dt = kCycle[i % 8];
     int64_t n = elements_per_tensor + (i * 37) % 97;  // uneven sizes exercise segment tails
-    std::vector<int64_t> shape = (i % 3 == 0) ? std::vector<int64_t>{n}
-                                              : std::vector<int64_t>{2, n};
+    std::vector<int64_t> shape =
+        (i % 3 == 0) ? std::vector<int64_t>{n} : std::vector<int64_t>{2, n};
     specs_.push_back({"layers." + std::to_string(i) + ".weight", dt, shape, 0});
     TensorView v{nullptr, dt, shape};
     specs_.back().nbytes = *v.NumBytes();
@@ -67,11 +67,15 @@ void SyntheticModel::Pattern(int tensor, int64_t step, uint8_t* out, uint64_t by
   uint64_t x = (uint64_t(tensor) << 32) ^ uint64_t(step) * 0x9E3779B97F4A7C15ull ^ 0xABCDEFull;
   uint64_t i = 0;
   for (; i + 8 <= bytes; i += 8) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;  // xorshift64
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;  // xorshift64
     std::memcpy(out + i, &x, 8);
   }
   for (; i < bytes; ++i) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     out[i] = static_cast<uint8_t>(x);
   }
 }
@@ -85,8 +89,8 @@ void SyntheticModel::Fill(int64_t step) {
 std::vector<NamedTensor> SyntheticModel::Tensors() {
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < specs_.size(); ++i) {
-    out.push_back({specs_[i].name, TensorView{storage_[i].data(), specs_[i].dtype,
-                                              specs_[i].shape}});
+    out.push_back(
+        {specs_[i].name, TensorView{storage_[i].data(), specs_[i].dtype, specs_[i].shape}});
   }
   return out;
 }
@@ -108,14 +112,13 @@ std::vector<NamedTensor> SyntheticModel::Views(const std::vector<NamedTensor>& l
                                                std::vector<std::vector<uint8_t>>& storage) {
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < like.size(); ++i) {
-    out.push_back({like[i].name, TensorView{storage[i].data(), like[i].view.dtype,
-                                            like[i].view.shape}});
+    out.push_back(
+        {like[i].name, TensorView{storage[i].data(), like[i].view.dtype, like[i].view.shape}});
   }
   return out;
 }
 
-bool SyntheticModel::Holds(const std::vector<NamedTensor>& views, int64_t step,
-                           std::string* why) {
+bool SyntheticModel::Holds(const std::vector<NamedTensor>& views, int64_t step, std::string* why) {
   std::vector<uint8_t> expect;
   for (size_t i = 0; i < views.size(); ++i) {
     uint64_t n = *views[i].view.NumBytes();

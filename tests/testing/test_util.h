@@ -78,8 +78,7 @@ std::unique_ptr<Subscriber> NewSubscriber(const SubscriberOptions& options,
 
 // Waits (bounded) until the ledger's live counts equal `expected`: a publisher notices a departed
 // subscriber on its own thread, so its side of the cleanup lands a few ms later.
-bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last,
-                     int timeout_ms = 3000);
+bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last, int timeout_ms = 3000);
 
 // A digest per tensor, to compare "unchanged bit for bit".
 std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views);

@@ -16,10 +16,9 @@ struct TransportMode {
 };
 
 inline auto AllTransportModes() {
-  return ::testing::Values(TransportMode{false, UpdateMode::kStaged},
-                           TransportMode{false, UpdateMode::kInPlace},
-                           TransportMode{true, UpdateMode::kStaged},
-                           TransportMode{true, UpdateMode::kInPlace});
+  return ::testing::Values(
+      TransportMode{false, UpdateMode::kStaged}, TransportMode{false, UpdateMode::kInPlace},
+      TransportMode{true, UpdateMode::kStaged}, TransportMode{true, UpdateMode::kInPlace});
 }
 
 // "shm_staged", "tcp_in_place", ...

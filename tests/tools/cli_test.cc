@@ -66,10 +66,12 @@ class CliTest : public ::testing::Test {
 };
 
 TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
-  CliRun info = RunCli("info", "WEIGHTSYNC_TOKEN=do-not-print-this-secret WEIGHTSYNC_SOCKET_DIR=/tmp/x");
+  CliRun info =
+      RunCli("info", "WEIGHTSYNC_TOKEN=do-not-print-this-secret WEIGHTSYNC_SOCKET_DIR=/tmp/x");
   EXPECT_EQ(info.exit_code, 0) << info.output;
-  for (const char* knob : {"WEIGHTSYNC_LOG_LEVEL", "WEIGHTSYNC_SOCKET_DIR", "WEIGHTSYNC_TOKEN_FILE",
-                           "WEIGHTSYNC_TOKEN", "WEIGHTSYNC_NCCL_LIBRARY", "WEIGHTSYNC_FAILPOINTS"}) {
+  for (const char* knob :
+       {"WEIGHTSYNC_LOG_LEVEL", "WEIGHTSYNC_SOCKET_DIR", "WEIGHTSYNC_TOKEN_FILE",
+        "WEIGHTSYNC_TOKEN", "WEIGHTSYNC_NCCL_LIBRARY", "WEIGHTSYNC_FAILPOINTS"}) {
     EXPECT_TRUE(Has(info, knob)) << knob << " missing from:\n" << info.output;
   }
   EXPECT_FALSE(Has(info, "do-not-print-this-secret")) << info.output;

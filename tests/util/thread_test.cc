@@ -33,7 +33,8 @@ int RunUnderTightAddressSpaceLimit(Body body) {
 }
 
 TEST(StartThread, RefusedThreadIsResourceExhaustedNamingTheThread) {
-  if (weightsync::testing::kUnderSanitizer) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  if (weightsync::testing::kUnderSanitizer)
+    GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
   int code = RunUnderTightAddressSpaceLimit([] {
     std::thread t;
     Status s = StartThread(&t, "probe", [] {});
@@ -58,12 +59,14 @@ TEST(StartThread, StartedThreadRuns) {
 }
 
 TEST(WorkerPool, RefusedWorkersDegradeToTheCallingThreadAndStillRunEveryIndex) {
-  if (weightsync::testing::kUnderSanitizer) GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
+  if (weightsync::testing::kUnderSanitizer)
+    GTEST_SKIP() << "sanitizer runtimes abort on a refused mmap by design";
   int code = RunUnderTightAddressSpaceLimit([] {
     WorkerPool pool(4);
     if (pool.size() != 1) return 1;
     static std::atomic<int> sum{0};
-    pool.Run(100, [](void*, uint32_t i) { sum += static_cast<int>(i); }, nullptr);
+    pool.Run(
+        100, [](void*, uint32_t i) { sum += static_cast<int>(i); }, nullptr);
     return sum.load() == 4950 ? 0 : 2;
   });
   EXPECT_EQ(code, 0) << "1: pool started workers despite the limit, 2: not every index ran";

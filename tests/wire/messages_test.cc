@@ -391,9 +391,10 @@ TEST(WireWelcomeTest, HugeTensorCountRejectedBeforeAllocating) {
   // The minimum counted per tensor is its smallest encoding (22 bytes), not one byte.
   raw.count = 100;
   const std::vector<uint8_t> bytes = EncodeRaw(raw);
-  EXPECT_TRUE(IsProtocolError(Decode(bytes, &out),
-                              {"welcome: tensor count 100 needs at least 2200 bytes, only " +
-                               std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - (2 + 3) - 8 - 4) + " left"}));
+  EXPECT_TRUE(IsProtocolError(
+      Decode(bytes, &out),
+      {"welcome: tensor count 100 needs at least 2200 bytes, only " +
+       std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - (2 + 3) - 8 - 4) + " left"}));
 }
 
 TEST(WireWelcomeTest, NameLimits) {
@@ -441,8 +442,8 @@ TEST(WireWelcomeTest, ResumedFromBelowMinusOneRejected) {
   RawWelcome raw;
   raw.resumed_from = -2;
   Welcome out;
-  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
-                              {"welcome: resumed_from -2, expected >= -1"}));
+  EXPECT_TRUE(
+      IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: resumed_from -2, expected >= -1"}));
   raw.resumed_from = 0;
   ASSERT_OK(Decode(EncodeRaw(raw), &out));
   EXPECT_EQ(out.resumed_from, 0);

@@ -56,7 +56,8 @@ Status Channel::SendPayload(wire::FrameType type, std::span<const uint8_t> paylo
   }
   uint8_t header[wire::kHeaderBytes];
   wire::EncodeHeader(type, payload, std::span<uint8_t, wire::kHeaderBytes>(header));
-  iovec iov[2] = {{header, wire::kHeaderBytes}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  iovec iov[2] = {{header, wire::kHeaderBytes},
+                  {const_cast<uint8_t*>(payload.data()), payload.size()}};
   size_t total = wire::kHeaderBytes + payload.size();
   size_t sent = 0;
   bool fd_pending = pass_fd >= 0;
@@ -92,9 +93,11 @@ Status Channel::SendPayload(wire::FrameType type, std::span<const uint8_t> paylo
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       if (errno == EPIPE || errno == ECONNRESET) {
-        return Status::PeerLost(peer_, ": connection closed while sending ", wire::FrameTypeName(type));
+        return Status::PeerLost(peer_, ": connection closed while sending ",
+                                wire::FrameTypeName(type));
       }
-      return Status::FromErrno(errno, peer_ + ": sendmsg " + std::string(wire::FrameTypeName(type)));
+      return Status::FromErrno(errno,
+                               peer_ + ": sendmsg " + std::string(wire::FrameTypeName(type)));
     }
     fd_pending = false;
     sent += static_cast<size_t>(r);
@@ -143,7 +146,8 @@ Status Channel::ReadExact(uint8_t* dst, size_t n, const util::Deadline& deadline
   return Status::Ok();
 }
 
-Result<wire::FrameHeader> Channel::Receive(const util::Deadline& deadline, util::UniqueFd* received_fd) {
+Result<wire::FrameHeader> Channel::Receive(const util::Deadline& deadline,
+                                           util::UniqueFd* received_fd) {
   if (!fd_.valid()) return Status::FailedPrecondition(peer_, ": channel closed");
   uint8_t header_bytes[wire::kHeaderBytes];
   util::UniqueFd fd_in;

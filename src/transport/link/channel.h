@@ -46,7 +46,8 @@ class Channel {
 
   // Receives one frame; its payload stays valid until the next Receive. If the frame carried an
   // fd and `received_fd` is non-null, it is stored there (otherwise closed).
-  Result<wire::FrameHeader> Receive(const util::Deadline& deadline, util::UniqueFd* received_fd = nullptr);
+  Result<wire::FrameHeader> Receive(const util::Deadline& deadline,
+                                    util::UniqueFd* received_fd = nullptr);
   std::span<const uint8_t> payload() const { return {recv_buffer_.data(), payload_size_}; }
 
   // Receives a frame that must be of `type` and decodes it into `message`. A kError frame from
@@ -87,8 +88,8 @@ class Channel {
 namespace weightsync::transport::link {
 
 template <typename Message>
-Status Channel::ReceiveExpect(wire::FrameType type, Message* message, const util::Deadline& deadline,
-                              util::UniqueFd* received_fd) {
+Status Channel::ReceiveExpect(wire::FrameType type, Message* message,
+                              const util::Deadline& deadline, util::UniqueFd* received_fd) {
   WS_ASSIGN_OR_RETURN(wire::FrameHeader header, Receive(deadline, received_fd));
   if (header.type != type) return UnexpectedFrame(type, header);
   Status s = Decode(payload(), message);

@@ -40,8 +40,7 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   WS_ASSIGN_OR_RETURN(channel_, Open(deadline));
   LedgerAdd(LedgerItem::kConnections, 1);
   counted_ = true;
-  WS_RETURN_IF_ERROR(
-      channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
   const bool fd_expected = kind_ == LinkKind::kUnix;
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline,
                                              fd_expected ? &store_fd_ : nullptr));

@@ -31,9 +31,8 @@ Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch,
   // An authenticated peer speaking our protocol: full-size frames from here on.
   ch.set_max_payload(wire::kMaxPayloadBytes);
   if (hello.protocol_version != wire::kProtocolVersion) {
-    return Status::FailedPrecondition("subscriber speaks protocol version ",
-                                      hello.protocol_version, ", publisher speaks ",
-                                      wire::kProtocolVersion);
+    return Status::FailedPrecondition("subscriber speaks protocol version ", hello.protocol_version,
+                                      ", publisher speaks ", wire::kProtocolVersion);
   }
   return config.source->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up);
 }
@@ -61,11 +60,11 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
     // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
     // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
-    WS_ASSIGN_OR_RETURN(wire::StepBegin begin,
-                        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms),
-                                               give_up));
-    Status s = ch.Send(wire::FrameType::kStepBegin,
-                       AsOffered(begin, request, welcome.slot_count), Deadline(config.timeout));
+    WS_ASSIGN_OR_RETURN(
+        wire::StepBegin begin,
+        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms), give_up));
+    Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
+                       Deadline(config.timeout));
     if (begin.step == request.after_step) {  // up to date: nothing pinned
       WS_RETURN_IF_ERROR(s);
       continue;

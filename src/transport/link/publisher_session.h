@@ -35,8 +35,8 @@ class StepDelivery {
   // it needs: over a Unix socket its CopyDone (it read the shared memory itself); over tcp the
   // bytes written to the connection, or sent over NCCL. `streaming`: set while a step's bytes
   // are on the connection (an error frame sent then would land in the middle of them).
-  virtual Status Deliver(const wire::StepBegin& begin, Channel& ch,
-                         const util::Deadline& deadline, bool* streaming) = 0;
+  virtual Status Deliver(const wire::StepBegin& begin, Channel& ch, const util::Deadline& deadline,
+                         bool* streaming) = 0;
   // A frame other than update_request arrived where one was due: the error that ends the session.
   virtual Status Unexpected(wire::FrameType type);
 };

@@ -2,8 +2,8 @@
 
 namespace weightsync::transport::link {
 
-Result<std::unique_ptr<Server>> StartServer(const Endpoint& endpoint,
-                                            const ServerOptions& options, VersionSource* source) {
+Result<std::unique_ptr<Server>> StartServer(const Endpoint& endpoint, const ServerOptions& options,
+                                            VersionSource* source) {
   switch (endpoint.kind) {
     case Endpoint::Kind::kLocal:
       return StartUnixServer(endpoint, options, source);

@@ -35,15 +35,14 @@ class Server {
   virtual Status Close() = 0;
 };
 
-Result<std::unique_ptr<Server>> StartServer(const Endpoint& endpoint,
-                                            const ServerOptions& options, VersionSource* source);
+Result<std::unique_ptr<Server>> StartServer(const Endpoint& endpoint, const ServerOptions& options,
+                                            VersionSource* source);
 
 // The two links (unix_server.cc, tcp_server.cc).
 Result<std::unique_ptr<Server>> StartUnixServer(const Endpoint& endpoint,
                                                 const ServerOptions& options,
                                                 VersionSource* source);
 Result<std::unique_ptr<Server>> StartTcpServer(const Endpoint& endpoint,
-                                               const ServerOptions& options,
-                                               VersionSource* source);
+                                               const ServerOptions& options, VersionSource* source);
 
 }  // namespace weightsync::transport::link

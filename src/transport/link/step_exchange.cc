@@ -11,8 +11,8 @@ wire::Hello SubscriberHello(const util::Deadline& deadline) {
 }
 
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
-                            std::optional<int64_t> step, int64_t after_step,
-                            wire::StepBegin* begin, const util::Deadline& deadline) {
+                            std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
+                            const util::Deadline& deadline) {
   wire::UpdateRequest req{step.value_or(-1), after_step,
                           static_cast<uint64_t>(deadline.RemainingMs())};
   WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
@@ -20,15 +20,15 @@ Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string
   if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing
   if (begin->step < after_step || (step && begin->step != *step)) {
     return Status::ProtocolError(peer, ": asked for step ",
-                                 step ? std::to_string(*step) : std::string("latest"),
-                                 " after ", after_step, ", publisher offered step ", begin->step);
+                                 step ? std::to_string(*step) : std::string("latest"), " after ",
+                                 after_step, ", publisher offered step ", begin->step);
   }
   return begin->step;
 }
 
-Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel, const std::string& peer,
-                                                 int64_t step, uint32_t digest_count,
-                                                 wire::StepEnd* end,
+Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel,
+                                                 const std::string& peer, int64_t step,
+                                                 uint32_t digest_count, wire::StepEnd* end,
                                                  const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepEnd, end, deadline));
   if (end->step != step) {

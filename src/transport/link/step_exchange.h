@@ -8,9 +8,9 @@
 #include <span>
 #include <string>
 
+#include "transport/link/channel.h"
 #include "util/deadline.h"
 #include "weightsync/status.h"
-#include "transport/link/channel.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::link {
@@ -22,13 +22,13 @@ wire::Hello SubscriberHello(const util::Deadline& deadline);
 // Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
 // offered; `after_step` means up to date.
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
-                            std::optional<int64_t> step, int64_t after_step,
-                            wire::StepBegin* begin, const util::Deadline& deadline);
+                            std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
+                            const util::Deadline& deadline);
 
 // Receives the StepEnd of `step` into `end`; it must carry exactly `digest_count` digests.
-Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel, const std::string& peer,
-                                                 int64_t step, uint32_t digest_count,
-                                                 wire::StepEnd* end,
+Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel,
+                                                 const std::string& peer, int64_t step,
+                                                 uint32_t digest_count, wire::StepEnd* end,
                                                  const util::Deadline& deadline);
 
 }  // namespace weightsync::transport::link

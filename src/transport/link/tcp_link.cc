@@ -48,8 +48,7 @@ Result<std::unique_ptr<Channel>> TcpLink::Open(const Deadline& deadline) {
   WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ConnectTcp(endpoint_, deadline));
   // Handshake-sized frames only until Authenticate() has checked the publisher's MAC: an
   // impostor must not make us reserve a full-size frame buffer with one 24-byte header.
-  auto channel =
-      std::make_unique<Channel>(std::move(fd), peer(), wire::kMaxHandshakePayloadBytes);
+  auto channel = std::make_unique<Channel>(std::move(fd), peer(), wire::kMaxHandshakePayloadBytes);
   WS_RETURN_IF_ERROR(Authenticate(*channel, deadline));
   return channel;
 }
@@ -63,23 +62,25 @@ Status TcpLink::Authenticate(Channel& ch, const Deadline& deadline) {
                                       wire::kProtocolVersion);
   }
   if (challenge.auth_required && token_.empty()) {
-    return Status::Unauthenticated(peer(), " requires a token and none is configured "
-                                           "(SubscriberOptions.token_file, WEIGHTSYNC_TOKEN_FILE "
-                                           "or WEIGHTSYNC_TOKEN)");
+    return Status::Unauthenticated(peer(),
+                                   " requires a token and none is configured "
+                                   "(SubscriberOptions.token_file, WEIGHTSYNC_TOKEN_FILE "
+                                   "or WEIGHTSYNC_TOKEN)");
   }
   if (!challenge.auth_required && !token_.empty()) {
-    return Status::Unauthenticated(peer(), " does not authenticate, but this subscriber has a "
-                                           "token: refusing an unauthenticated publisher");
+    return Status::Unauthenticated(peer(),
+                                   " does not authenticate, but this subscriber has a "
+                                   "token: refusing an unauthenticated publisher");
   }
   WS_ASSIGN_OR_RETURN(wire::Nonce nonce, wire::RandomNonce());
-  wire::Auth auth{wire::Role::kSubscriber, nonce,
-                  wire::ComputeMac(token_, wire::MacSide::kClient, challenge, nonce,
-                                   wire::Role::kSubscriber)};
+  wire::Auth auth{
+      wire::Role::kSubscriber, nonce,
+      wire::ComputeMac(token_, wire::MacSide::kClient, challenge, nonce, wire::Role::kSubscriber)};
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kAuth, auth, deadline));
   wire::AuthOk ok;
   WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kAuthOk, &ok, deadline));
-  wire::Mac expected = wire::ComputeMac(token_, wire::MacSide::kServer, challenge, nonce,
-                                        wire::Role::kSubscriber);
+  wire::Mac expected =
+      wire::ComputeMac(token_, wire::MacSide::kServer, challenge, nonce, wire::Role::kSubscriber);
   if (!wire::MacEquals(expected, ok.mac)) {
     return Status::Unauthenticated(peer(), " failed to prove it holds the token");
   }

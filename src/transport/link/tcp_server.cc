@@ -4,8 +4,6 @@
 // fixed-size handshake record, never a thread or a buffer. Only an authenticated peer gets a
 // session thread (tcp_session.h). A connection that breaks the protocol gets an Error frame (where
 // one can be sent) and is closed with the reason logged; other connections are unaffected.
-#include "transport/link/server.h"
-
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -17,6 +15,8 @@
 #include <set>
 #include <thread>
 
+#include "transport/link/channel.h"
+#include "transport/link/server.h"
 #include "transport/link/session_threads.h"
 #include "transport/link/tcp_session.h"
 #include "util/ledger.h"
@@ -24,7 +24,6 @@
 #include "util/thread.h"
 #include "util/token.h"
 #include "util/unique_fd.h"
-#include "transport/link/channel.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
 
@@ -96,8 +95,8 @@ class TcpServerImpl final : public Server {
   std::atomic<bool> stopping_{false};
   bool closed_ = false;
   std::set<std::shared_ptr<Handshake>> live_;  // handshakes in progress; io thread only
-  std::set<wire::Nonce> seen_nonces_;   // io thread only
-  std::deque<wire::Nonce> nonce_order_;  // io thread only
+  std::set<wire::Nonce> seen_nonces_;          // io thread only
+  std::deque<wire::Nonce> nonce_order_;        // io thread only
   SessionThreads sessions_;
   uint64_t next_session_id_ = 1;
 };
@@ -268,8 +267,7 @@ void TcpServerImpl::VerifyAuth(std::shared_ptr<Handshake> h) {
   });
 }
 
-void TcpServerImpl::Refuse(std::shared_ptr<Handshake> h, StatusCode code,
-                           const std::string& why) {
+void TcpServerImpl::Refuse(std::shared_ptr<Handshake> h, StatusCode code, const std::string& why) {
   WS_LOG(WARN, "tcp") << "refused " << h->peer << ": " << StatusCodeName(code) << ": " << why;
   std::vector<uint8_t> body;
   wire::Encode(wire::ErrorMessage{code, why.substr(0, wire::kMaxErrorMessageBytes)}, &body);
@@ -312,8 +310,9 @@ void TcpServerImpl::StartSession(std::shared_ptr<Handshake> h) {
   }
   SessionConfig config{options_.timeout, h->peer, source_, &stopping_};
   util::UniqueFd refused_fd;
-  Status started = sessions_.Start(util::UniqueFd(native), "tcp session",
-                                   [config](int fd) { RunSession(fd, config); }, &refused_fd);
+  Status started = sessions_.Start(
+      util::UniqueFd(native), "tcp session", [config](int fd) { RunSession(fd, config); },
+      &refused_fd);
   if (!started.ok()) {
     // Authenticated, so the peer is told why (briefly: this runs on the io thread) and closed.
     WS_LOG(WARN, "tcp") << "session for " << h->peer << " refused: " << started;

@@ -28,8 +28,8 @@ class SocketDelivery final : public StepDelivery {
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
     for (size_t i = 0; i < parts_.size(); ++i) {
       const wire::TensorPlacement& t = welcome_.tensors[select_.tensors[i]];
-      uint64_t at = t.offset + (t.region == wire::Region::kSlot ? slot_base
-                                                                : welcome_.direct_offset);
+      uint64_t at =
+          t.offset + (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
       parts_[i] = {const_cast<uint8_t*>(base_ + at), t.spec.nbytes};
     }
     *streaming = true;
@@ -118,8 +118,7 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
   const wire::Welcome& welcome = *layout.first;
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
-  WS_RETURN_IF_ERROR(
-      ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
+  WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
   for (uint32_t t : select.tensors) {
     if (t >= welcome.tensors.size()) {
       return Status::ProtocolError("select: tensor index ", t, " but the publisher has ",

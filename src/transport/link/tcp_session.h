@@ -4,7 +4,8 @@
 // version (scatter-gather send, no staging copy). When the store is GPU memory the data goes over
 // NCCL instead (path/nccl_path.h):
 //   ... Select → NcclSetup → NcclId → (both join a two-rank communicator)
-//   { UpdateRequest → StepBegin → grouped ncclBroadcast (root) of the slot's selected tensors → StepEnd }*
+//   { UpdateRequest → StepBegin → grouped ncclBroadcast (root) of the slot's selected tensors →
+//   StepEnd }*
 // The communicator lives as long as the session; any failure aborts it and ends the session. The
 // step loop itself is publisher_session.h's, shared with the Unix link.
 #pragma once

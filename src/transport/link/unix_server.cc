@@ -12,10 +12,10 @@
 
 #include "transport/link/channel.h"
 #include "transport/link/endpoint_lock.h"
+#include "transport/link/link.h"
 #include "transport/link/publisher_session.h"
 #include "transport/link/server.h"
 #include "transport/link/session_threads.h"
-#include "transport/link/link.h"
 #include "util/ledger.h"
 #include "util/logging.h"
 #include "util/thread.h"
@@ -58,7 +58,6 @@ Status RemoveStaleSocket(const Endpoint& endpoint) {
   return Status::Ok();
 }
 
-
 // The publisher's Unix-socket link: owner-only socket under the endpoint's lock (endpoint_lock.h),
 // peers checked by uid (SO_PEERCRED), the store's fd passed with the Welcome (SCM_RIGHTS); a
 // subscriber reads each step from the shared store itself and confirms it with CopyDone.
@@ -77,8 +76,7 @@ class UnixServer final : public Server {
   const Endpoint& bound() const override { return endpoint_; }
   Status Close() override;
   Status StartAccepting() {
-    WS_RETURN_IF_ERROR(
-        util::StartThread(&accept_thread_, "shm accept", [this] { AcceptLoop(); }));
+    WS_RETURN_IF_ERROR(util::StartThread(&accept_thread_, "shm accept", [this] { AcceptLoop(); }));
     LedgerAdd(LedgerItem::kThreads, 1);
     return Status::Ok();
   }
@@ -138,20 +136,19 @@ void UnixServer::AcceptLoop() {
     Status refused;
     util::UniqueFd refused_fd;
     if (sessions_.active() >= options_.max_connections) {
-      refused = Status::ResourceExhausted("connection cap of ", options_.max_connections,
-                                          " reached");
+      refused =
+          Status::ResourceExhausted("connection cap of ", options_.max_connections, " reached");
       refused_fd = std::move(fd);
     } else {
       const int id = next_id_++;
-      refused = sessions_.Start(std::move(fd), "shm connection",
-                                [this, id](int session_fd) { Serve(session_fd, id); },
-                                &refused_fd);
+      refused = sessions_.Start(
+          std::move(fd), "shm connection", [this, id](int session_fd) { Serve(session_fd, id); },
+          &refused_fd);
     }
     if (!refused.ok()) {
       WS_LOG(WARN, "shm") << "refused connection from pid " << cred.pid << ": " << refused;
       Channel ch(std::move(refused_fd), "subscriber pid " + std::to_string(cred.pid));
-      (void)ch.Send(wire::FrameType::kError,
-                    wire::ErrorMessage{refused.code(), refused.message()},
+      (void)ch.Send(wire::FrameType::kError, wire::ErrorMessage{refused.code(), refused.message()},
                     Deadline(std::chrono::milliseconds(100)));
     }
   }
@@ -168,8 +165,8 @@ void UnixServer::Serve(int fd, int id) {
   bool streaming = false;
   Status s = [&]() -> Status {
     WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
-    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, *layout.first,
-                               Deadline(options_.timeout), layout.second));
+    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, *layout.first, Deadline(options_.timeout),
+                               layout.second));
     CopyDoneDelivery delivery;
     return ServeSteps(ch, config, *layout.first, delivery, &streaming);
   }();

@@ -27,9 +27,9 @@ namespace weightsync::transport::path {
 // What a path prepares against. Everything outlives the path except `store_fd`, which the path
 // takes (to map or import the publisher's store) or leaves.
 struct PathContext {
-  link::Link* link = nullptr;           // the control connection (tcp paths read or set up on it)
+  link::Link* link = nullptr;  // the control connection (tcp paths read or set up on it)
   const wire::Welcome* welcome = nullptr;
-  util::UniqueFd* store_fd = nullptr;   // Unix links: the publisher's store
+  util::UniqueFd* store_fd = nullptr;  // Unix links: the publisher's store
   const plan::Plan* plan = nullptr;
   const std::vector<plan::Destination>* destinations = nullptr;
   UpdateMode mode = UpdateMode::kStaged;

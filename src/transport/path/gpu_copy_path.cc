@@ -59,14 +59,14 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
 }
 
 Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
-                                      const std::vector<plan::Destination>& destinations,
-                                      int device) {
+                                     const std::vector<plan::Destination>& destinations,
+                                     int device) {
   WS_FAIL_POINT_RETURN("cuda_ipc.publisher_gpu");
   const int owner = arena_.owner_device();
   if (owner < 0) return Status::Unavailable("the driver does not say which GPU holds the arena");
   if (owner == device) return Status::Unavailable("the publisher's GPU is this one");
-  WS_RETURN_IF_ERROR(arena_.GrantAccess(owner).WithContext("the arena for cuda:" +
-                                                           std::to_string(owner)));
+  WS_RETURN_IF_ERROR(
+      arena_.GrantAccess(owner).WithContext("the arena for cuda:" + std::to_string(owner)));
   WS_RETURN_IF_ERROR(gpu::EnablePeerAccess(owner, device));
   // Only what the conversions write must be writable from there (copies stay on this device).
   for (uint32_t k : plan.converted) {
@@ -77,8 +77,8 @@ Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
       if (d.data == nullptr || d.spec.nbytes == 0) continue;
       WS_ASSIGN_OR_RETURN(bool writable, gpu::DeviceCanWrite(owner, d.data, d.spec.nbytes));
       if (!writable) {
-        return Status::Unavailable("destination '", d.spec.name, "' is not writable from cuda:",
-                                   owner);
+        return Status::Unavailable("destination '", d.spec.name,
+                                   "' is not writable from cuda:", owner);
       }
     }
   }
@@ -88,8 +88,8 @@ Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
 }
 
 Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
-                                  const std::vector<plan::Destination>& destinations, bool direct,
-                                  const std::function<const uint8_t*(uint32_t)>& slot_base) {
+                                 const std::vector<plan::Destination>& destinations, bool direct,
+                                 const std::function<const uint8_t*(uint32_t)>& slot_base) {
   // Copy batches and conversion launches, built once: a step submits one batch. Conversions are
   // prepared on the device that will run them (its stream, its job table).
   const bool at_source = source_device_ >= 0;
@@ -176,14 +176,12 @@ Status GpuCopyPath::Release() {
 }
 
 std::string GpuCopyPath::Describe() const {
-  std::string text = ", GPU arena from cuda:" + std::to_string(welcome_device_) + " into cuda:" +
-                     std::to_string(receiver_.device());
+  std::string text = ", GPU arena from cuda:" + std::to_string(welcome_device_) +
+                     " into cuda:" + std::to_string(receiver_.device());
   if (conversions_ == 0) return text;
   const int at = source_device_ >= 0 ? source_device_ : receiver_.device();
-  return text + "; " + std::to_string(conversions_) + " conversions on cuda:" +
-         std::to_string(at) +
-         (source_device_ >= 0 ? " (the publisher's GPU: only converted bytes cross the link)"
-                              : "");
+  return text + "; " + std::to_string(conversions_) + " conversions on cuda:" + std::to_string(at) +
+         (source_device_ >= 0 ? " (the publisher's GPU: only converted bytes cross the link)" : "");
 }
 
 }  // namespace weightsync::transport::path

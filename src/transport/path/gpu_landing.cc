@@ -13,7 +13,7 @@ using util::LedgerItem;
 // ---- GpuLanding ---------------------------------------------------------------------------
 
 Result<int> GpuLanding::DestinationDevice(const std::vector<plan::Destination>& destinations,
-                                           std::string_view transport) {
+                                          std::string_view transport) {
   int device = -1;
   for (const auto& d : destinations) {
     if (!d.device.is_cuda() || (device >= 0 && d.device.index != device)) {
@@ -29,8 +29,8 @@ Result<int> GpuLanding::DestinationDevice(const std::vector<plan::Destination>& 
 }
 
 Status GpuLanding::Prepare(const plan::Plan* plan,
-                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
-                            int device, const uint8_t* converted_source) {
+                           const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                           int device, const uint8_t* converted_source) {
   plan_ = plan;
   device_ = device;
   converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;
@@ -61,8 +61,7 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
   if (shadow_.data() != nullptr) {
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0 || t.transform != plan::Transform::kCopy) continue;
-      commit_.Add(destinations_[t.destination], shadow_.as<uint8_t>() + t.shadow_offset,
-                  t.nbytes);
+      commit_.Add(destinations_[t.destination], shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes);
     }
   }
   digest_launches_.clear();
@@ -187,15 +186,15 @@ Status GpuLanding::MaybeInjectBitFlip() {
 }
 
 Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
-                           const util::Deadline& deadline) {
+                          const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
   for (size_t i = 0; i < digest_launches_.size(); ++i) {
     // Segments converted straight from the publisher were hashed during the copy.
     if (converted_source_ != nullptr && plan_->segments[i].converted) continue;
     WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
   }
-  WS_RETURN_IF_ERROR(queue_.Enqueue(digests_host_.data(), digests_device_.data(),
-                                    digests_host_.size() * 8));
+  WS_RETURN_IF_ERROR(
+      queue_.Enqueue(digests_host_.data(), digests_device_.data(), digests_host_.size() * 8));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
   size_t bad = 0, first = digests_host_.size();
   for (size_t i = 0; i < digests_host_.size(); ++i) {
@@ -208,9 +207,9 @@ Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
   const plan::Segment& s = plan_->segments[first];
   // Offsets are into the tensor as published (for a converted tensor, before converting).
   return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
-                            s.converted ? "published bytes [" : "bytes [",
-                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
-                            s.digest_index, ") do not match the publisher's GPU digest; ", bad,
+                            s.converted ? "published bytes [" : "bytes [", s.dst_offset, ", ",
+                            s.dst_offset + s.bytes, ") (segment ", s.digest_index,
+                            ") do not match the publisher's GPU digest; ", bad,
                             " corrupt segment(s) in all; nothing committed");
 }
 

@@ -15,9 +15,9 @@ GpuToHostPath::~GpuToHostPath() {
 }
 
 Status GpuToHostPath::Available(const PathContext& ctx) {
-  return gpu::CudaAvailable().WithContext(ctx.link->peer() + " keeps its arena on cuda:" +
-                                          std::to_string(ctx.welcome->device) +
-                                          " and the destinations are in host memory");
+  return gpu::CudaAvailable().WithContext(
+      ctx.link->peer() + " keeps its arena on cuda:" + std::to_string(ctx.welcome->device) +
+      " and the destinations are in host memory");
 }
 
 Status GpuToHostPath::Prepare(const PathContext& ctx) {

@@ -6,9 +6,10 @@
 // landing ranges pinned (cudaHostRegister, page-aligned and merged), so each step is one batch of
 // asynchronous device-to-host copies at the link's DMA rate. If any range cannot be pinned (the
 // device refuses, or someone else registered part of it: pins are never shared) none is, and the
-// copies go through the driver (logged; correct; as fast only where the memory is pinned anyway). Verify checks the landed
-// bytes on the CPU against the publisher's GPU digests (the CPU implementation of that digest);
-// conversions run at commit with the CPU implementations of the GPU transforms.
+// copies go through the driver (logged; correct; as fast only where the memory is pinned anyway).
+// Verify checks the landed bytes on the CPU against the publisher's GPU digests (the CPU
+// implementation of that digest); conversions run at commit with the CPU implementations of the GPU
+// transforms.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "plan/plan.h"
 #include "cuda/vmm.h"
+#include "plan/plan.h"
 #include "transport/path/data_path.h"
 #include "transport/path/host_landing.h"
 #include "util/deadline.h"
@@ -53,7 +54,7 @@ class GpuToHostPath final : public DataPath {
   gpu::CopyQueue queue_;
   HostLanding host_;
   std::vector<gpu::HostRegistration> pins_;
-  std::string pageable_reason_;  // "" when every landing range is pinned
+  std::string pageable_reason_;               // "" when every landing range is pinned
   std::vector<gpu::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
 };
 

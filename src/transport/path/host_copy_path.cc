@@ -16,14 +16,14 @@ Status HostCopyPath::Prepare(const PathContext& ctx) {
   welcome_ = ctx.welcome;
   peer_ = ctx.link->peer();
   util::UniqueFd fd = std::move(*ctx.store_fd);
-  WS_RETURN_IF_ERROR(store::CheckImportedSegment(fd.get(), welcome_->arena_bytes)
-                         .WithContext(peer_));
+  WS_RETURN_IF_ERROR(
+      store::CheckImportedSegment(fd.get(), welcome_->arena_bytes).WithContext(peer_));
   WS_ASSIGN_OR_RETURN(mapping_, store::Mapping::Map(fd.get(), welcome_->arena_bytes,
                                                     /*writable=*/false, "arena of " + peer_));
   // The mapping keeps the memory alive; the fd is no longer needed.
   WS_RETURN_IF_ERROR(fd.Close());
-  const int threads = std::min<int>(ctx.CopyThreads(),
-                                    std::max<size_t>(ctx.plan->buckets.size(), 1));
+  const int threads =
+      std::min<int>(ctx.CopyThreads(), std::max<size_t>(ctx.plan->buckets.size(), 1));
   return landing_.Prepare(ctx.plan, *ctx.destinations, ctx.mode, threads);
 }
 

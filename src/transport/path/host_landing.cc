@@ -14,8 +14,8 @@ constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
 }  // namespace
 
 Status HostLanding::Prepare(const plan::Plan* plan,
-                             const std::vector<plan::Destination>& destinations, UpdateMode mode,
-                             int threads) {
+                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
+                            int threads) {
   plan_ = plan;
   destinations_.clear();
   names_.clear();
@@ -64,8 +64,8 @@ void HostLanding::VerifySegment(void* context, uint32_t index) {
   if (self->Digest(s) != self->digests_[s.digest_index]) {
     uint32_t seen = self->first_mismatch_.load(std::memory_order_relaxed);
     // Keep the lowest failing segment so the error is deterministic.
-    while (index < seen && !self->first_mismatch_.compare_exchange_weak(
-                               seen, index, std::memory_order_relaxed)) {
+    while (index < seen &&
+           !self->first_mismatch_.compare_exchange_weak(seen, index, std::memory_order_relaxed)) {
     }
   }
 }
@@ -78,13 +78,11 @@ void HostLanding::MaybeInjectBitFlip() {
   }
 }
 
-Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind kind,
-                            int64_t step) {
+Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step) {
   digests_ = digests;
   digest_kind_ = kind;
   first_mismatch_.store(kNoMismatch, std::memory_order_relaxed);
-  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::VerifySegment,
-                this);
+  workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::VerifySegment, this);
   const uint32_t bad = first_mismatch_.load(std::memory_order_relaxed);
   if (bad == kNoMismatch) return Status::Ok();
   // The failure path may take its time: count every corrupt segment for the message.
@@ -93,9 +91,9 @@ Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind k
   const plan::Segment& s = plan_->segments[bad];
   // Offsets are into the tensor as published (for a converted tensor, before converting).
   return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
-                            s.converted ? "published bytes [" : "bytes [",
-                            s.dst_offset, ", ", s.dst_offset + s.bytes, ") (segment ",
-                            s.digest_index, ") do not match the publisher's digest; ", count,
+                            s.converted ? "published bytes [" : "bytes [", s.dst_offset, ", ",
+                            s.dst_offset + s.bytes, ") (segment ", s.digest_index,
+                            ") do not match the publisher's digest; ", count,
                             " corrupt segment(s) in all; nothing committed");
 }
 
@@ -125,12 +123,10 @@ void HostLanding::ConvertTensor(void* context, uint32_t index) {
 
 Status HostLanding::Commit() {
   if (shadow_.data() != nullptr) {
-    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::CommitSegment,
-                  this);
+    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostLanding::CommitSegment, this);
   }
   if (plan_->converted.empty()) return Status::Ok();
-  workers_->Run(static_cast<uint32_t>(plan_->converted.size()), &HostLanding::ConvertTensor,
-                this);
+  workers_->Run(static_cast<uint32_t>(plan_->converted.size()), &HostLanding::ConvertTensor, this);
   for (size_t i = 0; i < convert_status_.size(); ++i) {
     if (!convert_status_[i].ok()) {
       const plan::PlannedTensor& t = plan_->tensors[plan_->converted[i]];

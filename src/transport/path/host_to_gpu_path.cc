@@ -2,12 +2,12 @@
 
 #include <algorithm>
 
+#include "cuda/device.h"
 #include "cuda/gpu_digest_reference.h"
 #include "transport/path/host_landing.h"
-#include "cuda/device.h"
 #include "util/fail_point.h"
-#include "util/worker_pool.h"
 #include "util/logging.h"
+#include "util/worker_pool.h"
 
 namespace weightsync::transport::path {
 
@@ -43,7 +43,7 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   WS_RETURN_IF_ERROR(gpu::SetDevice(device));
   // Pinned once: the copy engines read the published slots directly (read-only, like the mapping).
   Result<gpu::HostRegistration> pin = gpu::HostRegistration::Register(arena, welcome.arena_bytes,
-                                                            /*read_only=*/true);
+                                                                      /*read_only=*/true);
   if (pin.ok()) {
     pinned_ = std::move(pin).value();
     pageable_reason_.clear();
@@ -75,10 +75,10 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
 void HostToGpuPath::HashSegment(void* context, uint32_t index) {
   auto* self = static_cast<HostToGpuPath*>(context);
   const plan::Segment& s = self->plan_->segments[index];
-  const uint8_t* src = (s.region == wire::Region::kSlot
-                            ? self->slot_base_
-                            : self->arena_ + self->welcome_->direct_offset) +
-                       s.src_offset;
+  const uint8_t* src =
+      (s.region == wire::Region::kSlot ? self->slot_base_
+                                       : self->arena_ + self->welcome_->direct_offset) +
+      s.src_offset;
   self->published_kind_[index] = HostDigest(self->welcome_->digest_kind, src, s.bytes);
   self->gpu_kind_[s.digest_index] = gpu::GpuDigest(src, s.bytes);
 }
@@ -96,8 +96,7 @@ Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
     // While the copy engines read the slot, the CPU hashes the same bytes (still pinned by the
     // publisher until this step's copy_done).
     slot_base_ = arena_ + welcome_->slots_offset + uint64_t{slot} * welcome_->slot_bytes;
-    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostToGpuPath::HashSegment,
-                  this);
+    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostToGpuPath::HashSegment, this);
   }
   WS_RETURN_IF_ERROR(receiver_.queue().Wait(deadline));
   return receiver_.MaybeInjectBitFlip();
@@ -123,8 +122,8 @@ Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
     return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
                               s.converted ? "published bytes [" : "bytes [", s.dst_offset, ", ",
                               s.dst_offset + s.bytes, ") (segment ", s.digest_index,
-                              ") as read from the publisher's arena do not match its digest; ",
-                              bad, " corrupt segment(s) in all; nothing committed");
+                              ") as read from the publisher's arena do not match its digest; ", bad,
+                              " corrupt segment(s) in all; nothing committed");
   }
   // Second hop: what landed on the GPU, against the same source bytes (hashed here with the GPU
   // digest while they were copied).

@@ -18,11 +18,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cuda/vmm.h"
 #include "plan/plan.h"
 #include "transport/path/data_path.h"
 #include "transport/path/gpu_landing.h"
 #include "transport/store/shm_segment.h"
-#include "cuda/vmm.h"
 #include "util/deadline.h"
 #include "util/worker_pool.h"
 #include "weightsync/options.h"
@@ -56,7 +56,7 @@ class HostToGpuPath final : public DataPath {
   const wire::Welcome* welcome_ = nullptr;
   GpuLanding receiver_;
   gpu::HostRegistration pinned_;
-  std::string pageable_reason_;  // why the copies read pageable memory ("" when pinned)
+  std::string pageable_reason_;     // why the copies read pageable memory ("" when pinned)
   std::vector<std::string> names_;  // destination names, for errors
   std::unique_ptr<util::WorkerPool> workers_;
   std::vector<gpu::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor

@@ -1,11 +1,9 @@
 #include "transport/path/nccl_path.h"
 
 #include "cuda/device.h"
-#include "wire/handshake.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
-
-#include "util/logging.h"
+#include "wire/handshake.h"
 
 namespace weightsync::transport::path {
 
@@ -23,8 +21,8 @@ Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(int arena_fd, const wire
   }
   std::unique_ptr<NcclSender> s(new NcclSender());
   s->device_ = welcome.device;
-  WS_ASSIGN_OR_RETURN(s->arena_, gpu::ImportedAllocation::Import(
-                                     arena_fd, welcome.arena_bytes, welcome.device));
+  WS_ASSIGN_OR_RETURN(
+      s->arena_, gpu::ImportedAllocation::Import(arena_fd, welcome.arena_bytes, welcome.device));
   s->slot_pieces_.assign(welcome.slot_count, {});
   for (uint32_t k = 0; k < welcome.slot_count; ++k) {
     // The mapping is read-write for this device; NCCL only reads from it.
@@ -55,7 +53,8 @@ Status NcclSender::Connect(const gpu::nccl::UniqueId& id, const util::Deadline& 
   return Status::Ok();
 }
 
-Status NcclSender::Send(uint32_t slot, const util::Deadline& deadline, const gpu::nccl::Watch& watch) {
+Status NcclSender::Send(uint32_t slot, const util::Deadline& deadline,
+                        const gpu::nccl::Watch& watch) {
   if (!link_) return Status::FailedPrecondition("nccl: Send() before Connect()");
   if (slot >= slot_pieces_.size()) {
     return Status::Internal("nccl: slot ", slot, " of ", slot_pieces_.size());
@@ -83,8 +82,8 @@ NcclPath::~NcclPath() {
 }
 
 Status NcclPath::Available(const PathContext& ctx) {
-  const std::string why = ctx.link->peer() + " keeps its arena on cuda:" +
-                          std::to_string(ctx.welcome->device) +
+  const std::string why = ctx.link->peer() +
+                          " keeps its arena on cuda:" + std::to_string(ctx.welcome->device) +
                           " and the destinations are CUDA tensors, which needs the nccl transport";
   WS_RETURN_IF_ERROR(gpu::nccl::NcclAvailable().WithContext(why));
   return gpu::CudaAvailable().WithContext(why);
@@ -105,7 +104,8 @@ Status NcclPath::Prepare(const PathContext& ctx) {
   // Staging, digests and the receive list first: the communicator is created last and released
   // first, so no NCCL kernel can outlive the memory it writes.
   WS_ASSIGN_OR_RETURN(device_, GpuLanding::DestinationDevice(*ctx.destinations, "nccl"));
-  WS_RETURN_IF_ERROR(gpu_.Prepare(ctx.plan, *ctx.destinations, ctx.mode, device_).WithContext(peer));
+  WS_RETURN_IF_ERROR(
+      gpu_.Prepare(ctx.plan, *ctx.destinations, ctx.mode, device_).WithContext(peer));
   pieces_.clear();
   for (const plan::PlannedTensor& t : ctx.plan->tensors) {
     if (t.nbytes == 0) continue;
@@ -148,8 +148,7 @@ Status NcclPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
 std::string NcclPath::Describe() const {
   return "; communicator rank 1 on cuda:" + std::to_string(device_) + ", NCCL " +
          gpu::nccl::NcclVersionString(gpu::nccl::NcclVersionCode()) + ", joined in " +
-         std::to_string(static_cast<int>(comm_ ? comm_->connect_seconds() * 1000 : 0)) +
-         " ms, " +
+         std::to_string(static_cast<int>(comm_ ? comm_->connect_seconds() * 1000 : 0)) + " ms, " +
          (staged_ ? std::to_string(gpu_.staging_bytes()) + " staging bytes"
                   : std::string("in place"));
 }

@@ -23,12 +23,12 @@
 #include <span>
 #include <vector>
 
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_link.h"
+#include "cuda/vmm.h"
 #include "plan/plan.h"
 #include "transport/path/data_path.h"
 #include "transport/path/gpu_landing.h"
-#include "cuda/vmm.h"
-#include "cuda/nccl_api.h"
-#include "cuda/nccl_link.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
 #include "wire/messages.h"
@@ -49,7 +49,8 @@ class NcclSender {
   ~NcclSender();  // Close(), logging a failure
 
   // Joins the communicator as rank 0 (after the unique id went out in NcclId).
-  Status Connect(const gpu::nccl::UniqueId& id, const util::Deadline& deadline, const gpu::nccl::Watch& watch);
+  Status Connect(const gpu::nccl::UniqueId& id, const util::Deadline& deadline,
+                 const gpu::nccl::Watch& watch);
   // Sends the selected tensors of `slot` and waits until NCCL has read all of them (after that,
   // the slot may be unpinned and rewritten). A failure aborts the communicator.
   Status Send(uint32_t slot, const util::Deadline& deadline, const gpu::nccl::Watch& watch);

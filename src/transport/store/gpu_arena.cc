@@ -7,8 +7,8 @@
 
 namespace weightsync::transport::store {
 
-Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_bytes,
-                                                   uint32_t slots, std::vector<Copy> copies,
+Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_bytes, uint32_t slots,
+                                                   std::vector<Copy> copies,
                                                    std::vector<Segment> segments,
                                                    uint32_t digest_count) {
   gpu::ScopedDevice restore;  // everything below is made on `device`; the caller keeps its own
@@ -19,15 +19,16 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
   a->slot_bytes_ = (std::max<uint64_t>(slot_bytes, 1) + (2u << 20) - 1) / (2u << 20) * (2u << 20);
   a->digest_count_ = digest_count;
   a->copies_ = std::move(copies);
-  WS_ASSIGN_OR_RETURN(a->allocation_, gpu::ExportedAllocation::Create(device, a->slot_bytes_ * slots));
+  WS_ASSIGN_OR_RETURN(a->allocation_,
+                      gpu::ExportedAllocation::Create(device, a->slot_bytes_ * slots));
   WS_ASSIGN_OR_RETURN(a->fd_, a->allocation_.ExportFd());
   WS_ASSIGN_OR_RETURN(a->queue_, gpu::CopyQueue::Create(device));
   uint64_t chunks = 0;
   for (const auto& s : segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
   WS_ASSIGN_OR_RETURN(a->chunk_hashes_,
                       gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * slots * 8));
-  WS_ASSIGN_OR_RETURN(a->digests_device_, gpu::DeviceBuffer::Allocate(
-                                              std::max<uint64_t>(digest_count, 1) * slots * 8));
+  WS_ASSIGN_OR_RETURN(a->digests_device_,
+                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(digest_count, 1) * slots * 8));
   a->batch_dsts_.assign(slots, {});
   for (const Copy& c : a->copies_) {
     if (c.bytes == 0) continue;
@@ -46,10 +47,10 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
     a->launches_[k].reserve(segments.size());
     for (const auto& s : segments) {
       uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
-      WS_ASSIGN_OR_RETURN(auto launch,
-                          gpu::PrepareDigest(slot + s.slot_offset, s.bytes, chunk_base + at,
-                                             std::max<uint64_t>(n, 1), digest_base + s.digest,
-                                             a->queue_.stream()));
+      WS_ASSIGN_OR_RETURN(
+          auto launch,
+          gpu::PrepareDigest(slot + s.slot_offset, s.bytes, chunk_base + at,
+                             std::max<uint64_t>(n, 1), digest_base + s.digest, a->queue_.stream()));
       a->launches_[k].push_back(std::move(launch));
       at += n;
     }
@@ -69,9 +70,9 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
                                          batch_sizes_.data(), batch_srcs_.size()));
   for (auto& launch : launches_[slot]) WS_RETURN_IF_ERROR(launch.Launch());
-  WS_RETURN_IF_ERROR(queue_.Enqueue(
-      digests, digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
-      uint64_t{digest_count_} * 8));
+  WS_RETURN_IF_ERROR(queue_.Enqueue(digests,
+                                    digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
+                                    uint64_t{digest_count_} * 8));
   return queue_.Wait(deadline);
 }
 

@@ -20,7 +20,7 @@ namespace weightsync::transport::store {
 
 class GpuArena {
  public:
-  struct Copy {  // one registered tensor
+  struct Copy {                    // one registered tensor
     const uint8_t* src = nullptr;  // device pointer in the caller's tensor
     uint64_t slot_offset = 0;
     uint64_t bytes = 0;
@@ -60,7 +60,7 @@ class GpuArena {
   util::UniqueFd fd_;
   gpu::CopyQueue queue_;
   gpu::DeviceBuffer chunk_hashes_;
-  gpu::DeviceBuffer digests_device_;                   // slots × digest_count words
+  gpu::DeviceBuffer digests_device_;                        // slots × digest_count words
   std::vector<std::vector<gpu::PreparedDigest>> launches_;  // [slot][segment]
   // Prepared copy batches per slot (registered tensors → slot).
   std::vector<std::vector<void*>> batch_dsts_;

@@ -35,9 +35,9 @@ class GpuStore final : public VersionStore {
   uint64_t copy_bytes() const override { return copy_bytes_; }
   std::string Describe() const override {
     return std::to_string(slots_) + " slots of " +
-           std::to_string(arena_ ? arena_->slot_bytes() : 0) + " bytes on cuda:" +
-           std::to_string(device_) + ", " + std::to_string(segments_) + " segments, " +
-           std::to_string(segments_ * slots_) + " prepared digest launches";
+           std::to_string(arena_ ? arena_->slot_bytes() : 0) +
+           " bytes on cuda:" + std::to_string(device_) + ", " + std::to_string(segments_) +
+           " segments, " + std::to_string(segments_ * slots_) + " prepared digest launches";
   }
   Status Close() override {
     if (!arena_) return Status::Ok();
@@ -75,8 +75,8 @@ Status GpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   }
   std::vector<GpuArena::Segment> arena_segments;
   for (const Segment& s : segments.segments) {
-    arena_segments.push_back({layout.tensors[s.tensor].placement.offset + s.offset, s.bytes,
-                              s.digest});
+    arena_segments.push_back(
+        {layout.tensors[s.tensor].placement.offset + s.offset, s.bytes, s.digest});
   }
   WS_ASSIGN_OR_RETURN(std::unique_ptr<GpuArena> arena,
                       GpuArena::Create(device_, layout.slot_bytes, layout.slots, std::move(copies),

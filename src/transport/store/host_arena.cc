@@ -35,7 +35,8 @@ uint64_t CapToAddressSpaceHeadroom(uint64_t want) {
 }
 }  // namespace
 
-Result<std::unique_ptr<HostArena>> HostArena::Create(const std::string& name, uint64_t reserve_bytes) {
+Result<std::unique_ptr<HostArena>> HostArena::Create(const std::string& name,
+                                                     uint64_t reserve_bytes) {
   std::unique_ptr<HostArena> a(new HostArena());
   a->name_ = name;
   int fd = ::memfd_create(("weightsync:" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -73,8 +74,8 @@ Status HostArena::GrowTo(uint64_t bytes) {
   bytes = RoundUp(bytes, kPage);
   if (bytes <= mapped_) return Status::Ok();
   if (bytes > reserved_) {
-    return Status::ResourceExhausted("arena '", name_, "' needs ", bytes,
-                                     " bytes, more than the ", reserved_,
+    return Status::ResourceExhausted("arena '", name_, "' needs ", bytes, " bytes, more than the ",
+                                     reserved_,
                                      " bytes of address space this process could reserve");
   }
   if (::ftruncate(fd_.get(), static_cast<off_t>(bytes)) != 0) {

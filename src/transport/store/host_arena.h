@@ -43,7 +43,7 @@ class HostArena {
   util::UniqueFd fd_;
   uint8_t* base_ = nullptr;
   uint64_t reserved_ = 0;
-  uint64_t mapped_ = 0;        // bytes of the memfd mapped at base_
+  uint64_t mapped_ = 0;  // bytes of the memfd mapped at base_
   uint64_t direct_used_ = 0;
   uint64_t slots_offset_ = 0;
   uint64_t slot_bytes_ = 0;

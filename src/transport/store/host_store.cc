@@ -23,9 +23,7 @@ class HostStore final : public VersionStore {
   explicit HostStore(std::unique_ptr<HostArena> arena) : arena_(std::move(arena)) {}
   ~HostStore() override { (void)Close(); }  // the arena logs its own failures
 
-  Result<uint64_t> AllocateDirect(uint64_t bytes) override {
-    return arena_->AllocateDirect(bytes);
-  }
+  Result<uint64_t> AllocateDirect(uint64_t bytes) override { return arena_->AllocateDirect(bytes); }
   uint8_t* direct_base() const override { return arena_->base(); }
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
   Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
@@ -76,8 +74,7 @@ void HostStore::RunTask(void* context, uint32_t index) {
   uint8_t* dst = t.in_slot ? arena.slot(job->slot) + t.arena_offset : arena.base() + t.arena_offset;
   if (t.src != nullptr) std::memcpy(dst, t.src, t.bytes);
   uint64_t digest = util::Hash64(dst, t.bytes);
-  if (util::FailPoints::Check("publisher.corrupt_after_digest").action ==
-      util::FailAction::kFlip) {
+  if (util::FailPoints::Check("publisher.corrupt_after_digest").action == util::FailAction::kFlip) {
     dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
   }
   job->digests[t.digest] = digest;

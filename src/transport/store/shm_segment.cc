@@ -72,15 +72,15 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, uint64_t bytes) {
   if (fd < 0) return Status::FromErrno(errno, "memfd_create '" + name + "'");
   s.fd_ = util::UniqueFd(fd);
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    return Status::FromErrno(errno, "ftruncate segment '" + name + "' to " +
-                                        std::to_string(bytes) + " bytes");
+    return Status::FromErrno(
+        errno, "ftruncate segment '" + name + "' to " + std::to_string(bytes) + " bytes");
   }
   // Reserve the pages now so a short /dev/shm fails here, not with SIGBUS mid-copy.
   if (bytes > 0) {
     int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     if (err != 0) {
-      return Status::FromErrno(err, "allocating " + std::to_string(bytes) +
-                                        " bytes for segment '" + name + "'");
+      return Status::FromErrno(
+          err, "allocating " + std::to_string(bytes) + " bytes for segment '" + name + "'");
     }
   }
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {

@@ -34,22 +34,22 @@ struct StoreLayout {
   std::vector<PublishedTensor> tensors;  // manifest order
   uint64_t slot_bytes = 0;               // bytes of slot-resident tensors, 64-byte aligned
   uint32_t slots = 2;
-  uint64_t segment_bytes = 0;            // > 0
-  int copy_threads = 0;                  // host store: copy + hash workers (0: default)
+  uint64_t segment_bytes = 0;  // > 0
+  int copy_threads = 0;        // host store: copy + hash workers (0: default)
 };
 
 // The digest ranges of a layout, shared by the stores: each tensor cut into segments of at most
 // segment_bytes, digests numbered in manifest order; a tied tensor's digests are copied from its
 // original's instead of being computed.
 struct Segment {
-  uint32_t tensor = 0;     // index into StoreLayout::tensors
-  uint64_t offset = 0;     // within the tensor
+  uint32_t tensor = 0;  // index into StoreLayout::tensors
+  uint64_t offset = 0;  // within the tensor
   uint64_t bytes = 0;
-  uint32_t digest = 0;     // index into the version's digests
+  uint32_t digest = 0;  // index into the version's digests
 };
 struct SegmentLayout {
-  std::vector<Segment> segments;                          // of tensors that are hashed
-  std::vector<std::pair<uint32_t, uint32_t>> copies;      // (tied digest, original digest)
+  std::vector<Segment> segments;                      // of tensors that are hashed
+  std::vector<std::pair<uint32_t, uint32_t>> copies;  // (tied digest, original digest)
   uint32_t digest_count = 0;
 };
 SegmentLayout CutSegments(const StoreLayout& layout);

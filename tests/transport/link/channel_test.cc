@@ -32,8 +32,7 @@ struct Pair {
   Pair() {
     int fds[2];
     EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-    channel = std::make_unique<Channel>(util::UniqueFd(fds[0]), "peer",
-                                        kMaxHandshakePayloadBytes);
+    channel = std::make_unique<Channel>(util::UniqueFd(fds[0]), "peer", kMaxHandshakePayloadBytes);
     raw = util::UniqueFd(fds[1]);
   }
   void Write(const std::vector<uint8_t>& bytes) {
@@ -99,7 +98,7 @@ TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
   Pair p;
   std::vector<uint8_t> over(kMaxHandshakePayloadBytes + 1, 0);
   ASSERT_STATUS_IS(kResourceExhausted, p.channel->SendPayload(FrameType::kWelcome, over,
-                                                             Deadline(std::chrono::seconds(1))));
+                                                              Deadline(std::chrono::seconds(1))));
   p.channel->set_max_payload(0xFFFFFFFFu);
   EXPECT_EQ(p.channel->max_payload(), kMaxPayloadBytes);
   Channel wide(util::UniqueFd(), "nobody", 0xFFFFFFFFu);

@@ -2,8 +2,8 @@
 // starting over a stale socket never both succeed, a publisher that failed to start (or closed)
 // never removes a live one's socket, and a crashed publisher's leftovers never block its
 // successor.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -148,8 +148,8 @@ TEST(EndpointOwnership, TwoPublishersRacingOverAStaleSocketExactlyOneWins) {
     EXPECT_FALSE(Exists(ep.socket_path)) << ep.socket_path << " left behind";
     EXPECT_FALSE(Exists(ep.lock_path)) << ep.lock_path << " left behind";
   }
-  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - t0);
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   // About 3 ms an attempt. A Close() that waited out the accept loop's 50 ms poll slice instead
   // of waking it would take 10 s.
   if (!testing::kUnderSanitizer) {

@@ -10,10 +10,10 @@
 #include <thread>
 
 #include "testing/local_pair.h"
+#include "transport/link/channel.h"
 #include "transport/link/endpoint.h"
 #include "transport/link/link.h"
 #include "util/hash.h"
-#include "transport/link/channel.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
 #include "wire/messages.h"

@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "testing/local_pair.h"
+#include "transport/link/channel.h"
 #include "transport/link/endpoint.h"
 #include "transport/link/link.h"
 #include "util/hash.h"
-#include "transport/link/channel.h"
 #include "wire/handshake.h"
 
 namespace weightsync {
@@ -197,7 +197,7 @@ TEST(TcpListen, TokenFileMustBeOwnerOnly) {
 TEST_F(TcpAuth, GarbageAndPickleBeforeAuthAreRefused) {
   const std::vector<std::vector<uint8_t>> payloads = {
       {0x80, 0x04, 0x95, 0x10, 0, 0, 0, 0, 0, 0, 0, 0x8c, 0x02, 'o', 's', 0x94},  // pickle
-      std::vector<uint8_t>(64, 0xAB),                                                // junk
+      std::vector<uint8_t>(64, 0xAB),                                             // junk
   };
   for (const auto& bytes : payloads) {
     util::UniqueFd fd = Dial();
@@ -254,8 +254,8 @@ class FakeTcpPublisher {
 
   static std::vector<uint8_t> Frame(wire::FrameType type, const std::vector<uint8_t>& payload) {
     std::vector<uint8_t> out(wire::kHeaderBytes);
-    wire::EncodeHeader(type, payload, std::span<uint8_t, wire::kHeaderBytes>(out.data(),
-                                                                            wire::kHeaderBytes));
+    wire::EncodeHeader(type, payload,
+                       std::span<uint8_t, wire::kHeaderBytes>(out.data(), wire::kHeaderBytes));
     out.insert(out.end(), payload.begin(), payload.end());
     return out;
   }
@@ -306,8 +306,7 @@ TEST_F(TcpAuth, ChallengeClaimingTheFrameLimitIsRefusedAtTheHeader) {
 TEST_F(TcpAuth, AuthOkClaimingTheFrameLimitIsRefusedAtTheHeader) {
   // A genuine-looking challenge (no token on either side), then an oversized AuthOk.
   std::vector<uint8_t> challenge;
-  wire::Encode(wire::Challenge{wire::kProtocolVersion, 7, *wire::RandomNonce(), false},
-               &challenge);
+  wire::Encode(wire::Challenge{wire::kProtocolVersion, 7, *wire::RandomNonce(), false}, &challenge);
   std::vector<uint8_t> bytes = FakeTcpPublisher::Frame(wire::FrameType::kChallenge, challenge);
   std::vector<uint8_t> header =
       FakeTcpPublisher::HeaderClaiming(wire::FrameType::kAuthOk, wire::kMaxPayloadBytes);
@@ -340,9 +339,9 @@ TEST_F(TcpAuth, ReplayedAuthIsRefused) {
   wire::Challenge c1;
   ASSERT_EQ(Answer(ch1, &c1), "challenge");
   wire::Nonce nonce = *wire::RandomNonce();
-  wire::Auth auth{wire::Role::kSubscriber, nonce,
-                  wire::ComputeMac(kToken, wire::MacSide::kClient, c1, nonce,
-                                   wire::Role::kSubscriber)};
+  wire::Auth auth{
+      wire::Role::kSubscriber, nonce,
+      wire::ComputeMac(kToken, wire::MacSide::kClient, c1, nonce, wire::Role::kSubscriber)};
   ASSERT_OK(ch1.Send(wire::FrameType::kAuth, auth, Deadline(std::chrono::seconds(1))));
   wire::AuthOk ok;
   ASSERT_OK(ch1.ReceiveExpect(wire::FrameType::kAuthOk, &ok, Deadline(std::chrono::seconds(2))));
@@ -361,9 +360,9 @@ TEST_F(TcpAuth, ReplayedAuthIsRefused) {
   transport::link::Channel ch3(std::move(fd3), "publisher");
   wire::Challenge c3;
   ASSERT_EQ(Answer(ch3, &c3), "challenge");
-  wire::Auth reused{wire::Role::kSubscriber, nonce,
-                    wire::ComputeMac(kToken, wire::MacSide::kClient, c3, nonce,
-                                     wire::Role::kSubscriber)};
+  wire::Auth reused{
+      wire::Role::kSubscriber, nonce,
+      wire::ComputeMac(kToken, wire::MacSide::kClient, c3, nonce, wire::Role::kSubscriber)};
   ASSERT_OK(ch3.Send(wire::FrameType::kAuth, reused, Deadline(std::chrono::seconds(1))));
   EXPECT_NE(Answer(ch3).find("replayed nonce"), std::string::npos);
   ExpectLegitimateUpdate(2);

@@ -13,13 +13,13 @@
 #include <thread>
 
 #include "cuda/device.h"
-#include "testing/test_util.h"
-#include "transport/link/endpoint.h"
 #include "cuda/nccl_api.h"
-#include "transport/path/nccl_path.h"
 #include "cuda/nccl_link.h"
-#include "transport/link/link.h"
+#include "testing/test_util.h"
 #include "transport/link/channel.h"
+#include "transport/link/endpoint.h"
+#include "transport/link/link.h"
+#include "transport/path/nccl_path.h"
 #include "wire/handshake.h"
 
 namespace weightsync {
@@ -138,7 +138,7 @@ class FakeGpuPublisher {
 };
 
 std::unique_ptr<Subscriber> Connect(const std::string& endpoint,
-                                     const std::vector<NamedTensor>& dst) {
+                                    const std::vector<NamedTensor>& dst) {
   SubscriberOptions o;
   o.endpoint = endpoint;
   o.timeout = std::chrono::milliseconds(4000);
