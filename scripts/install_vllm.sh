@@ -16,7 +16,7 @@ say() { echo "install_vllm: $*"; }
 
 IMPORT_DEPS=(psutil pyzmq urllib3 cbor2 aiohttp requests openai-harmony openai pybase64
   cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client fastapi partial_json_parser
-  einops xgrammar llguidance)
+  einops xgrammar llguidance pillow)
 # pip reports the pins it cannot honour (torch, transformers): deliberate, so its output is shown
 # only when an install fails.
 quietly() {
