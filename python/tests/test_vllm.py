@@ -257,6 +257,29 @@ def test_timed_out_update_keeps_the_committed_step(endpoint):
         engine.shutdown()
 
 
+def test_a_failing_load_weights_leaves_no_layer_on_the_meta_device(endpoint):
+    """The step arrived whole but the model's loader refuses a name: the error reaches the
+    trainer, no version moves, and the layers vLLM's layerwise reload had moved to the meta
+    device are put back (finalized) instead of left there."""
+    trainer, engine_model = TrainerModel(seed=8), FusedEngineModel()
+    trainer.extra = torch.nn.Linear(2, 2)  # a name the engine's loader does not know, last
+    record_layout(engine_model)
+    engine = create_engine(engine_model)
+    client = LocalClient(engine)
+    sender = WeightTransferTrainerFactory.trainer_init(
+        WeightsyncTrainerInitInfo(rank=0, endpoint=endpoint),
+        client=client, source=ModuleSource(trainer))
+    try:
+        with pytest.raises(KeyError, match="extra.weight"):
+            sender.send_weights()
+        assert not any(p.is_meta for p in engine_model.parameters())
+        assert not engine._layerwise_open
+        assert client.weight_version == "default" and engine.weight_version is None
+    finally:
+        sender.shutdown()
+        engine.shutdown()
+
+
 def test_engine_sleep_releases_handle_and_buffers(endpoint):
     trainer, engine_model = TrainerModel(seed=5), FusedEngineModel()
     engine = create_engine(engine_model)

@@ -73,8 +73,6 @@ class Receiver:
         return self.subscriber.committed_step
 
     def _prepare_buffers(self) -> None:
-        import torch  # noqa: F401  (framework="torch" needs it importable)
-
         for name, dtype, shape in self.subscriber.published_manifest():
             self.subscriber.allocate(name, dtype, shape, framework="torch", device=self.device)
             self._allocated.append(name)

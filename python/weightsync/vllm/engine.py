@@ -178,8 +178,24 @@ class WeightsyncWeightTransferEngine(
             disable_mtp_completeness_check,
         )
 
-        with disable_mtp_completeness_check():
-            self.model.load_weights(weights)
+        try:
+            with disable_mtp_completeness_check():
+                self.model.load_weights(weights)
+        except BaseException:
+            # The bytes arrived whole; the model's own loader failed (a name it does not know,
+            # a shape). Put the layers vLLM moved to the meta device back rather than leave
+            # them there; layers the loader had finished keep the new step.
+            logger.error("weightsync: model.load_weights failed after the step arrived; the "
+                         "model may hold part of it")
+            if self._layerwise_open:
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                self._layerwise_open = False
+                try:
+                    finalize_layerwise_reload(self.model, self.model_config)
+                except Exception:
+                    logger.exception("weightsync: finalizing the layerwise reload failed too")
+            raise
 
     def receive_weights(self, update_info: WeightsyncUpdateInfo) -> None:
         stats = self._receiver().apply(self.model, update_info.step, update_info.verify,
