@@ -29,7 +29,7 @@ class _Attn(nn.Module):
     def __init__(self, fused, dtype):
         super().__init__()
         if fused:
-            self.qkv_proj = QKVLinear(dtype)
+            self.qkv_proj = StackedLinear({"q": Q, "k": KV, "v": KV}, dtype)
         else:
             self.q_proj = nn.Linear(HIDDEN, Q, bias=False, dtype=dtype)
             self.k_proj = nn.Linear(HIDDEN, KV, bias=False, dtype=dtype)
@@ -41,36 +41,29 @@ class _Mlp(nn.Module):
     def __init__(self, fused, dtype):
         super().__init__()
         if fused:
-            self.gate_up_proj = MergedLinear(dtype)
+            self.gate_up_proj = StackedLinear({0: INTER, 1: INTER}, dtype)
         else:
             self.gate_proj = nn.Linear(HIDDEN, INTER, bias=False, dtype=dtype)
             self.up_proj = nn.Linear(HIDDEN, INTER, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(INTER, HIDDEN, bias=False, dtype=dtype)
 
 
-class QKVLinear(nn.Module):
-    """vLLM's QKVParallelLinear at TP 1: one weight, loaded shard by shard ("q", "k", "v")."""
+class StackedLinear(nn.Module):
+    """vLLM's QKVParallelLinear / MergedColumnParallelLinear at TP 1: one weight whose rows are
+    several checkpoint tensors, loaded shard by shard (`shards`: shard id -> rows)."""
 
-    def __init__(self, dtype):
+    def __init__(self, shards, dtype):
         super().__init__()
-        self.weight = _param(Q + 2 * KV, HIDDEN, dtype=dtype)
+        self.offsets, offset = {}, 0
+        for shard_id, rows in shards.items():
+            self.offsets[shard_id] = (offset, rows)
+            offset += rows
+        self.weight = _param(offset, HIDDEN, dtype=dtype)
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param, loaded_weight, loaded_shard_id=None):
-        offset, size = {"q": (0, Q), "k": (Q, KV), "v": (Q + KV, KV)}[loaded_shard_id]
-        param.data.narrow(0, offset, size).copy_(loaded_weight)
-
-
-class MergedLinear(nn.Module):
-    """vLLM's MergedColumnParallelLinear at TP 1: gate (shard 0) and up (shard 1)."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        self.weight = _param(2 * INTER, HIDDEN, dtype=dtype)
-        self.weight.weight_loader = self.weight_loader
-
-    def weight_loader(self, param, loaded_weight, loaded_shard_id=None):
-        param.data.narrow(0, loaded_shard_id * INTER, INTER).copy_(loaded_weight)
+        offset, rows = self.offsets[loaded_shard_id]
+        param.data.narrow(0, offset, rows).copy_(loaded_weight)
 
 
 class _Layer(nn.Module):

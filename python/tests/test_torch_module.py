@@ -1,5 +1,6 @@
 """weightsync.torch: publishing a module or state dict, loading into a module (both ways)."""
 
+import contextlib
 import multiprocessing as mp
 import os
 
@@ -12,6 +13,21 @@ import weightsync.torch as wst  # noqa: E402
 from _engine_models import TrainerModel, assert_same_bytes, poison, train_step  # noqa: E402
 
 SPAWN = mp.get_context("spawn")
+
+
+@contextlib.contextmanager
+def child_process(target, *args, join_timeout=120):
+    """A spawned child running `target(*args)`; joined (killed if it hangs) and required to
+    exit 0 when the block ends."""
+    child = SPAWN.Process(target=target, args=args)
+    child.start()
+    try:
+        yield child
+    finally:
+        child.join(timeout=join_timeout)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
 
 
 class WithBuffers(torch.nn.Module):
@@ -211,23 +227,16 @@ def _dtensor_trainer(endpoint, ready, done):
 
 def test_dtensor_parameters_publish_as_full_tensors(endpoint):
     ready, done = SPAWN.Queue(), SPAWN.Queue()
-    child = SPAWN.Process(target=_dtensor_trainer, args=(endpoint, ready, done))
-    child.start()
-    try:
-        dst = {"weight": torch.empty(6, 4)}
-        with weightsync.Subscriber(endpoint, timeout=30) as sub:
-            for step in (1, 2):
-                want = ready.get(timeout=120)
-                if step == 1:
-                    sub.register(dst)
-                sub.update(step)
-                assert dst["weight"].numpy().tobytes() == want
-                done.put(step)
-    finally:
-        child.join(timeout=60)
-        if child.is_alive():
-            child.kill()
-    assert child.exitcode == 0
+    dst = {"weight": torch.empty(6, 4)}
+    with child_process(_dtensor_trainer, endpoint, ready, done), \
+            weightsync.Subscriber(endpoint, timeout=30) as sub:
+        for step in (1, 2):
+            want = ready.get(timeout=120)
+            if step == 1:
+                sub.register(dst)
+            sub.update(step)
+            assert dst["weight"].numpy().tobytes() == want
+            done.put(step)
 
 
 def _tiny_llama(seed, device):
@@ -259,22 +268,15 @@ def test_transformers_model_round_trip(endpoint, device):
     engine = _tiny_llama(2, device)
     poison(engine)
     ready, done = SPAWN.Queue(), SPAWN.Queue()
-    child = SPAWN.Process(target=_llama_trainer, args=(endpoint, device, ready, done))
-    child.start()
-    try:
-        with weightsync.Subscriber(endpoint, timeout=60, verify=True) as sub:
-            for step in (1, 2, 3):
-                want = ready.get(timeout=300)
-                if step == 1:
-                    wst.register_module(sub, engine)
-                stats = sub.update(step)
-                assert stats.step == step and stats.verified
-                got = {n: t.detach().cpu().view(torch.uint8).numpy().tobytes()
-                       for n, t in engine.state_dict().items()}
-                assert got == want
-                done.put(step)
-    finally:
-        child.join(timeout=120)
-        if child.is_alive():
-            child.kill()
-    assert child.exitcode == 0
+    with child_process(_llama_trainer, endpoint, device, ready, done), \
+            weightsync.Subscriber(endpoint, timeout=60, verify=True) as sub:
+        for step in (1, 2, 3):
+            want = ready.get(timeout=300)
+            if step == 1:
+                wst.register_module(sub, engine)
+            stats = sub.update(step)
+            assert stats.step == step and stats.verified
+            got = {n: t.detach().cpu().view(torch.uint8).numpy().tobytes()
+                   for n, t in engine.state_dict().items()}
+            assert got == want
+            done.put(step)

@@ -32,7 +32,7 @@ import functools
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -72,10 +72,10 @@ def _check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 @dataclass
-class WeightsyncInitInfo(WeightTransferInitInfo):
-    """What a worker needs to receive: the trainer's endpoint(s) and how to apply a step.
+class ApplyOptions:
+    """How a worker applies a step; part of the worker's init info and of the trainer's (which
+    passes them on).
 
-    endpoints: one endpoint per publishing trainer rank ("local://NAME", "tcp://HOST:PORT").
     mode: "load_weights" (receive into buffers, then the model's own loader) or "direct" (the
       model's parameters are the destinations; names, dtypes and shapes must be the engine's).
     update_mode: "staged" (whole or nothing) or "in_place" (no shadow buffer).
@@ -86,7 +86,6 @@ class WeightsyncInitInfo(WeightTransferInitInfo):
     lineage_policy: "follow" or "strict" (docs/python.md, trainer restarts).
     """
 
-    endpoints: list[str] = field(default_factory=list)
     mode: str = "load_weights"
     update_mode: str = "staged"
     timeout: float = 60.0
@@ -95,13 +94,27 @@ class WeightsyncInitInfo(WeightTransferInitInfo):
     buffer_device: str | None = None
     lineage_policy: str = "follow"
 
-    def __post_init__(self) -> None:
-        self.endpoints = endpoint_list(self.endpoints)
+    def check_options(self) -> None:
         _check_choice("mode", self.mode, MODES)
         _check_choice("update_mode", self.update_mode, UPDATE_MODES)
         _check_choice("lineage_policy", self.lineage_policy, ("follow", "strict"))
         if self.buffer_device not in (None, "cpu"):
             raise ValueError(f"buffer_device {self.buffer_device!r}: expected None or 'cpu'")
+
+    def options(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(ApplyOptions)}
+
+
+@dataclass
+class WeightsyncInitInfo(WeightTransferInitInfo, ApplyOptions):
+    """What a worker needs to receive: the trainer's endpoint(s), one per publishing trainer
+    rank ("local://NAME", "tcp://HOST:PORT"), and how to apply a step (ApplyOptions)."""
+
+    endpoints: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.endpoints = endpoint_list(self.endpoints)
+        self.check_options()
 
 
 @dataclass
@@ -266,34 +279,23 @@ def _hook_worker_sleep() -> None:
 
 
 @dataclass
-class WeightsyncTrainerInitInfo(TrainerInitInfo):
+class WeightsyncTrainerInitInfo(TrainerInitInfo, ApplyOptions):
     """Trainer-side init info. `endpoint` is where this rank's Publisher listens; with several
-    publishing ranks it must contain "{rank}" ("local://policy-{rank}"). The rest is passed to
-    the workers (WeightsyncInitInfo) or to the Publisher (slots, lineage, resume_from_step:
-    docs/python.md)."""
+    publishing ranks it must contain "{rank}" ("local://policy-{rank}"). The ApplyOptions go to
+    the workers; slots, lineage and resume_from_step to the Publisher (docs/python.md)."""
 
     backend: ClassVar[str] = BACKEND
     endpoint: str = "local://weightsync-vllm"
-    mode: str = "load_weights"
-    update_mode: str = "staged"
-    timeout: float = 60.0
-    verify: bool = False
-    layerwise: bool | None = None
-    buffer_device: str | None = None
     slots: int = 2
     lineage: str = ""
     resume_from_step: int = -1
 
     def __post_init__(self) -> None:
-        self.engine_init_info([self.endpoint])  # refuse bad options here, not in every worker
+        self.check_options()  # refuse bad options here, not in every worker
 
     def engine_init_info(self, endpoints: list[str]) -> dict[str, Any]:
-        """The workers' init info (what init_weight_transfer_engine receives), checked."""
-        info = {"endpoints": endpoints, "mode": self.mode, "update_mode": self.update_mode,
-                "timeout": self.timeout, "verify": self.verify, "layerwise": self.layerwise,
-                "buffer_device": self.buffer_device}
-        WeightsyncInitInfo(**info)
-        return info
+        """The workers' init info (what init_weight_transfer_engine receives)."""
+        return {"endpoints": endpoints, **self.options()}
 
 
 def _publishing_rank(meta: ParamMeta) -> int:
