@@ -183,6 +183,11 @@ def assert_same_bytes(got: dict, want: dict):
         assert torch.equal(a.view(torch.uint8).flatten(), b.view(torch.uint8).flatten()), name
 
 
+def assert_engine_holds(engine_model, trainer):
+    """`engine_model` (fused layout) holds exactly the bytes of `trainer`'s current weights."""
+    assert_same_bytes(engine_state(engine_model), expected_engine_state(trainer_state(trainer)))
+
+
 def engine_state(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 

@@ -17,11 +17,10 @@ import weightsync.sglang as wsg  # noqa: E402
 from _engine_models import (  # noqa: E402
     FusedEngineModel,
     TrainerModel,
+    assert_engine_holds,
     assert_same_bytes,
     engine_state,
-    expected_engine_state,
     train_step,
-    trainer_state,
 )
 from weightsync.torch import ModulePublisher  # noqa: E402
 
@@ -57,7 +56,7 @@ class FakeSGLang:
 
 def states_equal(engine, trainer):
     for model in engine.models:
-        assert_same_bytes(engine_state(model), expected_engine_state(trainer_state(trainer)))
+        assert_engine_holds(model, trainer)
 
 
 def test_five_updates_bit_exact_with_the_step_as_weight_version(endpoint):

@@ -31,12 +31,11 @@ import weightsync  # noqa: E402
 from _engine_models import (  # noqa: E402
     FusedEngineModel,
     TrainerModel,
+    assert_engine_holds,
     assert_same_bytes,
     engine_state,
-    expected_engine_state,
     poison,
     train_step,
-    trainer_state,
 )
 from weightsync.vllm import plugin  # noqa: E402
 
@@ -127,8 +126,7 @@ def test_five_updates_bit_exact_through_vllm_factories(endpoint, layerwise):
         for step in range(1, 6):
             train_step(trainer, step)
             assert sender.send_weights() == step
-            assert_same_bytes(engine_state(engine_model),
-                              expected_engine_state(trainer_state(trainer)))
+            assert_engine_holds(engine_model, trainer)
             stats = engine.receiver.last_stats
             assert (stats.step, stats.verified, stats.handle_created) == (step, True, step == 1)
             assert client.weight_version == str(step) and engine.weight_version == step
@@ -212,7 +210,7 @@ FAILED_UPDATE = textwrap.dedent("""
     train_step(trainer, 2)
     assert sender.send_weights() == 2          # the next update prepares a new handle
     assert engine.receiver.last_stats.handle_created
-    assert_same_bytes(engine_state(engine_model), expected_engine_state(trainer_state(trainer)))
+    assert_engine_holds(engine_model, trainer)
     assert client.weight_version == "2" and engine.weight_version == 2
     sender.shutdown(); engine.shutdown()
     print("ok")
@@ -296,7 +294,7 @@ def test_engine_sleep_releases_handle_and_buffers(endpoint):
         train_step(trainer, 2)
         sender.send_weights()
         assert engine.receiver.last_stats.handle_created
-        assert_same_bytes(engine_state(engine_model), expected_engine_state(trainer_state(trainer)))
+        assert_engine_holds(engine_model, trainer)
     finally:
         sender.shutdown()
         engine.shutdown()
@@ -359,8 +357,7 @@ def test_each_owning_rank_publishes_its_parameters(endpoint):
             train_step(trainer, step)
             rank1.send_weights()  # publishes its half; never touches the client
             rank0.send_weights()  # publishes its half and drives the workers
-            assert_same_bytes(engine_state(engine_model),
-                              expected_engine_state(trainer_state(trainer)))
+            assert_engine_holds(engine_model, trainer)
         assert client.weight_version == "2"
     finally:
         rank0.shutdown()

@@ -9,15 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import weightsync  # noqa: E402
-from _engine_models import (  # noqa: E402
-    FusedEngineModel,
-    TrainerModel,
-    assert_same_bytes,
-    engine_state,
-    expected_engine_state,
-    train_step,
-    trainer_state,
-)
+from _engine_models import FusedEngineModel, TrainerModel, assert_engine_holds  # noqa: E402
+from _engine_models import train_step  # noqa: E402
 from weightsync.torch import ModulePublisher  # noqa: E402
 from weightsync.vllm.worker import WorkerExtension  # noqa: E402
 
@@ -47,8 +40,7 @@ def test_collective_rpc_updates_every_worker(endpoint):
             publisher.publish(step)
             assert collective_rpc(workers, "weightsync_update", args=(step,)) == [step, step]
             for w in workers:
-                assert_same_bytes(engine_state(w.model_runner.model),
-                                  expected_engine_state(trainer_state(trainer)))
+                assert_engine_holds(w.model_runner.model, trainer)
         held = weightsync.ledger()["mappings"]
         collective_rpc(workers, "weightsync_sleep")
         assert weightsync.ledger()["mappings"] < held
