@@ -4,7 +4,7 @@
 # The wheel without its dependencies (they pin torch and transformers to versions the other tests
 # do not use), then the modules that importing its weight-transfer, model-loader and worker
 # modules reaches (PLATFORM.md). Needs torch in that venv; does nothing without it, or when that
-# version is there already. Never fails the caller: without vLLM those tests skip. ~30 s.
+# version is there already. Never fails the caller: without vLLM those tests skip. ~40 s.
 set -uo pipefail
 PY=$1
 VERSION=${2-0.33.0}

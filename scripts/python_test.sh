@@ -10,7 +10,7 @@
 #            exercise, installed from PyPI (default: torch, jax[cpu], paddlepaddle, transformers;
 #            FRAMEWORKS="" skips them and their tests skip)
 #   VLLM     vLLM version whose weight-transfer API python/tests/test_vllm.py drives (default
-#            0.33.0; VLLM="" skips it and those tests skip): scripts/install_vllm.sh. About 30 s.
+#            0.33.0; VLLM="" skips it and those tests skip): scripts/install_vllm.sh. About 40 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
