@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build cli test demo bench clean
+.PHONY: all deps configure build cli test demo bench clean wheel
 
 all: build
 
@@ -35,6 +35,11 @@ bench: cli
 
 clean:
 	rm -rf $(BUILD)
+
+# The portable wheel (README "Wheel"): manylinux, GPU data plane in, xxHash and libcrypto static,
+# into .whl/. PYTHONS="3.10 3.11 3.12 3.13" builds one per interpreter (default: python3).
+wheel:
+	JOBS=$(JOBS) bash scripts/build_wheel.sh
 
 # Sanitizers, fuzzing and the whole CI pipeline (docs/ci.md):
 #   make sanitize  test suite under ASan+UBSan (build-asan/), then under TSan (build-tsan/), each

@@ -9,6 +9,8 @@
 #   FRAMEWORKS  DLPack producers (and transformers, for examples/torch_gpu_rl) the tests
 #            exercise, installed from PyPI (default: torch, jax[cpu], paddlepaddle, transformers;
 #            FRAMEWORKS="" skips them and their tests skip)
+#   VLLM     vLLM version whose weight-transfer API python/tests/test_vllm.py drives (default
+#            0.33.0; VLLM="" skips it and those tests skip): scripts/install_vllm.sh. About 40 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +54,9 @@ for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle transformers}; do
   "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "${fw%%[*}" 2>/dev/null ||
     "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
 done
+
+# vLLM for the engine tests (scripts/install_vllm.sh).
+bash scripts/install_vllm.sh "$PY" "${VLLM-0.33.0}"
 
 # 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
 say "building the extension (pip install .)"

@@ -73,3 +73,29 @@ def test_compare_safetensors_bench_runs():
     except ImportError:
         return
     assert "ratio safetensors.torch / weightsync" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("path", ["vllm/trainer.py", "vllm/worker_extension.py",
+                                  "sglang/trainer.py"])
+def test_engine_examples_name_what_weightsync_has(path):
+    """The vLLM and SGLang examples need a GPU, a model download and the engine: here they are
+    compiled and every weightsync name they use is checked to exist."""
+    import ast
+    import importlib
+
+    source = (EXAMPLES / path).read_text()
+    tree = ast.parse(compile(source, path, "exec", ast.PyCF_ONLY_AST))
+    used = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("weightsync"):
+            used += [(node.module, a.name) for a in node.names]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and
+              isinstance(node.value.value, ast.Name) and node.value.value.id == "weightsync"):
+            used.append((f"weightsync.{node.value.attr}", node.attr))
+    assert used
+    for module, name in used:
+        try:
+            found = importlib.import_module(module)
+        except ImportError as e:  # the engine or torch is not installed here
+            pytest.skip(f"{module}: {e}")
+        assert hasattr(found, name), f"{path}: {module}.{name}"
