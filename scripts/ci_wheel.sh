@@ -6,9 +6,10 @@
 #      then scripts/wheel_smoke.py with the Debian libraries the wheels were built against hidden
 #      (libxxhash, libcrypto, libssl bind-mounted over by /dev/null in a private mount namespace;
 #      needs root and unshare, run unhidden with a note otherwise)
-#   3. for python3's wheel: a fresh venv with pytest, ml_dtypes, WHEEL_FRAMEWORKS (default: torch
-#      transformers) and vLLM (scripts/install_vllm.sh; VLLM="" skips it), and pytest
-#      python/tests against the installed wheel (never the source folder)
+#   3. for python3's wheel: pytest python/tests against the installed wheel (never the source
+#      folder or the source build), in make test's .venv with the wheel first on PYTHONPATH, or,
+#      without a .venv, in a fresh venv with pytest, ml_dtypes, WHEEL_FRAMEWORKS (default: torch
+#      transformers) and vLLM (scripts/install_vllm.sh; VLLM="" skips it)
 # Prints how long each part took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,16 +52,35 @@ for v in "${pythons[@]}"; do
 done
 t_smoke=$((SECONDS - t0 - t_build))
 
-venv=build-wheel/test-venv
-rm -rf "$venv"
-python3 -m venv "$venv"
-PY="$venv/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install .whl/weightsync-*-cp"${main/./}"-*.whl pytest ml_dtypes
-for fw in ${WHEEL_FRAMEWORKS-torch transformers}; do
-  "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
-done
-bash scripts/install_vllm.sh "$PY" "${VLLM-0.33.0}"
+# The test environment: make test's .venv already holds the test dependencies (torch,
+# transformers, vLLM, ...); the wheel goes into a folder of its own, first on PYTHONPATH, so every
+# import of weightsync (in the tests and in the processes they start) is the wheel's. Without a
+# .venv (this script run alone), a fresh venv is made with those dependencies.
+site=build-wheel/wheel-site
+rm -rf "$site"
+if [ -x .venv/bin/python ] && .venv/bin/python -c 'import pytest, ml_dtypes' 2>/dev/null; then
+  PY=.venv/bin/python
+  say "test environment: .venv (make test's) with the wheel in $site"
+else
+  venv=build-wheel/test-venv
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  PY="$venv/bin/python"
+  "$PY" -m pip --disable-pip-version-check -q install pytest ml_dtypes
+  for fw in ${WHEEL_FRAMEWORKS-torch transformers}; do
+    "$PY" -m pip --disable-pip-version-check -q install "$fw" ||
+      say "$fw not installed; its tests will skip"
+  done
+  bash scripts/install_vllm.sh "$PY" "${VLLM-0.33.0}"
+fi
+"$PY" -m pip --disable-pip-version-check -q install --no-deps --target "$site" \
+  .whl/weightsync-*-cp"${main/./}"-*.whl
+export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+from=$("$PY" -c 'import weightsync, os; print(os.path.dirname(weightsync.__file__))')
+case "$from" in
+  "$PWD/$site"/*) say "weightsync imports from the wheel: $from" ;;
+  *) say "FAIL: weightsync imports from $from, not the wheel"; exit 1 ;;
+esac
 t_venv=$((SECONDS - t0 - t_build - t_smoke))
 # From the repository root: python/weightsync (no extension) is not on sys.path there.
 "$PY" -m pytest python/tests -q -p no:cacheprovider "$@"
