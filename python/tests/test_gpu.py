@@ -167,13 +167,15 @@ class TorchDestinations:
         return {n: r.cpu().numpy().tobytes() for n, r in self.raw.items()}
 
 
-class NumpyDestinations:
-    """Host destinations as raw unsigned integers of each dtype's width, with dtypes=."""
+class RawDestinations:
+    """Destinations as raw unsigned integers of each dtype's width (registered with dtypes=),
+    poisoned with 0xFF, in `xp`'s memory: NumPy on the host, CuPy on a GPU."""
 
-    def __init__(self, spec, device="cpu"):
+    def __init__(self, spec, xp, to_bytes):
         self.raw, self.tensors, self.dtypes = {}, {}, {}
+        self._to_bytes = to_bytes
         for name, dtype, shape, *_ in spec:
-            raw = np.full(nbytes(dtype, shape), 255, np.uint8)
+            raw = xp.full(nbytes(dtype, shape), 255, xp.uint8)
             self.raw[name] = raw
             self.tensors[name] = raw.view(UINT[WIDTH[dtype]]).reshape(shape)
             self.dtypes[name] = dtype
@@ -182,26 +184,18 @@ class NumpyDestinations:
         sub.register(self.tensors, dtypes=self.dtypes)
 
     def bytes(self):
-        return {n: r.tobytes() for n, r in self.raw.items()}
+        return {n: self._to_bytes(r) for n, r in self.raw.items()}
 
 
-class CupyDestinations:
-    def __init__(self, spec, device):
-        import cupy
+def NumpyDestinations(spec):
+    return RawDestinations(spec, np, lambda r: r.tobytes())
 
-        self.raw, self.tensors, self.dtypes = {}, {}, {}
-        with cupy.cuda.Device(int(device.split(":")[1])):
-            for name, dtype, shape, *_ in spec:
-                raw = cupy.full(nbytes(dtype, shape), 255, cupy.uint8)
-                self.raw[name] = raw
-                self.tensors[name] = raw.view(UINT[WIDTH[dtype]]).reshape(shape)
-                self.dtypes[name] = dtype
 
-    def register(self, sub):
-        sub.register(self.tensors, dtypes=self.dtypes)
+def CupyDestinations(spec, device):
+    import cupy
 
-    def bytes(self):
-        return {n: r.get().tobytes() for n, r in self.raw.items()}
+    with cupy.cuda.Device(int(device.split(":")[1])):
+        return RawDestinations(spec, cupy, lambda r: r.get().tobytes())
 
 
 def assert_same(got, want, what=""):
