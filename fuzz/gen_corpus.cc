@@ -154,6 +154,22 @@ void Messages() {
     Write(t, "welcome_converting_slots",
           WithSelector(WelcomeSelector(2, 2), Payload(MakeWelcome(converting, 4096, true, false))));
   }
+  {
+    // Sharded tensors (regions of global tensors): each the second quarter of rows of its own,
+    // twice as wide global tensor at column offset 0.
+    wire::Welcome w = MakeWelcome(dests, 16, false, false);
+    for (wire::TensorPlacement& p : w.tensors) {
+      p.sharded = true;
+      p.shard.tensor = "global." + p.spec.name;
+      p.shard.global_shape = p.spec.shape;
+      p.shard.offset.assign(p.spec.shape.size(), 0);
+      if (!p.spec.shape.empty()) {
+        p.shard.global_shape[0] *= 4;
+        p.shard.offset[0] = p.spec.shape[0];
+      }
+    }
+    Write(t, "welcome_sharded", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+  }
   Write(t, "welcome_empty",
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));
 
@@ -186,9 +202,13 @@ void Handshake() {
   Write(t, "auth", WithSelector(1, Payload(auth)));
   wire::AuthOk ok{wire::ComputeMac("token", wire::MacSide::kServer, challenge, nonce, auth.role)};
   Write(t, "auth_ok", WithSelector(2, Payload(ok)));
-  Write(t, "select", WithSelector(3, Payload(wire::Select{{0, 1, 5, 4096}})));
+  Write(t, "select",
+        WithSelector(
+            3, Payload(wire::Select{{{0, 0, 16}, {1, 8, 4}, {5, 0, 1}, {4096, 1u << 20, 64}}})));
   Write(t, "select_empty", WithSelector(3, Payload(wire::Select{})));
-  Write(t, "select_not_increasing", WithSelector(3, {2, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0, 0}));
+  // One range of tensor 3, offset 0, 0 bytes: refused.
+  Write(t, "select_empty_range",
+        WithSelector(3, {1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
   Write(t, "nccl_setup", WithSelector(4, Payload(wire::NcclSetup{22809, 1})));
   wire::NcclId id{22809, {}};
   for (size_t i = 0; i < id.unique_id.size(); ++i) id.unique_id[i] = static_cast<uint8_t>(255 - i);
@@ -216,7 +236,8 @@ void Frames() {
   Write(t, "auth",
         Frame(wire::FrameType::kAuth, Payload(wire::Auth{wire::Role::kSubscriber, nonce, {}})));
   Write(t, "auth_ok", Frame(wire::FrameType::kAuthOk, Payload(wire::AuthOk{})));
-  Write(t, "select", Frame(wire::FrameType::kSelect, Payload(wire::Select{{0, 2}})));
+  Write(t, "select",
+        Frame(wire::FrameType::kSelect, Payload(wire::Select{{{0, 0, 4}, {2, 0, 8}}})));
   Write(t, "nccl_setup", Frame(wire::FrameType::kNcclSetup, Payload(wire::NcclSetup{22809, 0})));
   Write(t, "nccl_id", Frame(wire::FrameType::kNcclId, Payload(wire::NcclId{22809, {}})));
   Write(t, "empty_payload", Frame(wire::FrameType::kCopyDone, {}));

@@ -36,9 +36,24 @@ struct TensorView {
 // "[4096, 11008]"
 std::string ShapeString(const std::vector<int64_t>& shape);
 
+// Where a registered tensor's elements sit in a larger, global tensor (weightsync/region.h has
+// the helpers that build the usual layouts). Coordinates are elements, per dimension.
+struct RegionPart {
+  std::string tensor;                 // the global tensor's name; empty: the registered name
+  std::vector<int64_t> global_shape;  // the global tensor's shape (same number of dims)
+  std::vector<int64_t> offset;        // where the part starts in the global tensor
+  std::vector<int64_t> extent;        // the part's shape; empty: the registered tensor's (one part)
+  std::vector<int64_t> at;            // where the part starts in the registered tensor; empty: 0s
+  bool operator==(const RegionPart&) const = default;
+};
+
 struct NamedTensor {
   std::string name;
   TensorView view;
+  // Empty: this is the whole tensor `name`. A publisher's tensor: one part, the region of a global
+  // tensor it holds (extent = its shape). A subscriber's destination: the parts that together
+  // write every one of its elements exactly once (a fused destination has several).
+  std::vector<RegionPart> regions;
 };
 
 }  // namespace weightsync

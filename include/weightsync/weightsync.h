@@ -6,6 +6,7 @@
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
 #include "weightsync/publisher.h"
+#include "weightsync/region.h"
 #include "weightsync/status.h"
 #include "weightsync/subscriber.h"
 #include "weightsync/tensor_view.h"

@@ -62,6 +62,12 @@ struct ImportedTensor {
 // use CUDA is Unavailable, saying why (RequireCudaDevice).
 std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes, bool writable);
 
+// regions.cc: `regions` (None, or a mapping name → a region part or a list of them; a part is any
+// object, or a dict, with tensor, global_shape, offset and optionally extent and at, e.g.
+// weightsync.regions.Region) set on the named tensors of this call; a name not among them is an
+// InvalidArgument.
+void ApplyRegions(nb::handle regions, std::vector<ImportedTensor>* tensors);
+
 // Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
 // Not a str: TypeError; a str with lone surrogates (no UTF-8 encoding): InvalidArgument.
 std::string Utf8Arg(nb::handle text, const char* what);

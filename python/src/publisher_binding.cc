@@ -189,23 +189,27 @@ void BindPublisher(nb::module_& m) {
           "by (lineage, publisher session, step), so a restart is never taken for up to date.")
       .def(
           "register",
-          [](PyPublisher& self, nb::handle tensors, nb::handle dtypes) {
+          [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
             std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, false);
+            ApplyRegions(regions, &imported);
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
             ThrowIfError(self.publisher->Register(views));
             self.Registered(views);
             for (auto& t : imported) self.sources.push_back(nb::cast(std::move(t.keep)));
           },
-          "tensors"_a, "dtypes"_a = nb::none(),
+          "tensors"_a, "dtypes"_a = nb::none(), "regions"_a = nb::none(),
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
                   "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
+                  "collections.abc.Mapping[str, typing.Any] | None = None, regions: "
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
           "Registers tensors (any __dlpack__ producer or NumPy array, C-contiguous) by name: host\n"
           "tensors, or tensors of one CUDA device (the publisher then keeps its versions in GPU\n"
           "memory). They stay in your memory: publish() copies them, so you may change them as\n"
           "soon as it returns. The Publisher keeps them alive. `dtypes` maps names to an element\n"
-          "type for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).")
+          "type for tensors passed as raw bits (e.g. a uint16 view of bfloat16 data).\n"
+          "regions: name → the region of a global tensor that tensor holds (a sharded trainer's\n"
+          "shard; weightsync.regions builds them), so nothing is gathered before publishing.")
       .def(
           "allocate",
           [](PyPublisher& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,

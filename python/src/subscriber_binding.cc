@@ -399,8 +399,9 @@ void BindSubscriber(nb::module_& m) {
           "until update(accept_new_lineage=True).")
       .def(
           "register",
-          [](PySubscriber& self, nb::handle tensors, nb::handle dtypes) {
+          [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
             std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, true);
+            ApplyRegions(regions, &imported);
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
             ThrowIfError(self.subscriber->Register(views));
@@ -408,9 +409,10 @@ void BindSubscriber(nb::module_& m) {
               self.Keep(t.tensor.name, nb::cast(std::move(t.keep)), nb::object());
             }
           },
-          "tensors"_a, "dtypes"_a = nb::none(),
+          "tensors"_a, "dtypes"_a = nb::none(), "regions"_a = nb::none(),
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
                   "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
+                  "collections.abc.Mapping[str, typing.Any] | None = None, regions: "
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
           "Registers writable, C-contiguous tensors (any __dlpack__ producer on the CPU or a\n"
           "CUDA device, or a NumPy array) as destinations, by name. Updates write them in place\n"
@@ -420,7 +422,9 @@ void BindSubscriber(nb::module_& m) {
           "next update writes every destination. Destinations must not share memory, except\n"
           "exact aliases (tied weights: the same memory, dtype and shape under two names), which\n"
           "are written once. `dtypes` maps names to an element type for tensors passed as raw\n"
-          "bits.")
+          "bits. regions: name → the region(s) of global tensors that fill that destination (a\n"
+          "sharded engine's slice, or a fused parameter such as qkv_proj; weightsync.regions\n"
+          "builds them): only those bytes move, from whichever publisher holds them.")
       .def(
           "unregister",
           [](PySubscriber& self, nb::handle names) {

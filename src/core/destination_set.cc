@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "weightsync/manifest.h"
+#include "weightsync/region.h"
 
 namespace weightsync::core {
 namespace {
@@ -27,6 +28,50 @@ Status Overlap(const plan::Destination& earlier, const plan::Destination& later)
 }
 
 }  // namespace
+
+Result<std::vector<RegionPart>> CompleteRegions(const TensorSpec& spec,
+                                                const std::vector<RegionPart>& parts) {
+  std::vector<RegionPart> out = parts;
+  const size_t n = spec.shape.size();
+  for (size_t i = 0; i < out.size(); ++i) {
+    RegionPart& part = out[i];
+    auto problem = [&](auto&&... what) {
+      return Status::InvalidArgument("tensor '", spec.name, "' region part ", i, " (",
+                                     RegionPartString(part), "): ", what...);
+    };
+    if (part.tensor.empty()) part.tensor = spec.name;
+    if (part.tensor.size() > kMaxNameBytes) {
+      return problem("global name longer than ", kMaxNameBytes, " bytes");
+    }
+    if (part.extent.empty()) {
+      if (out.size() > 1) return problem("no extent: only a single part may leave it out");
+      part.extent = spec.shape;
+    }
+    if (part.at.empty()) part.at.assign(n, 0);
+    if (part.global_shape.size() != n || part.offset.size() != n || part.extent.size() != n ||
+        part.at.size() != n) {
+      return problem("global_shape, offset, extent and at need ", n, " dims each (the tensor's ",
+                     ShapeString(spec.shape), "); got ", part.global_shape.size(), ", ",
+                     part.offset.size(), ", ", part.extent.size(), " and ", part.at.size());
+    }
+    for (size_t d = 0; d < n; ++d) {
+      if (part.offset[d] < 0 || part.extent[d] < 0 || part.at[d] < 0 || part.global_shape[d] < 0 ||
+          part.offset[d] > part.global_shape[d] - part.extent[d] ||
+          part.at[d] > spec.shape[d] - part.extent[d]) {
+        return problem("dim ", d, " does not fit: offset ", part.offset[d], " + extent ",
+                       part.extent[d], " within global ", part.global_shape[d], ", at ", part.at[d],
+                       " + extent within the tensor's ", spec.shape[d]);
+      }
+    }
+  }
+  return out;
+}
+
+size_t DestinationSet::written_count() const {
+  size_t n = 0;
+  for (const plan::Destination& d : destinations_) n += d.alias_of == plan::kNoDestination;
+  return n;
+}
 
 DestinationSet::RangeKey DestinationSet::KeyOf(const plan::Destination& d) {
   return {static_cast<int>(d.device.kind), d.device.index, reinterpret_cast<uintptr_t>(d.data)};
@@ -51,7 +96,7 @@ Status DestinationSet::IndexRanges(size_t first) {
     if (next != ranges_.end() && next->first == key) {
       const plan::Destination& original = destinations_[next->second];
       if (original.spec.nbytes == d.spec.nbytes && original.spec.dtype == d.spec.dtype &&
-          original.spec.shape == d.spec.shape) {
+          original.spec.shape == d.spec.shape && original.regions == d.regions) {
         d.alias_of = next->second;
         continue;
       }
@@ -87,6 +132,7 @@ Status DestinationSet::Add(const std::vector<NamedTensor>& tensors) {
     }
     replaces = replaces || by_name_.count(spec.name) > 0;
     added.push_back({spec, static_cast<uint8_t*>(tensors[i].view.data), tensors[i].view.device});
+    WS_ASSIGN_OR_RETURN(added.back().regions, CompleteRegions(spec, tensors[i].regions));
   }
   if (destinations_.size() + added.size() > kMaxTensors) {
     return Status::InvalidArgument("registering ", added.size(), " tensors after ",

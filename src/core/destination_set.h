@@ -23,6 +23,13 @@
 
 namespace weightsync::core {
 
+// `parts` of a registered tensor `spec` with every field filled in (tensor name, a single part's
+// extent, at), each checked: dims agree, every part fits its global tensor and the registered
+// one. InvalidArgument names the tensor, the part and the problem. Coverage (every element
+// exactly once) and agreement with the publishers are checked when the schedule is built.
+Result<std::vector<RegionPart>> CompleteRegions(const TensorSpec& spec,
+                                                const std::vector<RegionPart>& parts);
+
 class DestinationSet {
  public:
   // Registers `tensors`: new names are appended, names already registered take the new memory
@@ -32,6 +39,8 @@ class DestinationSet {
   Status Remove(const std::vector<std::string>& names);
 
   const std::vector<plan::Destination>& destinations() const { return destinations_; }
+  // Destinations an update writes itself (not through a tensor they alias).
+  size_t written_count() const;
   bool empty() const { return destinations_.empty(); }
   bool any_cuda() const { return cuda_count_ > 0; }
 

@@ -1,11 +1,13 @@
 #include "weightsync/publisher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <unordered_map>
 
+#include "core/destination_set.h"
 #include "plan/plan.h"
 #include "transport/link/endpoint.h"
 #include "transport/link/server.h"
@@ -15,6 +17,7 @@
 #include "util/logging.h"
 #include "util/mutex.h"
 #include "util/token.h"
+#include "weightsync/region.h"
 #include "wire/messages.h"
 
 namespace weightsync {
@@ -27,6 +30,29 @@ constexpr auto kWaitSlice = std::chrono::milliseconds(50);
 uint64_t RandomU64() {
   std::random_device random;
   return random() | (uint64_t{random()} << 32);
+}
+
+// The region of a global tensor that registered tensor `spec` holds (`regions`: none, or one
+// part whose extent is the tensor's own shape, at its origin).
+Status HeldShard(const TensorSpec& spec, const std::vector<RegionPart>& regions,
+                 wire::ShardOf* shard) {
+  if (regions.empty()) return Status::Ok();
+  if (regions.size() > 1) {
+    return Status::InvalidArgument("tensor '", spec.name, "': ", regions.size(),
+                                   " region parts; a published tensor holds one region of one "
+                                   "global tensor (register each region as its own tensor)");
+  }
+  const RegionPart& given = regions[0];
+  if ((!given.extent.empty() && given.extent != spec.shape) ||
+      std::any_of(given.at.begin(), given.at.end(), [](int64_t a) { return a != 0; })) {
+    return Status::InvalidArgument("tensor '", spec.name, "': holds ", RegionPartString(given),
+                                   " but its shape is ", ShapeString(spec.shape),
+                                   ": a published region is the whole tensor (extent = its "
+                                   "shape, at its origin)");
+  }
+  WS_ASSIGN_OR_RETURN(std::vector<RegionPart> parts, core::CompleteRegions(spec, regions));
+  *shard = {parts[0].tensor, parts[0].global_shape, parts[0].offset};
+  return Status::Ok();
 }
 
 // "a3f9c2e41b7d0c55": a fresh lineage for a publisher that names none.
@@ -174,11 +200,15 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   // Validates the new tensors, their names also against earlier registrations: O(new tensors).
   const size_t first = d.manifest.size();
   WS_RETURN_IF_ERROR(d.manifest.Append(std::move(specs)));
+  std::vector<wire::ShardOf> shards(tensors.size());
   for (size_t i = first; i < d.manifest.size(); ++i) {
     const TensorSpec& spec = d.manifest.tensors()[i];
-    if (tensors[i - first].view.data == nullptr && spec.nbytes > 0) {
+    Status s = tensors[i - first].view.data == nullptr && spec.nbytes > 0
+                   ? Status::InvalidArgument("tensor '", spec.name, "': null data pointer")
+                   : HeldShard(spec, tensors[i - first].regions, &shards[i - first]);
+    if (!s.ok()) {
       d.manifest.RemoveLast(d.manifest.size() - first);
-      return Status::InvalidArgument("tensor '", spec.name, "': null data pointer");
+      return s;
     }
   }
   for (size_t i = first; i < d.manifest.size(); ++i) {
@@ -195,6 +225,8 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
       }
     }
     transport::store::PublishedTensor published{{spec, wire::Region::kSlot, 0}, data, alias};
+    published.placement.sharded = !tensors[i - first].regions.empty();
+    published.placement.shard = std::move(shards[i - first]);
     if (alias >= 0) {
       published.placement.offset = d.tensors[alias].placement.offset;
     } else {

@@ -11,7 +11,9 @@
 
 #include "core/destination_set.h"
 #include "cuda/vmm.h"
+#include "plan/mismatch_list.h"
 #include "plan/plan.h"
+#include "plan/regions.h"
 #include "plan/schedule.h"
 #include "transport/link/endpoint.h"
 #include "transport/transport.h"
@@ -52,6 +54,8 @@ struct Source {
   // With several publishers: the share of the destinations this one delivers (the handle's plan
   // indexes into it, so it lives as long as the handle).
   std::vector<plan::Destination> share;
+  // With regions: this publisher's part of the region schedule (held = its Welcome's tensors).
+  std::vector<plan::RegionCopy> copies;
   std::span<const uint64_t> digests;  // from EndStep, valid until the next BeginStep
   Status status;                      // of the last per-source phase run on the pool
   // The publisher's identity and layout, from connecting (valid while `handle` lives).
@@ -86,6 +90,10 @@ struct Subscriber::Impl {
   // connection, mappings, plan, staging, workers) and, with several, one thread per source so
   // their links carry their shares at the same time.
   bool prepared WS_GUARDED_BY(update_mu) = false;
+  // The prepared handles were planned from a region schedule (some tensor is a region on either
+  // side), and whether that plan can verify every segment (see plan/region_plan.h).
+  bool regions WS_GUARDED_BY(update_mu) = false;
+  bool prepared_for_verify WS_GUARDED_BY(update_mu) = false;
   std::vector<Source*> active WS_GUARDED_BY(update_mu);
   std::unique_ptr<util::WorkerPool> pool WS_GUARDED_BY(update_mu);
   bool closed WS_GUARDED_BY(update_mu) = false;
@@ -104,8 +112,12 @@ struct Subscriber::Impl {
     return {options.convert_dtypes, options.fp8_scale_suffix, options.convert_on_publisher_gpu};
   }
   Status CheckCanRegister(const char* what) const WS_REQUIRES(update_mu);
-  Status Prepare(const Deadline& deadline) WS_REQUIRES(update_mu);
+  Status Prepare(const Deadline& deadline, bool for_verify) WS_REQUIRES(update_mu);
   Status PrepareShares(const Deadline& deadline) WS_REQUIRES(update_mu);
+  bool UsesRegions() const WS_REQUIRES(update_mu);
+  Status PrepareRegions(const Deadline& deadline, bool for_verify) WS_REQUIRES(update_mu);
+  // Releases the handles that deliver nothing and starts one pool thread per remaining source.
+  void KeepDelivering(const std::vector<bool>& delivers) WS_REQUIRES(update_mu);
   Held HeldVersion() const WS_REQUIRES(update_mu);
   Status CheckLineage(Held held, const UpdateOptions& update) const WS_REQUIRES(update_mu);
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after, const Deadline& deadline)
@@ -270,20 +282,33 @@ Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
     it->handle.reset();
     it->welcome = nullptr;
     it->share.clear();
+    it->copies.clear();
   }
   prepared = false;
+  regions = false;
   if (!result.ok()) {
     WS_LOG(WARN, "subscriber") << "releasing the transfer handle (" << why << "): " << result;
   }
   return result;
 }
 
-Status Subscriber::Impl::Prepare(const Deadline& deadline) {
+Status Subscriber::Impl::Prepare(const Deadline& deadline, bool for_verify) {
   for (Source& source : sources) {
     WS_ASSIGN_OR_RETURN(source.handle, transport::NewTransferHandle(source.endpoint, options));
   }
-  if (sources.size() == 1) {
-    WS_ASSIGN_OR_RETURN(sources[0].welcome, sources[0].handle->Connect(deadline));
+  // Every manifest first: whether a region schedule is needed depends on all of them.
+  for (Source& source : sources) {
+    Result<const wire::Welcome*> welcome = source.handle->Connect(deadline);
+    if (!welcome.ok()) {
+      return sources.size() == 1 ? welcome.status() : welcome.status().WithContext(source.name);
+    }
+    source.welcome = *welcome;
+  }
+  if (UsesRegions()) {
+    WS_RETURN_IF_ERROR(PrepareRegions(deadline, for_verify));
+    regions = true;
+    prepared_for_verify = for_verify;
+  } else if (sources.size() == 1) {
     WS_RETURN_IF_ERROR(sources[0].handle->Prepare(
         registered.destinations(), {options.policy, options.mode, Convert()}, deadline));
     active.push_back(&sources[0]);
@@ -295,26 +320,22 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline) {
   return Status::Ok();
 }
 
-// Several publishers: connect to all, decide once which one delivers each tensor, then prepare
-// each handle for its share only.
-Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
-  std::vector<plan::SourceManifest> manifests;
-  for (Source& source : sources) {
-    Result<const wire::Welcome*> welcome = source.handle->Connect(deadline);
-    if (!welcome.ok()) return welcome.status().WithContext(source.name);
-    source.welcome = *welcome;
-    manifests.push_back({source.name, *welcome});
+bool Subscriber::Impl::UsesRegions() const {
+  for (const plan::Destination& d : registered.destinations()) {
+    if (!d.regions.empty()) return true;
   }
-  WS_ASSIGN_OR_RETURN(
-      plan::Schedule schedule,
-      plan::AssignSources(manifests, registered.destinations(), options.policy, Convert()));
-  std::ostringstream line;
-  line << "schedule over " << sources.size() << " publishers:";
+  for (const Source& source : sources) {
+    for (const wire::TensorPlacement& p : source.welcome->tensors) {
+      if (p.sharded) return true;
+    }
+  }
+  return false;
+}
+
+void Subscriber::Impl::KeepDelivering(const std::vector<bool>& delivers) {
   for (size_t i = 0; i < sources.size(); ++i) {
     Source& source = sources[i];
-    line << " " << source.name << " " << schedule.destinations[i].size() << " tensors "
-         << schedule.bytes[i] << " bytes;";
-    if (schedule.destinations[i].empty()) {
+    if (!delivers[i]) {
       // Nothing of what we registered comes from it: no handle, no traffic. A failing release
       // is logged (by the handle) and does not fail the update.
       if (Status s = source.handle->Release(); !s.ok()) {
@@ -323,6 +344,108 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
       source.handle.reset();
       continue;
     }
+    active.push_back(&source);
+  }
+  if (active.size() > 1) pool = std::make_unique<util::WorkerPool>(static_cast<int>(active.size()));
+}
+
+// Regions (a sharded trainer, a sharded engine, or both): what every publisher holds is
+// intersected with what every destination wants, once; each publisher's handle is then prepared
+// for its runs only.
+Status Subscriber::Impl::PrepareRegions(const Deadline& deadline, bool for_verify) {
+  std::vector<plan::HeldTensor> held;
+  std::vector<std::pair<uint32_t, uint32_t>> held_at;    // (source, index into its Welcome)
+  std::unordered_map<std::string_view, bool> published;  // global name → wanted by something
+  for (uint32_t s = 0; s < sources.size(); ++s) {
+    const wire::Welcome& welcome = *sources[s].welcome;
+    for (uint32_t i = 0; i < welcome.tensors.size(); ++i) {
+      const wire::TensorPlacement& p = welcome.tensors[i];
+      plan::HeldTensor h;
+      h.source = s;
+      h.name = p.sharded ? p.shard.tensor : p.spec.name;
+      h.dtype = p.spec.dtype;
+      h.global_shape = p.sharded ? p.shard.global_shape : p.spec.shape;
+      h.box.offset = p.sharded ? p.shard.offset : std::vector<int64_t>(p.spec.shape.size(), 0);
+      h.box.extent = p.spec.shape;
+      published.emplace(p.sharded ? p.shard.tensor : p.spec.name, false);
+      held.push_back(std::move(h));
+      held_at.emplace_back(s, i);
+    }
+  }
+  const std::vector<plan::Destination>& destinations = registered.destinations();
+  std::vector<plan::DestinationShape> shapes;
+  std::vector<plan::WantedPiece> wanted;
+  for (uint32_t d = 0; d < destinations.size(); ++d) {
+    const plan::Destination& dst = destinations[d];
+    shapes.push_back({dst.spec.name, dst.spec.dtype, dst.spec.shape});
+    const std::vector<int64_t> origin(dst.spec.shape.size(), 0);
+    if (dst.alias_of != plan::kNoDestination) {  // written through the tensor it aliases
+      if (auto it = published.find(dst.spec.name); it != published.end()) it->second = true;
+      continue;
+    }
+    if (dst.regions.empty()) {
+      wanted.push_back({d, dst.spec.name, dst.spec.shape, {origin, dst.spec.shape}, origin});
+    }
+    for (const RegionPart& part : dst.regions) {  // completed by DestinationSet::Add
+      wanted.push_back({d, part.tensor, part.global_shape, {part.offset, part.extent}, part.at});
+    }
+  }
+  for (const plan::WantedPiece& piece : wanted) {
+    if (auto it = published.find(piece.name); it != published.end()) it->second = true;
+  }
+  plan::MismatchList unwanted("the publishers' tensors and the subscriber's (strict policy)");
+  if (options.policy == MatchPolicy::kStrict) {
+    for (const auto& [name, is_wanted] : published) {
+      if (!is_wanted) unwanted.Add("tensor '", name, "': published but wanted by no destination");
+    }
+  }
+  Result<plan::RegionSchedule> schedule =
+      plan::ScheduleRegions(held, shapes, wanted, static_cast<uint32_t>(sources.size()));
+  if (!unwanted.empty()) {
+    Status s = unwanted.ToStatus();
+    return schedule.ok() ? s : Status(s.code(), s.message() + "\n" + schedule.status().message());
+  }
+  WS_RETURN_IF_ERROR(schedule.status());
+  std::vector<bool> delivers(sources.size(), false);
+  for (plan::RegionCopy copy : schedule->copies) {
+    const auto [s, index] = held_at[copy.held];
+    copy.held = index;
+    sources[s].copies.push_back(copy);
+    delivers[s] = true;
+  }
+  std::ostringstream line;
+  line << "region schedule over " << sources.size() << " publisher(s), " << schedule->copies.size()
+       << " copies:";
+  for (size_t i = 0; i < sources.size(); ++i) {
+    line << " " << sources[i].name << " " << schedule->bytes_per_source[i] << " bytes;";
+  }
+  WS_LOG(INFO, "subscriber") << line.str();
+  KeepDelivering(delivers);
+  if (active.empty()) return Status::InvalidArgument("no publisher delivers any destination byte");
+  return ForEachSource([&](Source& source) {
+    transport::PrepareOptions prepare{MatchPolicy::kSubset, options.mode, Convert()};
+    prepare.region_copies = &source.copies;
+    prepare.for_verify = for_verify;
+    return source.handle->Prepare(destinations, prepare, deadline);
+  });
+}
+
+// Several publishers: decide once which one delivers each tensor, then prepare each handle for
+// its share only.
+Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
+  std::vector<plan::SourceManifest> manifests;
+  for (Source& source : sources) manifests.push_back({source.name, source.welcome});
+  WS_ASSIGN_OR_RETURN(
+      plan::Schedule schedule,
+      plan::AssignSources(manifests, registered.destinations(), options.policy, Convert()));
+  std::ostringstream line;
+  line << "schedule over " << sources.size() << " publishers:";
+  std::vector<bool> delivers(sources.size(), false);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Source& source = sources[i];
+    line << " " << source.name << " " << schedule.destinations[i].size() << " tensors "
+         << schedule.bytes[i] << " bytes;";
+    delivers[i] = !schedule.destinations[i].empty();
     // The share's plan indexes into the share: tied destinations point at their share index.
     std::unordered_map<uint32_t, uint32_t> share_index;
     for (uint32_t d : schedule.destinations[i]) {
@@ -332,10 +455,9 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     for (plan::Destination& dst : source.share) {
       if (dst.alias_of != plan::kNoDestination) dst.alias_of = share_index.at(dst.alias_of);
     }
-    active.push_back(&source);
   }
   WS_LOG(INFO, "subscriber") << line.str();
-  pool = std::make_unique<util::WorkerPool>(static_cast<int>(active.size()));
+  KeepDelivering(delivers);
   // All at once: each publisher waits for its subscriber's selection under its own deadline, and
   // communicator setup (nccl) takes a while per source.
   return ForEachSource([&](Source& source) {
@@ -455,9 +577,17 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   int64_t after = -1;
   Result<int64_t> step = int64_t{-1};  // set by the first BeginStep
   auto t_wait = Clock::now();
+  if (prepared && regions && verify && !prepared_for_verify) {
+    // A region plan moves only the wanted bytes, which need not be whole digest segments; one
+    // that can verify is prepared now (plan/region_plan.h).
+    WS_LOG(INFO, "subscriber") << sources_text
+                               << ": verification asked of region handles prepared without it; "
+                                  "preparing again";
+    (void)ReleaseHandles("verification asked");
+  }
   for (bool retried = false;; retried = true) {
     if (!prepared) {
-      Status s = Prepare(deadline);
+      Status s = Prepare(deadline, verify);
       if (!s.ok()) return fail(s.WithContext("prepare"));
       stats.handle_created = true;
       stats.prepare_seconds = Seconds(t0, Clock::now());
@@ -557,8 +687,10 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   valid.store(true, std::memory_order_relaxed);
   for (const Source* src : active) {
     stats.bytes += src->handle->plan().total_bytes;
-    stats.tensors += src->handle->plan().tensors.size();
+    stats.tensors += src->handle->plan().destination_count;
   }
+  // With regions several publishers may write parts of one destination: count it once.
+  if (regions) stats.tensors = registered.written_count();
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "plan/mismatch_list.h"
+#include "plan/segments.h"
 #include "weightsync/dtype.h"
 #include "weightsync/tensor_view.h"
 
@@ -99,52 +100,6 @@ Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_
                                  limit_name, " ", limit);
   }
   return Status::Ok();
-}
-
-// Cuts every planned tensor into segments of at most `segment_bytes`. `digest_base[i]` is the
-// first digest index of publisher tensor i.
-void CutSegments(const wire::Welcome& welcome, const std::vector<uint32_t>& digest_base,
-                 Plan* plan) {
-  for (PlannedTensor& t : plan->tensors) {
-    const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
-    t.first_segment = static_cast<uint32_t>(plan->segments.size());
-    uint32_t digest = digest_base[t.publisher_index];
-    // offset + nbytes was proven not to overflow, so neither can any partial sum below.
-    for (uint64_t done = 0; done < t.nbytes; done += welcome.segment_bytes) {
-      Segment s;
-      s.region = p.region;
-      s.src_offset = p.offset + done;
-      s.destination = t.destination;
-      s.dst_offset = done;
-      s.shadow_offset = t.shadow_offset + done;
-      s.bytes = std::min(welcome.segment_bytes, t.nbytes - done);
-      s.digest_index = digest++;
-      s.converted = t.transform != Transform::kCopy;
-      s.landing_offset = t.landing_offset + done;
-      plan->segments.push_back(s);
-    }
-    t.segment_count = static_cast<uint32_t>(plan->segments.size()) - t.first_segment;
-  }
-}
-
-// Groups consecutive segments (across tensor boundaries, so runs of small tensors such as biases
-// and norms share a bucket) until the next segment would push a bucket past `bucket_bytes`.
-void GroupBuckets(uint64_t bucket_bytes, Plan* plan) {
-  Bucket current;
-  for (uint32_t i = 0; i < plan->segments.size(); ++i) {
-    const uint64_t bytes = plan->segments[i].bytes;
-    uint64_t grown = 0;
-    const bool too_big =
-        __builtin_add_overflow(current.bytes, bytes, &grown) || grown > bucket_bytes;
-    if (current.segment_count > 0 && too_big) {
-      plan->buckets.push_back(current);
-      current = Bucket{};
-    }
-    if (current.segment_count == 0) current.first_segment = i;
-    ++current.segment_count;
-    current.bytes += bytes;  // cannot overflow: a fresh bucket, or `grown` was computed cleanly
-  }
-  if (current.segment_count > 0) plan->buckets.push_back(current);
 }
 
 }  // namespace
@@ -250,8 +205,65 @@ const char* TransformName(Transform t) {
       return "cast";
     case Transform::kQuantizeFp8:
       return "fp8 quantization";
+    case Transform::kExtract:
+      return "region extraction";
   }
   return "unknown";
+}
+
+void CutSegments(const wire::Welcome& welcome, const std::vector<uint32_t>& digest_base,
+                 Plan* plan) {
+  for (PlannedTensor& t : plan->tensors) {
+    const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
+    t.first_segment = static_cast<uint32_t>(plan->segments.size());
+    // Segments start where the planned tensor does: on the digest grid for a whole tensor and
+    // for the runs of a verifiable region plan.
+    uint32_t digest = digest_base[t.publisher_index] +
+                      static_cast<uint32_t>(t.src_offset / welcome.segment_bytes);
+    // offset + nbytes was proven not to overflow, so neither can any partial sum below.
+    for (uint64_t done = 0; done < t.nbytes; done += welcome.segment_bytes) {
+      Segment s;
+      s.region = p.region;
+      s.src_offset = p.offset + t.src_offset + done;
+      s.destination = t.destination;
+      s.dst_offset = t.dst_offset + done;
+      s.shadow_offset = t.shadow_offset + done;
+      s.bytes = std::min(welcome.segment_bytes, t.nbytes - done);
+      s.digest_index = digest++;
+      s.converted = t.transform != Transform::kCopy;
+      s.landing_offset = t.landing_offset + done;
+      plan->segments.push_back(s);
+    }
+    t.segment_count = static_cast<uint32_t>(plan->segments.size()) - t.first_segment;
+  }
+}
+
+uint64_t DigestBases(const wire::Welcome& welcome, std::vector<uint32_t>* digest_base) {
+  digest_base->resize(welcome.tensors.size());
+  uint64_t count = 0;
+  for (size_t i = 0; i < welcome.tensors.size(); ++i) {
+    (*digest_base)[i] = static_cast<uint32_t>(count);  // ≤ kMaxDigests, checked by the layout
+    count += SegmentCount(welcome.tensors[i].spec.nbytes, welcome.segment_bytes);
+  }
+  return count;
+}
+
+void GroupBuckets(uint64_t bucket_bytes, Plan* plan) {
+  Bucket current;
+  for (uint32_t i = 0; i < plan->segments.size(); ++i) {
+    const uint64_t bytes = plan->segments[i].bytes;
+    uint64_t grown = 0;
+    const bool too_big =
+        __builtin_add_overflow(current.bytes, bytes, &grown) || grown > bucket_bytes;
+    if (current.segment_count > 0 && too_big) {
+      plan->buckets.push_back(current);
+      current = Bucket{};
+    }
+    if (current.segment_count == 0) current.first_segment = i;
+    ++current.segment_count;
+    current.bytes += bytes;  // cannot overflow: a fresh bucket, or `grown` was computed cleanly
+  }
+  if (current.segment_count > 0) plan->buckets.push_back(current);
 }
 
 Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destination>& destinations,
@@ -402,6 +414,7 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     t.landing_offset = AlignUp(plan.landing_bytes);
     plan.landing_bytes = t.landing_offset + t.nbytes;  // ≤ shadow_bytes: no overflow
   }
+  plan.destination_count = static_cast<uint32_t>(plan.tensors.size());
   plan.segments.reserve(segment_count);
   CutSegments(welcome, digest_base, &plan);
   GroupBuckets(bucket_bytes, &plan);

@@ -26,6 +26,9 @@ struct Destination {
   // that one (tied weights). It is never written itself — writing the other writes it — so a
   // step moves its bytes once; where its name is published it must still match.
   uint32_t alias_of = kNoDestination;
+  // Regions of global tensors that fill it (Subscriber registration, every field completed:
+  // tensor, extent and at set); empty: the whole tensor `spec.name`.
+  std::vector<RegionPart> regions;
 };
 
 // How a planned tensor's published bytes become its destination's (SubscriberOptions::
@@ -35,6 +38,10 @@ enum class Transform : uint8_t {
   kCopy,         // same dtype: the bytes as published
   kCast,         // one of float32/float16/bfloat16 to another (round to nearest even)
   kQuantizeFp8,  // bfloat16 → float8_e4m3fn, one scale per 128×128 block into a second tensor
+  // Regions with verification: a digest segment the subscriber wants only part of (or scattered
+  // over several destinations) is received whole, verified, and its wanted pieces (Extract) are
+  // copied out at commit.
+  kExtract,
 };
 const char* TransformName(Transform t);
 // The transform that turns `from` into `to`; kCopy when none is needed or none exists.
@@ -68,9 +75,14 @@ struct Bucket {
   uint64_t bytes = 0;
 };
 
+// A planned tensor is a contiguous range of one published tensor copied to a contiguous range of
+// one destination: the whole tensor into the whole destination without regions; with regions
+// (BuildRegionPlan) a run of one region's copy, or a kExtract digest segment.
 struct PlannedTensor {
   uint32_t publisher_index = 0;  // index into Welcome::tensors
   uint32_t destination = 0;      // index into destinations
+  uint64_t src_offset = 0;       // bytes into the published tensor
+  uint64_t dst_offset = 0;       // bytes into the destination
   uint64_t nbytes = 0;
   uint64_t shadow_offset = 0;
   uint32_t first_segment = 0;
@@ -84,6 +96,17 @@ struct PlannedTensor {
   uint32_t scale_destination = kNoDestination;  // kQuantizeFp8: index into destinations
   bool e8m0_scales = false;                     // kQuantizeFp8: power-of-two scales (else float32)
   uint64_t landing_offset = 0;  // converted tensors: offset in the in-place landing buffer
+  uint32_t first_extract = 0;   // kExtract: its pieces in Plan::extracts
+  uint32_t extract_count = 0;
+};
+
+// A piece of a kExtract tensor: `bytes` at `offset` of what landed go to `destination` at
+// `dst_offset`.
+struct Extract {
+  uint64_t offset = 0;
+  uint32_t destination = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
 };
 
 struct Plan {
@@ -97,6 +120,14 @@ struct Plan {
   uint32_t digest_count = 0;        // digests the publisher sends per step (all its tensors)
   bool uses_slots = false;          // some planned tensor lives in a slot
   bool uses_direct = false;         // some planned tensor lives in the direct region
+  // Regions (BuildRegionPlan): planned tensors are runs of published tensors, not whole ones.
+  bool regions = false;
+  // Every segment is a whole publisher digest segment, so Verify can check it. Always true
+  // without regions; with regions, only for a plan built for verification (or one that happens to
+  // read only whole segments).
+  bool verifiable = true;
+  std::vector<Extract> extracts;   // kExtract pieces
+  uint32_t destination_count = 0;  // distinct destinations written (UpdateStats::tensors)
 };
 
 // Checks a Welcome against itself: regions inside the arena, every placement inside its region,

@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include "plan/region_plan.h"
 #include "util/ledger.h"
 #include "util/logging.h"
 
@@ -42,16 +43,26 @@ Status TransferHandle::Prepare(const std::vector<plan::Destination>& destination
   ctx.deadline = &deadline;
   // What this machine lacks is said before anything is asked of the publisher.
   WS_RETURN_IF_ERROR(path_->Available(ctx));
-  WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome, destinations, options.policy,
-                                             /*bucket_bytes=*/4ull << 20, options.convert));
+  constexpr uint64_t kBucketBytes = 4ull << 20;
+  if (options.region_copies != nullptr) {
+    WS_ASSIGN_OR_RETURN(plan_, plan::BuildRegionPlan(welcome, destinations, *options.region_copies,
+                                                     kBucketBytes, options.for_verify));
+  } else {
+    WS_ASSIGN_OR_RETURN(plan_, plan::BuildPlan(welcome, destinations, options.policy, kBucketBytes,
+                                               options.convert));
+  }
   WS_RETURN_IF_ERROR(link_->Select(plan_, deadline));
   WS_RETURN_IF_ERROR(path_->Prepare(ctx).WithContext(link_->peer()));
   WS_LOG(INFO, "subscriber") << "prepared " << entry_->name << " handle for " << link_->peer()
-                             << ": " << plan_.tensors.size() << " tensors, " << plan_.total_bytes
-                             << " bytes, " << plan_.buckets.size() << " buckets, "
-                             << plan_.segments.size() << " segments, " << welcome.slot_count
-                             << " slots (" << welcome.arena_bytes << " bytes)" << link_->Describe()
-                             << path_->Describe();
+                             << ": "
+                             << (plan_.regions
+                                     ? std::to_string(plan_.tensors.size()) + " region runs into " +
+                                           std::to_string(plan_.destination_count) + " tensors"
+                                     : std::to_string(plan_.tensors.size()) + " tensors")
+                             << ", " << plan_.total_bytes << " bytes, " << plan_.buckets.size()
+                             << " buckets, " << plan_.segments.size() << " segments, "
+                             << welcome.slot_count << " slots (" << welcome.arena_bytes << " bytes)"
+                             << link_->Describe() << path_->Describe();
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/regions.h"
 #include "transport/link/endpoint.h"
 #include "transport/link/link.h"
 #include "transport/path/data_path.h"
@@ -32,6 +33,11 @@ struct PrepareOptions {
   MatchPolicy policy = MatchPolicy::kStrict;
   UpdateMode mode = UpdateMode::kStaged;
   plan::ConvertOptions convert;
+  // Regions: this publisher's share of the subscriber's region schedule (RegionCopy::held indexes
+  // its Welcome's tensors); the plan is built from it (plan::BuildRegionPlan) instead of by
+  // matching names. `for_verify`: plan so that every segment can be verified.
+  const std::vector<plan::RegionCopy>* region_copies = nullptr;
+  bool for_verify = false;
 };
 
 class TransferHandle {

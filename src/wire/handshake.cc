@@ -49,8 +49,12 @@ void Encode(const AuthOk& m, std::vector<uint8_t>* out) {
 
 void Encode(const Select& m, std::vector<uint8_t>* out) {
   Writer w(out);
-  w.U32(static_cast<uint32_t>(m.tensors.size()));
-  for (uint32_t t : m.tensors) w.U32(t);
+  w.U32(static_cast<uint32_t>(m.ranges.size()));
+  for (const SelectRange& range : m.ranges) {
+    w.U32(range.tensor);
+    w.U64(range.offset);
+    w.U64(range.bytes);
+  }
 }
 
 void Encode(const NcclSetup& m, std::vector<uint8_t>* out) {
@@ -99,16 +103,20 @@ Status Decode(std::span<const uint8_t> payload, AuthOk* m) {
 
 Status Decode(std::span<const uint8_t> payload, Select* m) {
   Reader r(payload, "select");
-  WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("tensor count", kMaxTensors, 4));
-  m->tensors.clear();
-  m->tensors.reserve(count);
+  WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("range count", kMaxSelectRanges, 4 + 8 + 8));
+  m->ranges.clear();
+  m->ranges.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
-    WS_ASSIGN_OR_RETURN(uint32_t t, r.U32("tensor index"));
-    if (!m->tensors.empty() && t <= m->tensors.back()) {
-      return Status::ProtocolError("select: tensor index ", t, " at position ", i,
-                                   " is not greater than the previous ", m->tensors.back());
+    SelectRange range;
+    WS_ASSIGN_OR_RETURN(range.tensor, r.U32("range tensor"));
+    WS_ASSIGN_OR_RETURN(range.offset, r.U64("range offset"));
+    WS_ASSIGN_OR_RETURN(range.bytes, r.U64("range bytes"));
+    uint64_t end = 0;
+    if (range.bytes == 0 || __builtin_add_overflow(range.offset, range.bytes, &end)) {
+      return Status::ProtocolError("select: range ", i, " of tensor ", range.tensor, " [",
+                                   range.offset, ", +", range.bytes, ") is empty or overflows");
     }
-    m->tensors.push_back(t);
+    m->ranges.push_back(range);
   }
   return r.ExpectEnd();
 }

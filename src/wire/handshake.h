@@ -64,10 +64,18 @@ inline constexpr uint32_t kAuthOkBytes = kMacBytes;
 inline constexpr uint32_t kMaxHandshakePayloadBytes =
     std::max({kHelloBytes, kChallengeBytes, kAuthBytes, kAuthOkBytes, kMaxErrorBytes});
 
-// Publisher tensor indices (into Welcome::tensors) the subscriber's plan reads, strictly
-// increasing. The publisher streams exactly these tensors' bytes, in this order, every step.
+// The byte ranges of the publisher's tensors the subscriber's plan reads: a whole tensor, or the
+// part of one a sharded subscriber wants (regions). The publisher streams exactly these bytes, in
+// this order, every step, and checks each range against its tensor before the first step.
+struct SelectRange {
+  uint32_t tensor = 0;  // index into Welcome::tensors
+  uint64_t offset = 0;  // bytes into that tensor
+  uint64_t bytes = 0;   // > 0
+  bool operator==(const SelectRange&) const = default;
+};
+inline constexpr uint32_t kMaxSelectRanges = 1u << 22;
 struct Select {
-  std::vector<uint32_t> tensors;
+  std::vector<SelectRange> ranges;
 };
 
 // Subscriber → publisher, after Select, when the arena is GPU memory: "set up NCCL".
@@ -94,7 +102,8 @@ void Encode(const NcclId& m, std::vector<uint8_t>* out);
 Status Decode(std::span<const uint8_t> payload, Challenge* m);
 Status Decode(std::span<const uint8_t> payload, Auth* m);
 Status Decode(std::span<const uint8_t> payload, AuthOk* m);
-// Bounded by kMaxTensors; rejects non-increasing indices.
+// Bounded by kMaxSelectRanges; rejects empty ranges and ranges whose end overflows (the indices
+// and ends are checked against the Welcome by the publisher).
 Status Decode(std::span<const uint8_t> payload, Select* m);
 Status Decode(std::span<const uint8_t> payload, NcclSetup* m);
 Status Decode(std::span<const uint8_t> payload, NcclId* m);

@@ -25,7 +25,7 @@ constexpr std::string_view kErrorWhat = "error";
 // Smallest encoding of one Welcome tensor: name (u16 length + ≥ 1 byte), dtype, ndim (no dims),
 // nbytes, region, offset. Lets Reader::Count reject a count the payload cannot hold before the
 // tensor vector is reserved.
-constexpr uint32_t kMinTensorBytes = 2 + 1 + 1 + 1 + 8 + 1 + 8;
+constexpr uint32_t kMinTensorBytes = 2 + 1 + 1 + 1 + 8 + 1 + 8 + 1;
 constexpr uint32_t kDigestBytes = 8;
 
 // Names come from the peer: quote them with non-printable bytes escaped and long ones shortened,
@@ -124,6 +124,42 @@ std::string_view TruncateUtf8(std::string_view s, size_t max_bytes) {
   return s.substr(0, end);
 }
 
+// A sharded tensor's place in its global tensor: u8 sharded (0 or 1); if 1, the global name, then
+// ndim global dims and ndim offsets (ndim of the tensor itself). Every offset + dim must fit its
+// global dim, so a subscriber can trust the box when it schedules regions.
+Status DecodeShard(Reader* r, TensorFields* fields, TensorPlacement* t) {
+  WS_ASSIGN_OR_RETURN(uint8_t sharded, r->U8(fields->Field("sharded")));
+  if (sharded > 1) {
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " sharded ",
+                                 static_cast<unsigned>(sharded), ", expected 0 or 1");
+  }
+  t->sharded = sharded == 1;
+  t->shard = ShardOf{};
+  if (!t->sharded) return Status::Ok();
+  WS_ASSIGN_OR_RETURN(t->shard.tensor, r->String(fields->Field("global name"), kMaxNameBytes));
+  if (t->shard.tensor.empty()) {
+    return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " global name is empty");
+  }
+  const size_t ndim = t->spec.shape.size();
+  t->shard.global_shape.resize(ndim);
+  t->shard.offset.resize(ndim);
+  for (size_t d = 0; d < ndim; ++d) {
+    WS_ASSIGN_OR_RETURN(t->shard.global_shape[d], r->I64(fields->Field("global dim", d)));
+  }
+  for (size_t d = 0; d < ndim; ++d) {
+    WS_ASSIGN_OR_RETURN(t->shard.offset[d], r->I64(fields->Field("shard offset", d)));
+    const int64_t offset = t->shard.offset[d], global = t->shard.global_shape[d];
+    int64_t end = 0;
+    if (offset < 0 || global < 0 || __builtin_add_overflow(offset, t->spec.shape[d], &end) ||
+        end > global) {
+      return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " dim ", d, " shard [",
+                                   offset, ", +", t->spec.shape[d], ") does not fit global dim ",
+                                   global);
+    }
+  }
+  return Status::Ok();
+}
+
 Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlacement* t) {
   fields->Start(index);
   WS_ASSIGN_OR_RETURN(t->spec.name, r->String(fields->Field("name"), kMaxNameBytes));
@@ -201,7 +237,7 @@ Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlace
     return Status::ProtocolError(kWelcomeWhat, ": ", fields->label(), " offset ", t->offset,
                                  " + nbytes ", t->spec.nbytes, " overflows 64 bits");
   }
-  return Status::Ok();
+  return DecodeShard(r, fields, t);
 }
 
 }  // namespace
@@ -260,6 +296,11 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
     w.U64(t.spec.nbytes);
     w.U8(static_cast<uint8_t>(t.region));
     w.U64(t.offset);
+    w.U8(t.sharded ? 1 : 0);
+    if (!t.sharded) continue;
+    w.String(t.shard.tensor);
+    for (int64_t dim : t.shard.global_shape) w.I64(dim);
+    for (int64_t offset : t.shard.offset) w.I64(offset);
   }
 }
 

@@ -33,10 +33,21 @@ enum class Region : uint8_t {
   kSlot = 1,    // registered (copied) tensor: offset from the start of the version's slot
 };
 
+// A published tensor that is a region of a global tensor (a sharded trainer's piece): where its
+// elements sit there. Its shape is the tensor's own (TensorPlacement::spec.shape).
+struct ShardOf {
+  std::string tensor;                 // the global tensor's name, 1..kMaxNameBytes
+  std::vector<int64_t> global_shape;  // as many dims as the tensor; offset + shape ≤ global_shape
+  std::vector<int64_t> offset;        // per dim, ≥ 0
+  bool operator==(const ShardOf&) const = default;
+};
+
 struct TensorPlacement {
   TensorSpec spec;  // name, dtype, shape, nbytes (nbytes recomputed and checked by the decoder)
   Region region = Region::kSlot;
   uint64_t offset = 0;
+  bool sharded = false;  // `shard` holds where it sits in its global tensor
+  ShardOf shard;
 };
 
 // Where the arena lives, and so how a subscriber maps it.

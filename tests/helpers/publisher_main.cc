@@ -1,5 +1,7 @@
 // A publisher process driven line by line over stdin/stdout, for multi-process tests.
-//   ws_publisher ENDPOINT TENSORS ELEMENTS [SLOTS]
+//   ws_publisher ENDPOINT TENSORS ELEMENTS [SLOTS]   the synthetic model (testing/test_util.h)
+//   ws_publisher ENDPOINT fsdp RANK RANKS [SCALE]    FSDP rank RANK of RANKS of the layer model
+//                                                    (testing/regions.h), 4 KiB segments
 // Prints "ready ENDPOINT" (the bound endpoint: tcp://HOST:0 gets its port), then answers each
 // command with one line (testing/command_loop.h; also arm and quit):
 //   publish S   → "ok S" | "error <status>"      (fills the synthetic model for step S first)
@@ -9,10 +11,28 @@
 #include <string>
 
 #include "testing/command_loop.h"
+#include "testing/regions.h"
 #include "testing/test_util.h"
 
 namespace ws = weightsync;
 using ws::testing::Answer;
+
+// One trainer rank of a sharded model: each tensor a region of its global tensor.
+int ServeFsdpRank(ws::PublisherOptions options, int rank, int ranks, int scale) {
+  static const std::vector<ws::testing::GlobalTensor> model = ws::testing::LayerModel(scale);
+  ws::testing::TrainerRank trainer = ws::testing::FsdpRank(model, ranks, rank);
+  options.segment_bytes = 4096;
+  if (ws::Status s = trainer.Start(options); !s.ok()) return ws::testing::SetUpFailed(s);
+  ws::testing::SayReady(trainer.publisher->endpoint());
+  ws::testing::CommandLoop loop;
+  loop.On("publish", [&](std::istream& args) {
+    int64_t step = 0;
+    if (!(args >> step)) return std::string("error publish needs a step");
+    return Answer(trainer.Publish(step), "ok " + std::to_string(step));
+  });
+  loop.OnQuit([&] { return trainer.publisher->Close(); });
+  return loop.Run(std::cin);
+}
 
 int main(int argc, char** argv) {
   if (argc < 4) {
@@ -22,6 +42,10 @@ int main(int argc, char** argv) {
   ws::PublisherOptions options;
   options.endpoint = argv[1];
   options.timeout = std::chrono::milliseconds(5000);
+  if (std::string(argv[2]) == "fsdp") {
+    return ServeFsdpRank(options, std::atoi(argv[3]), std::atoi(argv[4]),
+                         argc > 5 ? std::atoi(argv[5]) : 1);
+  }
   if (argc > 4) options.slots = std::atoi(argv[4]);
   ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto publisher = ws::Publisher::Create(options);

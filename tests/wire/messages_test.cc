@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -68,6 +69,8 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
     EXPECT_EQ(a.tensors[i].spec.nbytes, b.tensors[i].spec.nbytes);
     EXPECT_EQ(a.tensors[i].region, b.tensors[i].region);
     EXPECT_EQ(a.tensors[i].offset, b.tensors[i].offset);
+    EXPECT_EQ(a.tensors[i].sharded, b.tensors[i].sharded);
+    EXPECT_EQ(a.tensors[i].shard, b.tensors[i].shard);
   }
 }
 
@@ -102,6 +105,14 @@ Welcome WelcomeWith(int count) {
     t.region = i % 3 == 0 ? Region::kDirect : Region::kSlot;
     t.offset = offset;
     offset += t.spec.nbytes;
+    if (i % 4 == 1) {  // a region of a global tensor twice as large in every dim
+      t.sharded = true;
+      t.shard.tensor = "global." + std::to_string(i);
+      for (int64_t dim : shape) {
+        t.shard.global_shape.push_back(2 * dim + 1);
+        t.shard.offset.push_back(dim + 1);
+      }
+    }
     w.tensors.push_back(std::move(t));
   }
   return w;
@@ -116,6 +127,10 @@ struct RawTensor {
   uint64_t nbytes = 24;
   uint8_t region = 1;
   uint64_t offset = 0;
+  uint8_t sharded = 0;
+  std::string global_name = "g";              // written when sharded != 0
+  std::vector<int64_t> global_dims = {4, 3};  // as many as dims
+  std::vector<int64_t> shard_offset = {2, 0};
 };
 
 struct RawWelcome {
@@ -150,6 +165,11 @@ std::vector<uint8_t> EncodeRaw(const RawWelcome& raw) {
     w.U64(t.nbytes);
     w.U8(t.region);
     w.U64(t.offset);
+    w.U8(t.sharded);
+    if (t.sharded == 0) continue;
+    w.String(t.global_name);
+    for (int64_t d : t.global_dims) w.I64(d);
+    for (int64_t d : t.shard_offset) w.I64(d);
   }
   return out;
 }
@@ -388,12 +408,12 @@ TEST(WireWelcomeTest, HugeTensorCountRejectedBeforeAllocating) {
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
                               {"welcome: tensor count 1048576 needs at least"}));
   EXPECT_LT(out.tensors.capacity(), 1000u);  // nothing was reserved for the claimed count
-  // The minimum counted per tensor is its smallest encoding (22 bytes), not one byte.
+  // The minimum counted per tensor is its smallest encoding (23 bytes), not one byte.
   raw.count = 100;
   const std::vector<uint8_t> bytes = EncodeRaw(raw);
   EXPECT_TRUE(IsProtocolError(
       Decode(bytes, &out),
-      {"welcome: tensor count 100 needs at least 2200 bytes, only " +
+      {"welcome: tensor count 100 needs at least 2300 bytes, only " +
        std::to_string(bytes.size() - 6 * 8 - 4 - 8 - 6 - (2 + 3) - 8 - 4) + " left"}));
 }
 
@@ -555,6 +575,38 @@ TEST(WireWelcomeTest, OffsetPlusNbytesOverflowRejected) {
   t.offset = ~uint64_t{0} - 23;  // end 2^64: wraps
   EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"offset", "overflows"}));
   t.offset = ~uint64_t{0} - 24;
+  EXPECT_OK(DecodeRawTensor(t));
+}
+
+// A sharded tensor's place in its global tensor comes from the peer and feeds the region schedule:
+// every offset + dim must fit its global dim, the flag is 0 or 1, the global name is not empty.
+TEST(WireWelcomeTest, ShardOfAGlobalTensorIsChecked) {
+  RawTensor t;
+  t.sharded = 1;
+  Welcome w;
+  RawWelcome raw;
+  raw.tensors = {t};
+  ASSERT_OK(Decode(EncodeRaw(raw), &w));
+  ASSERT_TRUE(w.tensors[0].sharded);
+  EXPECT_EQ(w.tensors[0].shard, (ShardOf{"g", {4, 3}, {2, 0}}));
+  t.shard_offset = {3, 0};  // rows [3, 5) of 4
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t),
+                              {"tensor 0 't' dim 0 shard [3, +2) does not fit global dim 4"}));
+  t.shard_offset = {0, -1};
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"dim 1 shard [-1, +3)"}));
+  t.shard_offset = {0, 0};
+  t.global_dims = {-4, 3};
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"does not fit global dim -4"}));
+  t.global_dims = {4, 3};
+  t.shard_offset = {std::numeric_limits<int64_t>::max(), 0};  // offset + dim wraps
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"does not fit"}));
+  t.shard_offset = {0, 0};
+  t.global_name = "";
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"tensor 0 't' global name is empty"}));
+  t.global_name = "g";
+  t.sharded = 2;
+  EXPECT_TRUE(IsProtocolError(DecodeRawTensor(t), {"tensor 0 't' sharded 2, expected 0 or 1"}));
+  t.sharded = 1;
   EXPECT_OK(DecodeRawTensor(t));
 }
 

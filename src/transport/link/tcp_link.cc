@@ -25,7 +25,9 @@ class TcpLink final : public Link {
 
   Status Select(const plan::Plan& plan, const Deadline& deadline) override {
     wire::Select select;
-    for (const auto& t : plan.tensors) select.tensors.push_back(t.publisher_index);
+    for (const auto& t : plan.tensors) {
+      if (t.nbytes > 0) select.ranges.push_back({t.publisher_index, t.src_offset, t.nbytes});
+    }
     return channel().Send(wire::FrameType::kSelect, select, deadline);
   }
   std::string Describe() const override {

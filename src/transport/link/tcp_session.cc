@@ -17,20 +17,21 @@ namespace {
 
 using util::Deadline;
 
-// A host store's step: the selected tensors' bytes, in Select order, straight from the pinned
+// A host store's step: the selected byte ranges, in Select order, straight from the pinned
 // version (scatter-gather send, no staging copy). Prepared once per session.
 class SocketDelivery final : public StepDelivery {
  public:
   SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, const uint8_t* base)
-      : welcome_(welcome), select_(select), base_(base), parts_(select.tensors.size()) {}
+      : welcome_(welcome), select_(select), base_(base), parts_(select.ranges.size()) {}
   Status Deliver(const wire::StepBegin& begin, Channel& ch, const Deadline& deadline,
                  bool* streaming) override {
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
     for (size_t i = 0; i < parts_.size(); ++i) {
-      const wire::TensorPlacement& t = welcome_.tensors[select_.tensors[i]];
-      uint64_t at =
-          t.offset + (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
-      parts_[i] = {const_cast<uint8_t*>(base_ + at), t.spec.nbytes};
+      const wire::SelectRange& range = select_.ranges[i];
+      const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
+      uint64_t at = t.offset + range.offset +
+                    (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
+      parts_[i] = {const_cast<uint8_t*>(base_ + at), range.bytes};
     }
     *streaming = true;
     WS_RETURN_IF_ERROR(ch.WriteAll(parts_, deadline));
@@ -99,7 +100,7 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
         gpu::nccl::NcclVersionString(static_cast<int>(setup.nccl_version)),
         " (both ranks of a communicator need the same NCCL major.minor)");
   }
-  WS_ASSIGN_OR_RETURN(auto sender, path::NcclSender::Prepare(arena_fd, welcome, select.tensors));
+  WS_ASSIGN_OR_RETURN(auto sender, path::NcclSender::Prepare(arena_fd, welcome, select.ranges));
   WS_ASSIGN_OR_RETURN(gpu::nccl::UniqueId id, gpu::nccl::NewUniqueId());
   wire::NcclId answer{static_cast<uint32_t>(version), id};
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kNcclId, answer, deadline));
@@ -119,10 +120,16 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
   WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
-  for (uint32_t t : select.tensors) {
-    if (t >= welcome.tensors.size()) {
-      return Status::ProtocolError("select: tensor index ", t, " but the publisher has ",
+  // Every range is read from the pinned version every step: each must lie inside its tensor.
+  for (const wire::SelectRange& range : select.ranges) {
+    if (range.tensor >= welcome.tensors.size()) {
+      return Status::ProtocolError("select: tensor index ", range.tensor, " but the publisher has ",
                                    welcome.tensors.size(), " tensors");
+    }
+    const TensorSpec& spec = welcome.tensors[range.tensor].spec;
+    if (range.offset > spec.nbytes || range.bytes > spec.nbytes - range.offset) {
+      return Status::ProtocolError("select: bytes [", range.offset, ", +", range.bytes,
+                                   ") of tensor '", spec.name, "', which has ", spec.nbytes);
     }
   }
   if (welcome.arena_kind == wire::ArenaKind::kCudaMem) {

@@ -103,7 +103,7 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
     batch.base = slot_base(k);
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
-      const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset;
+      const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset + t.src_offset;
       if (direct && t.transform != plan::Transform::kCopy) {
         status = batch.conversions
                      .Add(t, src, destinations[t.destination].data,

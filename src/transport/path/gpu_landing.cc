@@ -31,6 +31,11 @@ Result<int> GpuLanding::DestinationDevice(const std::vector<plan::Destination>& 
 Status GpuLanding::Prepare(const plan::Plan* plan,
                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
                            int device, const uint8_t* converted_source) {
+  if (!plan->extracts.empty()) {
+    return Status::NotSupported(
+        "verifying regions that read parts of publisher digest segments is not built into the "
+        "GPU landing yet (verify=false, or regions of whole digest segments, work)");
+  }
   plan_ = plan;
   device_ = device;
   converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;
@@ -61,7 +66,8 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
   if (shadow_.data() != nullptr) {
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0 || t.transform != plan::Transform::kCopy) continue;
-      commit_.Add(destinations_[t.destination], shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes);
+      commit_.Add(destinations_[t.destination] + t.dst_offset,
+                  shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes);
     }
   }
   digest_launches_.clear();
@@ -159,7 +165,7 @@ Status GpuLanding::PrepareConversions() {
 uint8_t* GpuLanding::Received(const plan::PlannedTensor& t) const {
   if (shadow_.data() != nullptr) return shadow_.as<uint8_t>() + t.shadow_offset;
   return t.transform != plan::Transform::kCopy ? landing_.as<uint8_t>() + t.landing_offset
-                                               : destinations_[t.destination];
+                                               : destinations_[t.destination] + t.dst_offset;
 }
 
 uint8_t* GpuLanding::Received(const plan::Segment& s) const {

@@ -51,7 +51,8 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
       slot_batches_[k].Add(host_.ReceivedTensor(t),
-                           slot + welcome.tensors[t.publisher_index].offset, t.nbytes);
+                           slot + welcome.tensors[t.publisher_index].offset + t.src_offset,
+                           t.nbytes);
     }
   }
   return Status::Ok();

@@ -79,6 +79,13 @@ void HostLanding::MaybeInjectBitFlip() {
 }
 
 Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step) {
+  if (!plan_->verifiable) {
+    // The core prepares a region plan for verification before asking for it; this is a bug guard.
+    return Status::FailedPrecondition(
+        "step ", step,
+        ": this handle's region plan reads parts of digest segments and was not "
+        "prepared for verification");
+  }
   digests_ = digests;
   digest_kind_ = kind;
   first_mismatch_.store(kNoMismatch, std::memory_order_relaxed);
@@ -89,6 +96,13 @@ Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind k
   size_t count = 0;
   for (const auto& s : plan_->segments) count += Digest(s) != digests[s.digest_index];
   const plan::Segment& s = plan_->segments[bad];
+  if (plan_->regions) {
+    // Regions: the segment is a range of a published tensor, read for one or more destinations.
+    return Status::Corruption("step ", step, ": published bytes read for tensor '",
+                              names_[s.destination], "' (segment ", s.digest_index, ", ", s.bytes,
+                              " bytes) do not match the publisher's digest; ", count,
+                              " corrupt segment(s) in all; nothing committed");
+  }
   // Offsets are into the tensor as published (for a converted tensor, before converting).
   return Status::Corruption("step ", step, ": tensor '", names_[s.destination], "' ",
                             s.converted ? "published bytes [" : "bytes [", s.dst_offset, ", ",
@@ -111,6 +125,14 @@ void HostLanding::ConvertTensor(void* context, uint32_t index) {
   const uint8_t* src = self->ReceivedTensor(t);
   uint8_t* dst = self->destinations_[t.destination];
   Status& out = self->convert_status_[index];
+  if (t.transform == plan::Transform::kExtract) {
+    for (uint32_t e = 0; e < t.extract_count; ++e) {
+      const plan::Extract& piece = self->plan_->extracts[t.first_extract + e];
+      std::memcpy(self->destinations_[piece.destination] + piece.dst_offset, src + piece.offset,
+                  piece.bytes);
+    }
+    return;
+  }
   if (t.transform == plan::Transform::kCast) {
     out = gpu::reference::Cast(t.from, t.to, src, dst, t.elements);
   } else {

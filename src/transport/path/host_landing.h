@@ -40,7 +40,7 @@ class HostLanding {
   uint8_t* ReceivedTensor(const plan::PlannedTensor& t) const {
     if (shadow_.data() != nullptr) return shadow_.data() + t.shadow_offset;
     return t.transform != plan::Transform::kCopy ? landing_.data() + t.landing_offset
-                                                 : destinations_[t.destination];
+                                                 : destinations_[t.destination] + t.dst_offset;
   }
 
   // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
@@ -50,7 +50,8 @@ class HostLanding {
   // first failing tensor and byte range and counts the failing segments.
   Status Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step);
   // Staged: shadow → destinations. Both modes: converted tensors are converted into their
-  // destinations (the CPU implementations of the GPU transforms).
+  // destinations (the CPU implementations of the GPU transforms), and the pieces of region
+  // segments received whole (kExtract) are copied out.
   Status Commit();
   // Test hook: flips one bit of the received bytes when the fail point fires.
   void MaybeInjectBitFlip();

@@ -60,8 +60,9 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
       const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
-      slot_batches_[k].Add(receiver_.Received(t),
-                           (p.region == wire::Region::kSlot ? slot : direct) + p.offset, t.nbytes);
+      slot_batches_[k].Add(
+          receiver_.Received(t),
+          (p.region == wire::Region::kSlot ? slot : direct) + p.offset + t.src_offset, t.nbytes);
     }
   }
   uint32_t digests = 0;

@@ -14,8 +14,8 @@ bool CompatibleVersions(int a, int b) {
 
 // ---- NcclSender ----------------------------------------------------------------------------
 
-Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(int arena_fd, const wire::Welcome& welcome,
-                                                        std::span<const uint32_t> selected) {
+Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(
+    int arena_fd, const wire::Welcome& welcome, std::span<const wire::SelectRange> selected) {
   if (welcome.arena_kind != wire::ArenaKind::kCudaMem || welcome.device < 0) {
     return Status::Internal("nccl: the publisher's arena is not GPU memory");
   }
@@ -28,16 +28,15 @@ Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(int arena_fd, const wire
     // The mapping is read-write for this device; NCCL only reads from it.
     uint8_t* slot = const_cast<uint8_t*>(s->arena_.data()) + welcome.slots_offset +
                     uint64_t{k} * welcome.slot_bytes;
-    for (uint32_t index : selected) {
-      const wire::TensorPlacement& t = welcome.tensors[index];
+    for (const wire::SelectRange& range : selected) {  // checked against the Welcome
+      const wire::TensorPlacement& t = welcome.tensors[range.tensor];
       if (t.region != wire::Region::kSlot) {
         return Status::NotSupported("nccl: tensor '", t.spec.name,
                                     "' is arena-allocated; a GPU arena holds registered tensors "
                                     "in slots only");
       }
-      if (t.spec.nbytes == 0) continue;
-      s->slot_pieces_[k].push_back({slot + t.offset, t.spec.nbytes});
-      if (k == 0) s->bytes_per_step_ += t.spec.nbytes;
+      s->slot_pieces_[k].push_back({slot + t.offset + range.offset, range.bytes});
+      if (k == 0) s->bytes_per_step_ += range.bytes;
     }
   }
   return s;

@@ -31,6 +31,7 @@
 #include "transport/path/gpu_landing.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
+#include "wire/handshake.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::path {
@@ -43,9 +44,10 @@ bool CompatibleVersions(int a, int b);
 class NcclSender {
  public:
   // Maps the publisher's GPU arena into this session (imported from its POSIX fd, as a subscriber
-  // on this host would) and prepares, for every slot, the byte ranges of the `selected` tensors.
+  // on this host would) and prepares, for every slot, the `selected` byte ranges (checked against
+  // the Welcome by the caller).
   static Result<std::unique_ptr<NcclSender>> Prepare(int arena_fd, const wire::Welcome& welcome,
-                                                     std::span<const uint32_t> selected);
+                                                     std::span<const wire::SelectRange> selected);
   ~NcclSender();  // Close(), logging a failure
 
   // Joins the communicator as rank 0 (after the unique id went out in NcclId).

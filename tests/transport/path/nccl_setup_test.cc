@@ -201,29 +201,65 @@ class HostTcpPublisher : public ::testing::Test {
   std::unique_ptr<Publisher> pub_;
 };
 
-TEST_F(HostTcpPublisher, RefusesNcclSetupWithAReason) {
-  auto ep = transport::link::ParseEndpoint(pub_->endpoint());
-  ASSERT_OK(ep);
-  Deadline deadline(std::chrono::seconds(4));
+// A raw client past the handshake, holding the Welcome: what a subscriber sends next is the test's.
+std::unique_ptr<transport::link::Channel> HelloedClient(const std::string& endpoint,
+                                                        const Deadline& deadline,
+                                                        wire::Welcome* welcome) {
+  auto ep = transport::link::ParseEndpoint(endpoint);
+  EXPECT_OK(ep);
   auto fd = transport::link::ConnectTcp(*ep, deadline);
-  ASSERT_OK(fd);
-  transport::link::Channel ch(std::move(fd).value(), "publisher");
+  EXPECT_OK(fd);
+  if (!fd.ok()) return nullptr;
+  auto ch = std::make_unique<transport::link::Channel>(std::move(fd).value(), "publisher");
   wire::Challenge challenge;
-  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kChallenge, &challenge, deadline));
+  EXPECT_OK(ch->ReceiveExpect(wire::FrameType::kChallenge, &challenge, deadline));
   wire::Auth auth{wire::Role::kSubscriber, *wire::RandomNonce(), {}};
-  ASSERT_OK(ch.Send(wire::FrameType::kAuth, auth, deadline));
+  EXPECT_OK(ch->Send(wire::FrameType::kAuth, auth, deadline));
   wire::AuthOk ok;
-  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kAuthOk, &ok, deadline));
-  ASSERT_OK(ch.Send(wire::FrameType::kHello,
-                    wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 1}, deadline));
+  EXPECT_OK(ch->ReceiveExpect(wire::FrameType::kAuthOk, &ok, deadline));
+  EXPECT_OK(ch->Send(wire::FrameType::kHello,
+                     wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 1}, deadline));
+  EXPECT_OK(ch->ReceiveExpect(wire::FrameType::kWelcome, welcome, deadline));
+  return ch;
+}
+
+TEST_F(HostTcpPublisher, RefusesNcclSetupWithAReason) {
+  Deadline deadline(std::chrono::seconds(4));
   wire::Welcome welcome;
-  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kWelcome, &welcome, deadline));
+  auto client = HelloedClient(pub_->endpoint(), deadline, &welcome);
+  ASSERT_NE(client, nullptr);
+  transport::link::Channel& ch = *client;
   EXPECT_NE(welcome.arena_kind, wire::ArenaKind::kCudaMem);
-  ASSERT_OK(ch.Send(wire::FrameType::kSelect, wire::Select{{0, 1, 2}}, deadline));
+  ASSERT_OK(
+      ch.Send(wire::FrameType::kSelect, wire::Select{{{0, 0, 4}, {1, 0, 4}, {2, 4, 8}}}, deadline));
   ASSERT_OK(ch.Send(wire::FrameType::kNcclSetup, wire::NcclSetup{22809, 0}, deadline));
   wire::NcclId id;
   Status s = ch.ReceiveExpect(wire::FrameType::kNcclId, &id, deadline);
   ASSERT_STATUS_IS(kFailedPrecondition, s, "nccl_setup refused", "host memory");
+}
+
+// The publisher streams every selected range from its pinned version each step: a range past
+// its tensor is refused before the first step, with the tensor named, and it keeps serving.
+TEST_F(HostTcpPublisher, RefusesASelectedRangeOutsideItsTensor) {
+  Deadline deadline(std::chrono::seconds(4));
+  wire::Welcome welcome;
+  auto client = HelloedClient(pub_->endpoint(), deadline, &welcome);
+  ASSERT_NE(client, nullptr);
+  ASSERT_GE(welcome.tensors.size(), 2u);
+  const uint64_t size = welcome.tensors[1].spec.nbytes;
+  ASSERT_OK(client->Send(wire::FrameType::kSelect, wire::Select{{{0, 0, 4}, {1, size - 4, 8}}},
+                         deadline));
+  wire::UpdateRequest request{-1, -1, 1000};
+  (void)client->Send(wire::FrameType::kUpdateRequest, request, deadline);
+  wire::StepBegin begin;
+  Status s = client->ReceiveExpect(wire::FrameType::kStepBegin, &begin, deadline);
+  ASSERT_STATUS_IS(kProtocolError, s, "select: bytes", welcome.tensors[1].spec.name);
+  // Still serving everyone else.
+  auto like = model_.Tensors();
+  auto storage = SyntheticModel::PoisonedStorage(like);
+  auto dst = SyntheticModel::Views(like, storage);
+  auto sub = Connect(pub_->endpoint(), dst);
+  ASSERT_OK(sub->Update());
 }
 
 TEST_F(HostTcpPublisher, CudaDestinationsForAHostArenaAreNotSupported) {
