@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "plan/mismatch_list.h"
+#include "weightsync/region.h"
 #include "weightsync/tensor_view.h"
 
 namespace weightsync::plan {
@@ -401,13 +402,8 @@ std::vector<WantedPiece> Fused(uint32_t destination, int dim, const std::vector<
 }
 
 Box EvenShard(const std::vector<int64_t>& global_shape, int dim, int parts, int rank) {
-  Box box{std::vector<int64_t>(global_shape.size(), 0), global_shape};
-  if (dim < 0 || static_cast<size_t>(dim) >= global_shape.size() || parts <= 0) return box;
-  const int64_t n = global_shape[dim];
-  const int64_t lo = n * rank / parts, hi = n * (rank + 1) / parts;
-  box.offset[dim] = lo;
-  box.extent[dim] = hi - lo;
-  return box;
+  RegionPart part = Shard("", global_shape, dim, parts, rank);  // the public API's split
+  return {std::move(part.offset), std::move(part.extent)};
 }
 
 }  // namespace weightsync::plan

@@ -43,13 +43,16 @@ RegionCopy Copy(uint32_t dst, uint64_t src_offset, uint64_t src_pitch, uint64_t 
   return {0, dst, src_offset, src_pitch, dst_offset, dst_pitch, run, rows};
 }
 
+// 4 rows of 32 bytes of "w" (256 bytes, 64-byte segments) contiguous on both sides into d0, then
+// 2 rows contiguous in "w" but strided in d1.
+Result<Plan> TwoCopies(bool for_verify) {
+  return BuildRegionPlan(OneTensor(256, 64), Destinations({128, 100}),
+                         {Copy(0, 0, 32, 0, 32, 32, 4), Copy(1, 128, 32, 0, 50, 32, 2)}, 1 << 20,
+                         for_verify);
+}
+
 TEST(RegionPlan, RowsThatContinueEachOtherOnBothSidesBecomeOneRun) {
-  const wire::Welcome w = OneTensor(256, 64);
-  // 4 rows of 32 bytes, contiguous on both sides, then 2 rows strided in the destination.
-  ASSERT_OK_AND_ASSIGN(
-      Plan p, BuildRegionPlan(w, Destinations({128, 100}),
-                              {Copy(0, 0, 32, 0, 32, 32, 4), Copy(1, 128, 32, 0, 50, 32, 2)},
-                              1 << 20, /*for_verify=*/false));
+  ASSERT_OK_AND_ASSIGN(Plan p, TwoCopies(/*for_verify=*/false));
   EXPECT_TRUE(p.regions);
   ASSERT_EQ(p.tensors.size(), 3u);
   EXPECT_EQ(p.tensors[0].nbytes, 128u);
@@ -65,11 +68,7 @@ TEST(RegionPlan, RowsThatContinueEachOtherOnBothSidesBecomeOneRun) {
 }
 
 TEST(RegionPlan, ForVerifyReceivesPartlyReadSegmentsWholeAndExtractsTheirPieces) {
-  const wire::Welcome w = OneTensor(256, 64);
-  ASSERT_OK_AND_ASSIGN(
-      Plan p, BuildRegionPlan(w, Destinations({128, 100}),
-                              {Copy(0, 0, 32, 0, 32, 32, 4), Copy(1, 128, 32, 0, 50, 32, 2)},
-                              1 << 20, /*for_verify=*/true));
+  ASSERT_OK_AND_ASSIGN(Plan p, TwoCopies(/*for_verify=*/true));
   EXPECT_TRUE(p.verifiable);
   // [0, 128): segments 0 and 1 whole → one copy; segment 2 [128, 192) holds both pieces of the
   // second copy (one contiguous in the source, two places in the destination) → one extract.
