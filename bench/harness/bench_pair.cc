@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "harness/pattern.h"
 
@@ -57,6 +59,28 @@ Result<int64_t> BenchPair::PublishNext() {
 
 void MemcpyAll(const TensorStorage& from, TensorStorage& to) {
   for (size_t i = 0; i < from.size(); ++i) std::memcpy(to.data(i), from.data(i), from.bytes(i));
+}
+
+void MemcpyAllThreads(const TensorStorage& from, TensorStorage& to, int threads) {
+  constexpr uint64_t kChunk = 8ull << 20;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < threads; ++w) {
+    workers.emplace_back([&, w] {
+      uint64_t chunk = 0;
+      for (size_t i = 0; i < from.size(); ++i) {
+        for (uint64_t at = 0; at < from.bytes(i); at += kChunk, ++chunk) {
+          if (chunk % threads != static_cast<uint64_t>(w)) continue;
+          std::memcpy(to.data(i) + at, from.data(i) + at, std::min(kChunk, from.bytes(i) - at));
+        }
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+}
+
+int PublisherThreads(int64_t copy_threads) {
+  if (copy_threads > 0) return static_cast<int>(copy_threads);
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
 }
 
 std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes) {

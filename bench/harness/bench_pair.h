@@ -47,6 +47,11 @@ class BenchPair {
 
 // Single-threaded memcpy of every tensor of `from` into `to`: the baseline for "moving the bytes".
 void MemcpyAll(const TensorStorage& from, TensorStorage& to);
+// The same on `threads` threads, each taking every threads-th 8 MiB chunk: what memory bandwidth
+// allows a copy on that many cores (the baseline for the publisher's copy + hash).
+void MemcpyAllThreads(const TensorStorage& from, TensorStorage& to, int threads);
+// The publisher's copy threads for `copy_threads` (0: the library default).
+int PublisherThreads(int64_t copy_threads);
 
 // `count` tensors of `bytes` bytes each (uint8), named like model layers.
 std::vector<TensorSpec> UniformTensors(int64_t count, uint64_t bytes);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "harness/bench_figures.h"
+#include "harness/bench_pair.h"
 #include "harness/byte_units.h"
 #include "harness/proc_stats.h"
 
@@ -14,11 +15,11 @@ Status MeasureAll(const BenchOptions& o, BenchReport* report) {
   report->machine = MachineDescription();
   report->config = {
       {"quick", o.quick ? "yes" : "no"},
-      {"copy threads", o.copy_threads == 0
-                           ? "library default (" +
-                                 std::to_string(std::min(4u, std::thread::hardware_concurrency())) +
-                                 ")"
-                           : std::to_string(o.copy_threads)},
+      {"copy threads",
+       o.copy_threads == 0
+           ? "library default (publisher " + std::to_string(PublisherThreads(0)) + ", subscriber " +
+                 std::to_string(std::min(4u, std::thread::hardware_concurrency())) + ")"
+           : std::to_string(o.copy_threads)},
       {"throughput model", FormatBytes(o.bytes) + " / " + std::to_string(o.tensors) + " tensors"},
       {"per-step model",
        std::to_string(o.small_tensors) + " x " + FormatBytes(o.small_tensor_bytes)},

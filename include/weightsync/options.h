@@ -42,13 +42,17 @@ struct PublisherOptions {
   // Largest contiguous byte range covered by one digest. 0: 8 MiB for a host arena, 64 MiB for a
   // GPU arena (fewer, larger digest launches per step).
   uint64_t segment_bytes = 0;
-  // Threads used by Publish() to copy and hash; 0 picks min(4, hardware threads).
+  // Threads used by Publish() to copy and hash a host store's version; 0 picks every hardware
+  // thread, up to 16 (hashing while copying needs several cores to keep up with memory).
   int copy_threads = 0;
   // Accepted connections at once; further ones are refused with a logged reason.
   int max_connections = 64;
-  // Deadline for a Publish() that must wait for readers to release a slot, and for any single
-  // control-frame read or write on a connection. Waiting for a step and for a subscriber reading
-  // it is bounded by that subscriber's own timeout instead.
+  // How long Publish() waits for readers to release a slot, and BeginWrite() for readers of
+  // arena-allocated tensors, before revoking those reads (the subscribers get a Timeout at the end
+  // of their step and commit nothing); and the deadline of any single control-frame read or
+  // write. Waiting for a step and for a subscriber reading it is bounded by that subscriber's own
+  // timeout instead (nccl: by this one), so a slow reader is never dropped unless its version's
+  // memory is needed.
   std::chrono::milliseconds timeout{10000};
   // The line of versions this publisher continues: 1..64 characters of [A-Za-z0-9._:-], e.g. a
   // training run's name. Empty: a new random lineage for every Publisher::Create. Subscribers

@@ -11,7 +11,10 @@
 //  * Allocate() (host tensors): the tensor lives in the shared-memory store itself;
 //    Publish(step) copies nothing. Call BeginWrite() before changing allocated tensors: it waits
 //    until no subscriber is reading them, and makes the previous version unavailable until the
-//    next Publish.
+//    next Publish. It waits at most PublisherOptions::timeout: a subscriber still reading then
+//    has its read revoked (it gets a Timeout at the end of its step and commits nothing: staged,
+//    its old weights stay; in place, they are marked invalid) and BeginWrite returns, so one
+//    stalled subscriber never stalls the trainer. PublishStats says what it cost.
 // All registration (Register/Allocate) happens before the first Publish.
 //
 // Versions are identified by (lineage, session, step): PublisherOptions::lineage and
@@ -46,6 +49,10 @@ struct PublishStats {
   uint64_t bytes_copied = 0;  // bytes copied into the arena (0 for arena-allocated tensors)
   double seconds = 0;
   double gbps = 0;
+  // What the BeginWrite() before this Publish cost the trainer: the time it waited for readers,
+  // and how many reads it revoked when they outlasted PublisherOptions::timeout.
+  double wait_for_readers_seconds = 0;
+  int revoked_reads = 0;
 };
 
 class Publisher {

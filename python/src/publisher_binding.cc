@@ -139,10 +139,16 @@ void BindPublisher(nb::module_& m) {
               "Bytes copied into the arena (0 for allocate()d tensors).")
       .def_ro("seconds", &PublishStats::seconds)
       .def_ro("gbps", &PublishStats::gbps)
+      .def_ro("wait_for_readers_seconds", &PublishStats::wait_for_readers_seconds,
+              "How long the begin_write() before this publish waited for subscribers reading.")
+      .def_ro("revoked_reads", &PublishStats::revoked_reads,
+              "Reads that begin_write() revoked when they outlasted the publisher's timeout.")
       .def("__repr__", [](const PublishStats& s) {
         return "PublishStats(step=" + std::to_string(s.step) +
                ", bytes_copied=" + std::to_string(s.bytes_copied) +
-               ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) + ")";
+               ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) +
+               ", wait_for_readers_seconds=" + std::to_string(s.wait_for_readers_seconds) +
+               ", revoked_reads=" + std::to_string(s.revoked_reads) + ")";
       });
 
   nb::class_<PyPublisher>(
@@ -260,7 +266,10 @@ void BindPublisher(nb::module_& m) {
       .def(
           "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),
-          "Waits until no subscriber reads the allocate()d tensors; call before changing them.")
+          "Waits until no subscriber reads the allocate()d tensors; call before changing them.\n"
+          "It waits at most the publisher's timeout: a subscriber still reading then has its read\n"
+          "revoked (a Timeout at the end of its update, nothing committed) and begin_write()\n"
+          "returns; the next publish()'s stats say how long it waited and how many it revoked.")
       .def(
           "publish",
           [](PyPublisher& self, int64_t step, nb::handle stream) {

@@ -92,9 +92,18 @@ struct Publisher::Impl final : transport::link::VersionSource {
   util::CondVar cv;
   struct Version {
     int64_t step = -1;  // -1: holds no available version
-    int readers = 0;
+    int readers = 0;    // pins of the current epoch
+    int revoked = 0;    // pins of earlier epochs (revoked), not yet unpinned
+    uint64_t epoch = 0;  // incremented when the publisher revokes this version's readers
     bool writing = false;
   };
+  // The publisher stops waiting for the readers of version k: their pins are revoked (they get
+  // an error at Unpin and commit nothing) and no longer hold the version's memory.
+  void Revoke(Version* v) WS_REQUIRES(mu) {
+    v->revoked += v->readers;
+    v->readers = 0;
+    ++v->epoch;
+  }
   std::vector<Version> versions WS_GUARDED_BY(mu);
   // Digests per slot: written by Publish while the slot is `writing` (no reader can pin it then),
   // copied out by Unpin under mu while the slot is pinned (Publish cannot take it then).
@@ -102,15 +111,20 @@ struct Publisher::Impl final : transport::link::VersionSource {
   int latest WS_GUARDED_BY(mu) = -1;
   int64_t latest_step WS_GUARDED_BY(mu) = -1;
   bool direct_writing WS_GUARDED_BY(mu) = false;
+  // What waiting for readers cost the trainer since the last Publish (its BeginWrite and its own
+  // wait for a free slot), reported by the next Publish.
+  double wait_for_readers_seconds WS_GUARDED_BY(publish_mu) = 0;
+  int revoked_reads WS_GUARDED_BY(publish_mu) = 0;
   bool closed WS_GUARDED_BY(mu) = false;
   bool frozen WS_GUARDED_BY(mu) = false;
 
   Status Freeze() WS_REQUIRES(mu);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
-  Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
-                                  const std::function<bool()>& give_up) override;
-  void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) override;
+  Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request,
+                                       const Deadline& deadline,
+                                       const std::function<bool()>& give_up) override;
+  Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
   const uint8_t* arena_base() const override { return store->base(); }
 };
 
@@ -297,21 +311,32 @@ Status Publisher::BeginWrite() {
   util::MutexLock publish_lock(&d.publish_mu);
   util::MutexLock lock(&d.mu);
   if (d.closed) return Status::FailedPrecondition("publisher is closed");
-  if (!d.frozen) return Status::Ok();  // nothing published yet: nobody can be reading
-  d.direct_writing = true;
+  // Nothing published yet, or no tensor subscribers read in place (registered tensors are copied
+  // into slots, which Publish never takes from a reader): nothing to wait for.
+  if (!d.frozen || !d.has_direct) return Status::Ok();
+  d.direct_writing = true;  // no new reader from here on
+  const auto start = std::chrono::steady_clock::now();
   Deadline deadline(d.options.timeout);
   while (true) {
     int readers = 0;
     for (const auto& v : d.versions) readers += v.readers;
     if (readers == 0) break;
     if (deadline.expired()) {
-      d.direct_writing = false;
-      d.cv.NotifyAll();
-      return Status::Timeout("BeginWrite: ", readers, " subscriber(s) still reading after ",
-                             d.options.timeout.count(), " ms");
+      // The trainer does not wait longer than its timeout for a slow or stalled subscriber: its
+      // read is revoked. It gets a typed error at the end of its step instead of the digests,
+      // so it never commits what it read while the trainer writes (staged: its old weights
+      // stay; in place: they are marked invalid).
+      for (auto& v : d.versions) d.Revoke(&v);
+      d.revoked_reads += readers;
+      WS_LOG(WARN, "publisher") << d.bound_endpoint << " BeginWrite: revoked the read of "
+                                << readers << " subscriber(s) still reading after "
+                                << d.options.timeout.count() << " ms";
+      break;
     }
     d.cv.WaitFor(&d.mu, kWaitSlice);
   }
+  d.wait_for_readers_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The allocated tensors are about to change: no held version describes them any more.
   if (d.has_direct) {
     for (auto& v : d.versions) v.step = -1;
@@ -346,23 +371,37 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
       WS_RETURN_IF_ERROR(d.Freeze());
       d.frozen = true;
     }
-    // A slot nobody reads and that is not the latest (unless it is the only slot).
+    // A slot nobody reads and that is not the latest (unless it is the only slot). Past the
+    // timeout the readers of the oldest such slot lose it: their pins are revoked (an error at
+    // the end of their step, nothing committed), so a stalled subscriber never stalls the trainer.
+    const auto wait_start = std::chrono::steady_clock::now();
     Deadline deadline(d.options.timeout);
     int chosen = -1;
     while (true) {
+      int oldest = -1;
       for (int i = 0; i < static_cast<int>(d.versions.size()); ++i) {
-        if ((i != d.latest || d.versions.size() == 1) && d.versions[i].readers == 0) {
+        if (i == d.latest && d.versions.size() > 1) continue;
+        if (d.versions[i].readers == 0) {
           chosen = i;
           break;
         }
+        if (oldest < 0 || d.versions[i].step < d.versions[oldest].step) oldest = i;
       }
       if (chosen >= 0) break;
       if (deadline.expired()) {
-        return Status::Timeout("Publish(", step, "): every slot is still being read after ",
-                               d.options.timeout.count(), " ms");
+        chosen = oldest;
+        d.revoked_reads += d.versions[chosen].readers;
+        WS_LOG(WARN, "publisher") << d.bound_endpoint << " Publish(" << step << "): revoked the "
+                                  << d.versions[chosen].readers << " read(s) of step "
+                                  << d.versions[chosen].step << " still going after "
+                                  << d.options.timeout.count() << " ms, to reuse its slot";
+        d.Revoke(&d.versions[chosen]);
+        break;
       }
       d.cv.WaitFor(&d.mu, kWaitSlice);
     }
+    d.wait_for_readers_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     k = static_cast<uint32_t>(chosen);
     d.versions[k].step = -1;
     d.versions[k].writing = true;
@@ -393,6 +432,10 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   d.cv.NotifyAll();
   stats.step = step;
   stats.bytes_copied = d.store->copy_bytes();
+  stats.wait_for_readers_seconds = d.wait_for_readers_seconds;
+  stats.revoked_reads = d.revoked_reads;
+  d.wait_for_readers_seconds = 0;
+  d.revoked_reads = 0;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
   return stats;
@@ -413,9 +456,9 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
   return std::make_pair(static_cast<const wire::Welcome*>(&welcome), store->fd());
 }
 
-Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
-                                                 const Deadline& deadline,
-                                                 const std::function<bool()>& give_up) {
+Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
+                                                      const Deadline& deadline,
+                                                      const std::function<bool()>& give_up) {
   util::MutexLock lock(&mu);
   if (request.step >= 0 && request.step <= request.after_step) {
     return Status::FailedPrecondition("step ", request.step,
@@ -427,7 +470,9 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
     if (!direct_writing && latest >= 0) {
       int target = -1;
       if (request.step < 0) {
-        if (latest_step == request.after_step) return wire::StepBegin{latest_step, wire::kNoSlot};
+        if (latest_step == request.after_step) {
+          return transport::link::Pin{{latest_step, wire::kNoSlot}, 0};
+        }
         if (latest_step < request.after_step) {
           return Status::FailedPrecondition("subscriber has step ", request.after_step,
                                             " but the publisher's latest is ", latest_step);
@@ -444,7 +489,8 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
       }
       if (target >= 0) {
         ++versions[target].readers;
-        return wire::StepBegin{versions[target].step, static_cast<uint32_t>(target)};
+        return transport::link::Pin{{versions[target].step, static_cast<uint32_t>(target)},
+                                    versions[target].epoch};
       }
     }
     if (give_up()) return Status::PeerLost("subscriber left while waiting for a step");
@@ -458,15 +504,27 @@ Result<wire::StepBegin> Publisher::Impl::Acquire(const wire::UpdateRequest& requ
   }
 }
 
-void Publisher::Impl::Unpin(const wire::StepBegin& begin, wire::StepEnd* end) {
+Status Publisher::Impl::Unpin(const transport::link::Pin& pin, wire::StepEnd* end) {
+  Status result;
   {
     util::MutexLock lock(&mu);
-    Version& v = versions[begin.slot];
-    end->step = begin.step;
-    end->digests.assign(digests[begin.slot].begin(), digests[begin.slot].end());
-    --v.readers;
+    Version& v = versions[pin.begin.slot];
+    if (pin.epoch != v.epoch) {
+      --v.revoked;
+      result = Status::Timeout("the read of step ", pin.begin.step,
+                               " was revoked: the publisher needed its memory (to write a new "
+                               "version, or its arena-allocated tensors) after waiting ",
+                               options.timeout.count(),
+                               " ms (PublisherOptions.timeout) for this subscriber to finish; "
+                               "nothing it read may be committed");
+    } else {
+      end->step = pin.begin.step;
+      end->digests.assign(digests[pin.begin.slot].begin(), digests[pin.begin.slot].end());
+      --v.readers;
+    }
   }
   cv.NotifyAll();
+  return result;
 }
 
 int64_t Publisher::latest_step() const {

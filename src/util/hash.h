@@ -8,4 +8,9 @@ namespace weightsync::util {
 
 uint64_t Hash64(const void* data, size_t bytes);
 
+// memcpy(dst, src, bytes), returning Hash64(dst, bytes): one pass over memory — each chunk is
+// hashed right after it is copied, while it is still in cache — instead of a copy and then a
+// second read of everything.
+uint64_t CopyAndHash64(void* dst, const void* src, size_t bytes);
+
 }  // namespace weightsync::util

@@ -43,7 +43,7 @@ TEST_P(FanOut, AStalledAndAKilledSubscriberDoNotHoldUpTheOthers) {
   for (int i = 1; i < 3; ++i) ASSERT_EQ(subs[i].Command("update 2").rfind("ok 2 ", 0), 0u);
 
   // Step 3 takes the free slot; step 4 needs the slot the stalled subscriber pins, which the
-  // publisher must reclaim once that connection misses its deadline.
+  // publisher revokes once it has waited its own timeout for it.
   p.Publish(3);
   const auto t0 = Clock::now();
   p.Publish(4);
@@ -54,7 +54,7 @@ TEST_P(FanOut, AStalledAndAKilledSubscriberDoNotHoldUpTheOthers) {
     EXPECT_EQ(subs[i].Command("holds 4"), "yes");
   }
 
-  // The stalled one wakes up. Over shm its version was reclaimed: a typed error, step 1 intact
+  // The stalled one wakes up. Over shm its version was revoked: a typed error, step 1 intact
   // (staged). Over tcp the publisher may already have sent the whole version into the socket
   // before reclaiming the slot: then step 2 completes, verified. Either way it then catches up.
   const std::string late = subs[0].ReadLine(8000);

@@ -60,18 +60,25 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
     // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
     // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
-    WS_ASSIGN_OR_RETURN(
-        wire::StepBegin begin,
-        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms), give_up));
+    WS_ASSIGN_OR_RETURN(Pin pin,
+                        config.source->Acquire(request, PeerWaitDeadline(request.wait_ms), give_up));
+    const wire::StepBegin& begin = pin.begin;
     Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
                        Deadline(config.timeout));
     if (begin.step == request.after_step) {  // up to date: nothing pinned
       WS_RETURN_IF_ERROR(s);
       continue;
     }
-    if (s.ok()) s = delivery.Deliver(begin, ch, Deadline(config.timeout), streaming);
-    config.source->Unpin(begin, &end);
+    if (s.ok()) {
+      s = delivery.Deliver(begin, ch,
+                           delivery.BoundedByPublisher() ? Deadline(config.timeout)
+                                                         : PeerWaitDeadline(request.wait_ms),
+                           streaming);
+    }
+    Status unpinned = config.source->Unpin(pin, &end);
     if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step));
+    // A revoked read ends the session with an error frame instead of the step's end.
+    WS_RETURN_IF_ERROR(unpinned);
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
   }
   return Status::Ok();

@@ -37,6 +37,11 @@ class StepDelivery {
   // are on the connection (an error frame sent then would land in the middle of them).
   virtual Status Deliver(const wire::StepBegin& begin, Channel& ch, const util::Deadline& deadline,
                          bool* streaming) = 0;
+  // Whether delivering is bounded by the publisher's timeout instead of the subscriber's own wait:
+  // for a delivery that holds resources a stalled peer must not keep (an NCCL communicator's
+  // kernels). Otherwise a slow reader keeps its pin as long as it waits, and the publisher, when
+  // it needs the version's memory, revokes the pin instead (VersionSource::Unpin).
+  virtual bool BoundedByPublisher() const { return false; }
   // A frame other than update_request arrived where one was due: the error that ends the session.
   virtual Status Unexpected(wire::FrameType type);
 };
@@ -46,8 +51,9 @@ class StepDelivery {
 Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch, const SessionConfig& config);
 
 // Serves steps until the subscriber leaves, breaks the protocol or the server stops. Waiting for
-// a step is bounded by the subscriber's wait (UpdateRequest::wait_ms), delivering a pinned one by
-// config.timeout (a stalled reader loses the version).
+// a step and delivering it are bounded by the subscriber's wait (UpdateRequest::wait_ms; except a
+// delivery BoundedByPublisher), so a live subscriber is never dropped because a wait of the
+// publisher's own ran out; a pin the publisher revoked meanwhile ends the session with its error.
 Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome& welcome,
                   StepDelivery& delivery, bool* streaming);
 

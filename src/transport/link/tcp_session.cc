@@ -65,6 +65,9 @@ class NcclDelivery final : public StepDelivery {
     // Unpinned only once NCCL has read the whole slot (or the communicator was aborted).
     return sender_->Send(begin.slot, deadline, watch_);
   }
+  // A broadcast waiting on a stalled receiver keeps NCCL kernels running on the publisher's GPU:
+  // it is aborted at the publisher's timeout.
+  bool BoundedByPublisher() const override { return true; }
 
  private:
   path::NcclSender* sender_;

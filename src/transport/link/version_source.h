@@ -13,6 +13,14 @@
 
 namespace weightsync::transport::link {
 
+// A version pinned for one subscriber: what Acquire returns and Unpin takes back. `epoch`: the
+// publisher's write epoch when it was pinned (a later BeginWrite that stopped waiting for it has
+// revoked it).
+struct Pin {
+  wire::StepBegin begin;
+  uint64_t epoch = 0;
+};
+
 // What the server needs from the publisher core.
 class VersionSource {
  public:
@@ -22,11 +30,12 @@ class VersionSource {
       const util::Deadline& deadline, const std::function<bool()>& give_up) = 0;
   // Waits until a version satisfies `request`, pins it and describes it. A StepBegin whose step
   // equals request.after_step means "up to date" and pins nothing.
-  virtual Result<wire::StepBegin> Acquire(const wire::UpdateRequest& request,
-                                          const util::Deadline& deadline,
-                                          const std::function<bool()>& give_up) = 0;
-  // Copies the pinned version's digests into `end` and unpins it.
-  virtual void Unpin(const wire::StepBegin& begin, wire::StepEnd* end) = 0;
+  virtual Result<Pin> Acquire(const wire::UpdateRequest& request, const util::Deadline& deadline,
+                              const std::function<bool()>& give_up) = 0;
+  // Unpins the version and copies its digests into `end`; or, if the publisher revoked the pin
+  // meanwhile (BeginWrite stopped waiting for this reader and the trainer may be writing the
+  // bytes it read), Timeout saying so: the subscriber must not commit what it read.
+  virtual Status Unpin(const Pin& pin, wire::StepEnd* end) = 0;
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
 };

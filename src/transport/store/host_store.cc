@@ -1,7 +1,8 @@
 // The host store: a memfd arena (host_arena.h) that subscribers on this host map read-only, and
 // tcp sends from. A Publish copies every registered tensor into the slot and hashes each segment
-// (xxHash3) on a pool of worker threads, one task per segment: copy, then hash while the bytes
-// are still in cache.
+// (xxHash3) on a pool of worker threads (every hardware thread by default: the copy is bound by
+// memory bandwidth only once enough cores hash), one task per segment, copied and hashed in one
+// pass (util::CopyAndHash64).
 #include <cstring>
 #include <memory>
 
@@ -72,8 +73,8 @@ void HostStore::RunTask(void* context, uint32_t index) {
   const Task& t = job->self->tasks_[index];
   HostArena& arena = *job->self->arena_;
   uint8_t* dst = t.in_slot ? arena.slot(job->slot) + t.arena_offset : arena.base() + t.arena_offset;
-  if (t.src != nullptr) std::memcpy(dst, t.src, t.bytes);
-  uint64_t digest = util::Hash64(dst, t.bytes);
+  uint64_t digest =
+      t.src != nullptr ? util::CopyAndHash64(dst, t.src, t.bytes) : util::Hash64(dst, t.bytes);
   if (util::FailPoints::Check("publisher.corrupt_after_digest").action == util::FailAction::kFlip) {
     dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
   }
@@ -112,7 +113,7 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   welcome->slot_bytes = arena_->slot_bytes();
   welcome->tensors.clear();
   for (const PublishedTensor& t : layout.tensors) welcome->tensors.push_back(t.placement);
-  const int threads = layout.copy_threads > 0 ? layout.copy_threads : util::DefaultThreads();
+  const int threads = layout.copy_threads > 0 ? layout.copy_threads : util::HashThreads();
   workers_ = std::make_unique<util::WorkerPool>(threads);
   tasks_ = std::move(tasks);
   digest_copies_ = std::move(segments.copies);
