@@ -11,6 +11,7 @@
 #            FRAMEWORKS="" skips them and their tests skip)
 #   VLLM     vLLM version whose weight-transfer API python/tests/test_vllm.py drives (default
 #            0.33.0; VLLM="" skips it and those tests skip): scripts/install_vllm.sh. About 40 s.
+#   WS_REQUIRE_VLLM  1: fail when vLLM cannot be installed instead of skipping its tests (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,8 +56,14 @@ for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle transformers}; do
     "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
 done
 
-# vLLM for the engine tests (scripts/install_vllm.sh).
+# vLLM for the engine tests (scripts/install_vllm.sh). CI (WS_REQUIRE_VLLM=1, .ci/run) fails here
+# rather than letting those tests skip.
 bash scripts/install_vllm.sh "$PY" "${VLLM-0.33.0}"
+if [ "${WS_REQUIRE_VLLM:-0}" = 1 ] &&
+   ! "$PY" -c 'import vllm.distributed.weight_transfer' 2>/dev/null; then
+  say "WS_REQUIRE_VLLM=1 but vllm.distributed.weight_transfer does not import: failing"
+  exit 1
+fi
 
 # 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
 say "building the extension (pip install .)"
