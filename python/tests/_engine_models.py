@@ -103,6 +103,10 @@ class TrainerModel(nn.Module):
 class FusedEngineModel(nn.Module):
     """The engine's layout: fused qkv / gate_up, vLLM-style load_weights."""
 
+    # What vLLM's models declare (Qwen2ForCausalLM, LlamaForCausalLM): which checkpoint modules
+    # each fused module stacks, in order.
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                              "gate_up_proj": ["gate_proj", "up_proj"]}
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", "q"),
         ("qkv_proj", "k_proj", "k"),

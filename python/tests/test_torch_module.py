@@ -280,3 +280,188 @@ def test_transformers_model_round_trip(endpoint, device):
                    for n, t in engine.state_dict().items()}
             assert got == want
             done.put(step)
+
+
+def _tp_engine(tp):
+    """FusedEngineModel's names with tensor-parallel shapes (vLLM's TP rank): qkv_proj and
+    gate_up_proj column slices, o_proj and down_proj row slices, the rest whole."""
+    from _engine_models import HIDDEN, INTER, KV, Q, FusedEngineModel
+
+    m = FusedEngineModel()
+
+    def param(*shape):
+        return torch.nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
+
+    kv_rows = KV // tp if KV // 4 >= tp else 4  # 2 KV heads of 4: replicated past tp=2
+    for layer in m.model.layers:
+        layer.self_attn.qkv_proj.weight = param(Q // tp + 2 * kv_rows, HIDDEN)
+        layer.self_attn.o_proj.weight = param(HIDDEN, Q // tp)
+        layer.mlp.gate_up_proj.weight = param(2 * INTER // tp, HIDDEN)
+        layer.mlp.down_proj.weight = param(HIDDEN, INTER // tp)
+    return m, kv_rows
+
+
+def _tp_expected(state, tp, rank, kv_rows):
+    """What TP rank `rank`'s module must hold, from a trainer state (checkpoint names)."""
+    out = {}
+    for name, t in state.items():
+        if ".q_proj." in name:
+            base = name.replace(".q_proj.", ".qkv_proj.")
+            q = t.chunk(tp)[rank]
+            k, v = (state[name.replace("q_proj", p)] for p in ("k_proj", "v_proj"))
+            head = rank * (k.shape[0] // kv_rows) // tp if kv_rows * tp > k.shape[0] else rank
+            out[base] = torch.cat([q, k[head * kv_rows:(head + 1) * kv_rows],
+                                   v[head * kv_rows:(head + 1) * kv_rows]])
+        elif ".gate_proj." in name:
+            up = state[name.replace("gate_proj", "up_proj")]
+            out[name.replace("gate_proj", "gate_up_proj")] = torch.cat(
+                [t.chunk(tp)[rank], up.chunk(tp)[rank]])
+        elif ".o_proj." in name or ".down_proj." in name:
+            out[name] = t.chunk(tp, dim=1)[rank]
+        elif not any(p in name for p in (".k_proj.", ".v_proj.", ".up_proj.")):
+            out[name] = t
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_register_module_fills_tensor_parallel_fused_ranks_with_regions(endpoint, tp):
+    """Every TP rank of a fused engine registers its own parameters: fused qkv (GQA: 2 KV heads,
+    replicated at tp=4) and gate_up from the published q/k/v and gate/up, o/down row slices;
+    only the rank's bytes move."""
+    trainer = TrainerModel(seed=4)
+    with weightsync.Publisher(endpoint) as pub:
+        publisher = wst.ModulePublisher(pub, trainer)
+        publisher.publish(1)
+        engines = []
+        for rank in range(tp):
+            model, kv_rows = _tp_engine(tp)
+            sub = weightsync.Subscriber(endpoint, verify=rank % 2 == 1)
+            wst.register_module(sub, model, tp=(tp, rank))
+            engines.append((rank, model, sub, kv_rows))
+        for step in (2, 3):
+            train_step(trainer, step)
+            publisher.publish(step)
+            for rank, model, sub, kv_rows in engines:
+                stats = sub.update(step)
+                moved = sum(p.numel() * p.element_size()
+                            for p in {p.data_ptr(): p for p in model.parameters()}.values())
+                if not stats.verified:
+                    assert stats.bytes == moved, (rank, stats.bytes, moved)
+                want = _tp_expected(state(trainer), tp, rank, kv_rows)
+                got = {n: p for n, p in state(model).items() if n in want}
+                assert_same_bytes(got, want)
+        for _, _, sub, _ in engines:
+            sub.close()
+
+
+def test_register_module_names_a_parameter_that_is_no_slice_of_what_is_published(endpoint):
+    trainer = TrainerModel(seed=4)
+    model, _ = _tp_engine(2)
+    layer = model.model.layers[0]
+    layer.self_attn.o_proj.weight = torch.nn.Parameter(torch.zeros(7, 8), requires_grad=False)
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        wst.ModulePublisher(pub, trainer).publish(1)
+        with pytest.raises(weightsync.InvalidArgument) as info:
+            wst.register_module(sub, model, tp=(2, 0))
+        assert "model.layers.0.self_attn.o_proj.weight" in str(info.value)
+        assert "not a 1/2 slice of it" in str(info.value)
+        with pytest.raises(weightsync.InvalidArgument) as info:
+            wst.register_module(sub, _tp_engine(2)[0], packed={})
+        assert "nothing published fills" in str(info.value) and "qkv_proj" in str(info.value)
+
+
+def _dtensor_rank(endpoint, port, rank, world, ready, done):
+    """Rank `rank` of a gloo mesh of `world`: a Linear whose weight is Shard(0) across the ranks
+    (FSDP-style) and whose bias is replicated, published as regions from a Publisher of its own."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)  # the same full tensors on every rank, then each keeps its part
+    m = torch.nn.Linear(4, 6)
+    m.weight = torch.nn.Parameter(distribute_tensor(m.weight.detach(), mesh, [Shard(0)]))
+    m.bias = torch.nn.Parameter(distribute_tensor(m.bias.detach(), mesh, [Replicate()]))
+    with weightsync.Publisher(f"{endpoint}-{rank}") as pub:
+        publisher = wst.ModulePublisher(pub, m)
+        for step in (1, 2):
+            with torch.no_grad():
+                m.weight.add_(step)
+                m.bias.add_(step)
+            publisher.publish(step)
+            full = {"weight": m.weight.full_tensor(), "bias": m.bias.full_tensor()}
+            if step == 1:
+                ready.put(("manifest", rank, pub.manifest))
+            if rank == 0:
+                ready.put(("want", {n: t.detach().numpy().tobytes() for n, t in full.items()}))
+            done.get(timeout=60)
+    dist.destroy_process_group()
+
+
+def test_dtensor_shards_publish_as_regions_without_gathering(endpoint):
+    """Two FSDP-style ranks publish their local shards; one subscriber takes the full tensors
+    from both, another only rows [3, 6) of the weight (and the replicated bias) — from rank 1
+    alone, exactly those bytes."""
+    import socket
+
+    from weightsync import regions as R
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready, done = SPAWN.Queue(), SPAWN.Queue()
+    endpoints = [f"{endpoint}-{r}" for r in range(2)]
+    with child_process(_dtensor_rank, endpoint, port, 0, 2, ready, done), \
+            child_process(_dtensor_rank, endpoint, port, 1, 2, ready, done), \
+            weightsync.Subscriber(endpoints, timeout=30) as whole, \
+            weightsync.Subscriber(endpoints, timeout=30, policy="subset") as half:
+        full_dst = {"weight": torch.empty(6, 4), "bias": torch.empty(6)}
+        half_dst = {"weight": torch.empty(3, 4), "bias": torch.empty(6)}
+        for step in (1, 2):
+            got = [ready.get(timeout=120) for _ in range(3 if step == 1 else 1)]
+            want = next(item[1] for item in got if item[0] == "want")
+            if step == 1:
+                # Each rank publishes its own rows, not a gathered copy.
+                manifests = {item[1]: item[2] for item in got if item[0] == "manifest"}
+                for rank in (0, 1):
+                    assert dict((n, s) for n, _, s in manifests[rank]) == {
+                        "weight": (3, 4), "bias": (6,)}, manifests
+                whole.register(full_dst)
+                half.register(half_dst, regions={"weight": R.shard("weight", (6, 4), 0, 2, 1)})
+            assert whole.update(step).bytes == (24 + 6) * 4
+            assert half.update(step).bytes == (12 + 6) * 4
+            assert full_dst["weight"].numpy().tobytes() == want["weight"]
+            assert full_dst["bias"].numpy().tobytes() == want["bias"]
+            assert half_dst["weight"].numpy().tobytes() == want["weight"][12 * 4:]
+            done.put(step)
+            done.put(step)
+
+
+def _partial_dtensor(endpoint, out):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    m = torch.nn.Linear(4, 6, bias=False)
+    m.weight = torch.nn.Parameter(DTensor.from_local(m.weight.detach(), mesh, [Partial()]))
+    with weightsync.Publisher(endpoint) as pub:
+        try:
+            wst.ModulePublisher(pub, m).publish(1)
+            out.put("published")
+        except weightsync.InvalidArgument as e:
+            out.put(str(e))
+        out.put(wst.ModulePublisher(pub, m, dtensors="gather").publish(2).step)
+    dist.destroy_process_group()
+
+
+def test_a_partial_dtensor_is_refused_as_a_region_and_published_gathered(endpoint):
+    out = SPAWN.Queue()
+    with child_process(_partial_dtensor, endpoint, out):
+        text = out.get(timeout=120)
+        assert "tensor 'weight' is a DTensor placed" in text and "dtensors='gather'" in text
+        assert out.get(timeout=120) == 2

@@ -161,9 +161,33 @@ def test_direct_mode_writes_the_engines_own_parameters(endpoint):
         engine.shutdown()
 
 
-def test_direct_mode_refuses_a_fused_layout_and_changes_nothing(endpoint):
+def test_direct_mode_fills_fused_parameters_in_place(endpoint):
+    """vLLM's fused qkv_proj / gate_up_proj (packed_modules_mapping) are written straight from
+    the published q/k/v and gate/up tensors, as regions: no receive buffers, no loader."""
     trainer = TrainerModel(seed=2)
     engine_model = FusedEngineModel()
+    before = {n: p.data_ptr() for n, p in engine_model.named_parameters()}
+    engine = create_engine(engine_model)
+    sender = WeightTransferTrainerFactory.trainer_init(
+        WeightsyncTrainerInitInfo(rank=0, endpoint=endpoint, mode="direct"),
+        client=LocalClient(engine), source=ModuleSource(trainer))
+    try:
+        for step in range(1, 4):
+            train_step(trainer, step)
+            sender.send_weights()
+            assert_engine_holds(engine_model, trainer)
+        assert {n: p.data_ptr() for n, p in engine_model.named_parameters()} == before
+        assert engine.receiver._allocated == [] and engine_model.loaded == []
+        assert engine.weight_version == 3
+    finally:
+        sender.shutdown()
+        engine.shutdown()
+
+
+def test_direct_mode_refuses_a_fused_layout_it_cannot_name_and_changes_nothing(endpoint):
+    trainer = TrainerModel(seed=2)
+    engine_model = FusedEngineModel()
+    engine_model.packed_modules_mapping = {}  # a model that does not say what it fuses
     engine = create_engine(engine_model)
     client = LocalClient(engine)
     sender = WeightTransferTrainerFactory.trainer_init(

@@ -9,7 +9,10 @@ Two ways into the model (docs/engines.md):
     were; the loader runs only after the whole step arrived (and verified).
   * "direct": the model's own parameters are the subscriber's destinations
     (weightsync.torch.register_module), written in place with no copy of the model's size;
-    needs the published names, dtypes and shapes to be the engine's.
+    needs the published names and dtypes to be the engine's, its fused parameters named by
+    the model's `packed_modules_mapping` (qkv_proj from q/k/v, gate_up_proj from gate/up) and
+    its tensor-parallel slices recognisable from the shapes (`tp`): then only this rank's bytes
+    move, as regions (docs/regions.md).
 
 Lifecycle: nothing connects until the first apply() (lazy prepare); the Subscriber's transfer
 handle is reused by every later step; a failed step destroys it and the next one prepares again
@@ -55,12 +58,14 @@ class Receiver:
 
     def __init__(self, endpoints: str | Sequence[str], *, mode: str = "load_weights",
                  update_mode: str = "staged", timeout: float = 60.0, verify: bool = False,
-                 lineage_policy: str = "follow", device: Any = None):
+                 lineage_policy: str = "follow", device: Any = None,
+                 tp: tuple[int, int] = (1, 0)):
         if mode not in MODES:
             raise ValueError(f"mode '{mode}': expected one of {', '.join(MODES)}")
         self.endpoints = endpoint_list(endpoints)
         self.mode = mode
         self.device = device_arg(device)
+        self.tp = tp  # direct mode: (tensor-parallel size, this rank)
         self.subscriber = weightsync.Subscriber(
             self.endpoints if len(self.endpoints) > 1 else self.endpoints[0], mode=update_mode,
             timeout=timeout, verify=verify, lineage_policy=lineage_policy)
@@ -96,13 +101,13 @@ class Receiver:
             from weightsync.torch import register_module
 
             try:
-                register_module(self.subscriber, model, buffers=False)
+                register_module(self.subscriber, model, buffers=False, tp=self.tp)
             except weightsync.InvalidArgument as e:
                 raise weightsync.InvalidArgument(
-                    f"mode='direct' writes the model's own parameters, so the published names, "
-                    f"dtypes and shapes must be the model's: {e}. Use mode='load_weights' (the "
-                    "engine's loader maps checkpoint names, stacks fused qkv / gate_up "
-                    "projections and shards)") from None
+                    f"mode='direct' writes the model's own parameters, so every one must be a "
+                    f"published tensor, a stacking of them (packed_modules_mapping) or this "
+                    f"rank's slice of one: {e}. Use mode='load_weights' (the engine's loader maps "
+                    "checkpoint names, stacks fused projections and shards)") from None
             self._registered = True
         self.last_stats = self.subscriber.update(step=step, verify=verify)
         return self.last_stats

@@ -377,7 +377,7 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
     }
     uint64_t elements = 1;
     for (int64_t e : destinations[d].shape) elements *= static_cast<uint64_t>(e);
-    if (!overlap && covered[d] != elements) {
+    if (!overlap && destinations[d].written && covered[d] != elements) {
       problems.Add("destination '", destinations[d].name, "' ", ShapeString(destinations[d].shape),
                    ": its pieces write ", covered[d], " of ", elements, " elements");
     }

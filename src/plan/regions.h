@@ -53,6 +53,8 @@ struct DestinationShape {
   std::string name;
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
+  // False: written through another destination (tied weights), so it wants no pieces itself.
+  bool written = true;
 };
 
 // rows × run_bytes: row r reads held tensor `held` at src_offset + r * src_pitch and writes

@@ -180,6 +180,26 @@ TEST_P(Regions, UncoveredAndDoublyWrittenRangesAreListedInOneErrorAndNothingMove
   EXPECT_TRUE(engine.Untouched(&why)) << why;
 }
 
+// Tied destinations (one tensor under two names) are written once, through the first name.
+TEST_P(Regions, TiedDestinationsAreWrittenOnceThroughTheirOriginal) {
+  StartFsdp(2);
+  EngineRank engine;
+  AddDestination(&engine, model_, "norm", {Whole("norm", {12})});
+  SubscriberOptions o;
+  for (TrainerRank& t : trainers_) o.endpoints.push_back(t.publisher->endpoint());
+  o.mode = GetParam().mode;
+  o.policy = MatchPolicy::kSubset;
+  std::vector<NamedTensor> views = engine.Views();
+  views.push_back({"norm_tied", views[0].view, views[0].regions});  // same memory and regions
+  auto sub = testing::NewSubscriber(o, views);
+  PublishAll(1);
+  ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+  EXPECT_EQ(stats.bytes, engine.nbytes());
+  EXPECT_EQ(stats.tensors, 1u);
+  std::string why;
+  EXPECT_TRUE(engine.Holds(1, &why)) << why;
+}
+
 TEST_P(Regions, StrictPolicyNamesPublishedTensorsNobodyWants) {
   StartFsdp(2);
   EngineRank engine;

@@ -11,6 +11,8 @@ Inference side, `WeightsyncWeightTransferEngine` (one per vLLM worker; vLLM crea
                                of the model changes; then, by default, `model.load_weights(...)`
                                from the received buffers inside vLLM's layerwise reload; in
                                "direct" mode the step is written into the model's own parameters
+                               (fused qkv/gate_up and this TP rank's slices as regions: only its
+                               bytes move)
   finish_weight_update()       finalizes the layerwise reload; the step becomes this engine's
                                `weight_version`; the trainer then sets vLLM's weight version
   Worker.sleep()               Subscriber.sleep() first: the transfer handle and the received
@@ -21,7 +23,7 @@ Trainer side, `WeightsyncTrainerWeightTransferEngine` over a vLLM `WeightSource`
 (`WeightTransferTrainerFactory.trainer_init(WeightsyncTrainerInitInfo(rank=r, ...), client=...,
 source=ModuleSource(model))`): every trainer rank publishes the parameters whose first owner it
 is (replicated ones: rank 0) from a `weightsync.Publisher` of its own, as full tensors
-(`iter_full`; FSDP shards are gathered, regions for shards come with issue 15); rank 0 drives
+(`iter_full`, vLLM's contract: DTensor shards are gathered there); rank 0 drives
 the engine through the client and sets vLLM's weight version to the step only after every
 worker's update succeeded.
 """
@@ -129,6 +131,16 @@ class WeightsyncUpdateInfo(WeightTransferUpdateInfo):
             raise ValueError(f"step {self.step!r}: expected a non-negative int")
 
 
+def _tensor_parallel() -> tuple[int, int]:
+    """(size, rank) of this worker's tensor-parallel group; (1, 0) outside one."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1, 0
+    return (parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_tensor_model_parallel_rank())
+
+
 def _layerwise_recorded(model: torch.nn.Module) -> bool:
     """vLLM records every model's layout for reloading when it builds it."""
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
@@ -162,7 +174,7 @@ class WeightsyncWeightTransferEngine(
         self.receiver = Receiver(init_info.endpoints, mode=init_info.mode,
                                  update_mode=init_info.update_mode, timeout=init_info.timeout,
                                  verify=init_info.verify, lineage_policy=init_info.lineage_policy,
-                                 device=device)
+                                 device=device, tp=_tensor_parallel())
         self.init_info = init_info
 
     def _receiver(self) -> Receiver:
