@@ -98,13 +98,13 @@ std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
 
 // Device tensors for `specs` on `device`, filled with `fill`.
 std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, int device,
-                                      uint8_t fill, std::vector<ws::gpu::DeviceBuffer>* keep) {
-  if (auto s = ws::gpu::SetDevice(device); !s.ok()) Die("set device", s);
+                                      uint8_t fill, std::vector<ws::cuda::DeviceBuffer>* keep) {
+  if (auto s = ws::cuda::SetDevice(device); !s.ok()) Die("set device", s);
   std::vector<ws::NamedTensor> out;
   for (const auto& spec : specs) {
-    auto b = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
+    auto b = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
     if (!b.ok()) Die("allocate " + spec.name, b.status());
-    if (auto s = ws::gpu::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
+    if (auto s = ws::cuda::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
     out.push_back(
         {spec.name,
          ws::TensorView{b->data(), spec.dtype, spec.shape, {ws::Device::Kind::kCUDA, device}}});
@@ -114,7 +114,7 @@ std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, 
 }
 
 int RunPublisher(const Args& a) {
-  std::vector<ws::gpu::DeviceBuffer> keep;
+  std::vector<ws::cuda::DeviceBuffer> keep;
   std::vector<std::vector<uint8_t>> host;
   std::vector<ws::NamedTensor> tensors;
   if (a.host) {
@@ -235,7 +235,7 @@ std::vector<ws::TensorSpec> Fp8Specs(const std::vector<ws::TensorSpec>& publishe
       continue;
     }
     out.push_back({s.name, ws::DType::kFloat8E4M3FN, s.shape, s.nbytes / 2});
-    const int64_t r = ws::gpu::Fp8ScaleRows(s.shape[0]), c = ws::gpu::Fp8ScaleCols(s.shape[1]);
+    const int64_t r = ws::cuda::Fp8ScaleRows(s.shape[0]), c = ws::cuda::Fp8ScaleCols(s.shape[1]);
     out.push_back({s.name + "_scale_inv", ws::DType::kFloat32, {r, c}, uint64_t(r * c) * 4});
   }
   return out;
@@ -251,7 +251,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
                                 : "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
   Child child = Spawn(a, scale, asked);
   const std::string endpoint = child.endpoint;
-  std::vector<ws::gpu::DeviceBuffer> keep;
+  std::vector<ws::cuda::DeviceBuffer> keep;
   auto specs = Specs(a, scale);
   std::vector<std::vector<uint8_t>> host_keep;
   std::vector<ws::NamedTensor> dst;
@@ -326,7 +326,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
 // Times one `n`-byte copy-engine transfer on `device` (12 runs, the first 2 discarded: host wall
 // time around the copy and its event wait) and prints its median as the JSON figure `what`.
 void PrintCopyLimit(const char* what, int device, void* dst, const void* src, uint64_t n) {
-  auto q = ws::gpu::CopyQueue::Create(device);
+  auto q = ws::cuda::CopyQueue::Create(device);
   if (!q.ok()) Die("queue", q.status());
   ws::util::Deadline forever(std::chrono::milliseconds(60000));
   std::vector<double> times;
@@ -349,10 +349,10 @@ void PinnedHostCopyLimit(const Args& a, bool to_device) {
   const uint64_t n = 2ull << 30;
   std::vector<uint8_t> host(n, 0x3C);
   const int device = to_device ? a.dst : a.src;
-  if (auto s = ws::gpu::SetDevice(device); !s.ok()) Die("device", s);
-  auto pin = ws::gpu::HostRegistration::Register(host.data(), n, false);
+  if (auto s = ws::cuda::SetDevice(device); !s.ok()) Die("device", s);
+  auto pin = ws::cuda::HostRegistration::Register(host.data(), n, false);
   if (!pin.ok()) Die("pin", pin.status());
-  auto dev = ws::gpu::DeviceBuffer::Allocate(n);
+  auto dev = ws::cuda::DeviceBuffer::Allocate(n);
   if (!dev.ok()) Die("allocate", dev.status());
   if (to_device) {
     PrintCopyLimit("pinned_h2d_limit", device, dev->data(), host.data(), n);
@@ -364,14 +364,14 @@ void PinnedHostCopyLimit(const Args& a, bool to_device) {
 // The NVLink limit: one 2 GiB transfer --src → --dst.
 void PeerCopyLimit(const Args& a) {
   const uint64_t n = 2ull << 30;
-  if (auto s = ws::gpu::SetDevice(a.src); !s.ok()) Die("device", s);
-  auto src = ws::gpu::DeviceBuffer::Allocate(n);
-  if (auto s = ws::gpu::SetDevice(a.dst); !s.ok()) Die("device", s);
-  auto dst = ws::gpu::DeviceBuffer::Allocate(n);
+  if (auto s = ws::cuda::SetDevice(a.src); !s.ok()) Die("device", s);
+  auto src = ws::cuda::DeviceBuffer::Allocate(n);
+  if (auto s = ws::cuda::SetDevice(a.dst); !s.ok()) Die("device", s);
+  auto dst = ws::cuda::DeviceBuffer::Allocate(n);
   if (!src.ok() || !dst.ok()) Die("allocate", src.ok() ? dst.status() : src.status());
   // As torch does for its peer copies: direct peer access, then the copy engine.
   if (a.src != a.dst) {
-    if (auto s = ws::gpu::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
+    if (auto s = ws::cuda::EnablePeerAccess(a.dst, a.src); !s.ok()) Die("peer", s);
   }
   PrintCopyLimit("peer_copy_limit", a.dst, dst->data(), src->data(), n);
 }
@@ -416,8 +416,8 @@ int main(int argc, char** argv) {
     }
   }
   if (a.role == "publisher") return RunPublisher(a);
-  if (auto s = ws::gpu::CudaAvailable(); !s.ok()) Die("CUDA", s);
-  if (ws::gpu::DeviceCount() < 2) a.dst = a.src;
+  if (auto s = ws::cuda::CudaAvailable(); !s.ok()) Die("CUDA", s);
+  if (ws::cuda::DeviceCount() < 2) a.dst = a.src;
   if (a.Row("peer")) PeerCopyLimit(a);
   if (a.Row("model")) Measure(a, a.scale, "model", /*tcp=*/false);
   if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);

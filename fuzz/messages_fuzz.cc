@@ -276,13 +276,13 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
     const plan::PlannedTensor& t = p.tensors[k];
     for (const uint8_t* from : {shadow.get() + t.shadow_offset, landing.get() + t.landing_offset}) {
       Status s = t.transform == plan::Transform::kCast
-                     ? weightsync::gpu::reference::Cast(t.from, t.to, from,
-                                                        dst[t.destination].get(), t.elements)
-                     : weightsync::gpu::reference::QuantizeFp8(
+                     ? weightsync::cuda::reference::Cast(t.from, t.to, from,
+                                                         dst[t.destination].get(), t.elements)
+                     : weightsync::cuda::reference::QuantizeFp8(
                            reinterpret_cast<const uint16_t*>(from), t.rows, t.cols,
                            dst[t.destination].get(), dst[t.scale_destination].get(),
-                           t.e8m0_scales ? weightsync::gpu::Fp8ScaleFormat::kE8M0
-                                         : weightsync::gpu::Fp8ScaleFormat::kFloat32);
+                           t.e8m0_scales ? weightsync::cuda::Fp8ScaleFormat::kE8M0
+                                         : weightsync::cuda::Fp8ScaleFormat::kFloat32);
       WS_FUZZ_CHECK(s.ok(), "planned conversion refused: %s", s.ToString().c_str());
     }
   }

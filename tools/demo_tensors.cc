@@ -42,8 +42,8 @@ Result<DemoTensors> DemoTensors::Create(const std::vector<TensorSpec>& tensors, 
   t.gpu_ = std::move(memory).value();
   if (fill != 0) {  // Allocate zero-fills; anything else is copied up from the host copy
     for (size_t i = 0; i < t.size(); ++i) {
-      WS_RETURN_IF_ERROR(gpu::CopyToDevice(static_cast<uint8_t*>(t.gpu_.data()) + t.offsets_[i],
-                                           t.host_.data(i), t.host_.bytes(i)));
+      WS_RETURN_IF_ERROR(cuda::CopyToDevice(static_cast<uint8_t*>(t.gpu_.data()) + t.offsets_[i],
+                                            t.host_.data(i), t.host_.bytes(i)));
     }
   }
   return t;
@@ -63,8 +63,8 @@ Status DemoTensors::Fill(int64_t step) {
   for (size_t i = 0; i < size(); ++i) {
     bench::FillPattern(static_cast<uint32_t>(i), step, host_.data(i), host_.bytes(i));
     if (device_.is_cuda()) {
-      WS_RETURN_IF_ERROR(gpu::CopyToDevice(static_cast<uint8_t*>(gpu_.data()) + offsets_[i],
-                                           host_.data(i), host_.bytes(i)));
+      WS_RETURN_IF_ERROR(cuda::CopyToDevice(static_cast<uint8_t*>(gpu_.data()) + offsets_[i],
+                                            host_.data(i), host_.bytes(i)));
     }
   }
   return Status::Ok();
@@ -76,7 +76,7 @@ Result<size_t> DemoTensors::CountWrong(int64_t step, std::string* first_bad) {
     const uint64_t n = host_.bytes(i);
     if (device_.is_cuda()) {
       WS_RETURN_IF_ERROR(
-          gpu::CopyToHost(host_.data(i), static_cast<uint8_t*>(gpu_.data()) + offsets_[i], n));
+          cuda::CopyToHost(host_.data(i), static_cast<uint8_t*>(gpu_.data()) + offsets_[i], n));
     }
     if (bench::Digest(host_.data(i), n) !=
         bench::ExpectedDigest(static_cast<uint32_t>(i), step, n)) {

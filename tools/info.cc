@@ -33,22 +33,22 @@ int RunInfo(int argc, char** argv) {
               static_cast<unsigned>(wire::kProtocolVersion), kDTypeCount);
   std::printf("transports:\n  shm       local://NAME   available\n");
   std::printf("  tcp       tcp://HOST:PORT available\n");
-  Status cuda = gpu::CudaAvailable();
-  if (cuda.ok()) {
+  Status cuda_status = cuda::CudaAvailable();
+  if (cuda_status.ok()) {
     std::printf(
         "  cuda-ipc  local://NAME   available: %d CUDA device(s); %d scalar types and %d "
         "kernels ready for prepared launches\n",
-        gpu::DeviceCount(), gpu::ReadyScalarTypeCount(), gpu::ReadyKernelCount());
+        cuda::DeviceCount(), cuda::ReadyScalarTypeCount(), cuda::ReadyKernelCount());
   } else {
-    std::printf("  cuda-ipc  local://NAME   unavailable: %s\n", cuda.message().c_str());
+    std::printf("  cuda-ipc  local://NAME   unavailable: %s\n", cuda_status.message().c_str());
   }
-  Status nccl = gpu::nccl::NcclAvailable();
-  if (nccl.ok() && cuda.ok()) {
+  Status nccl = cuda::nccl::NcclAvailable();
+  if (nccl.ok() && cuda_status.ok()) {
     std::printf("  nccl      tcp://HOST:PORT available: NCCL %s\n",
-                gpu::nccl::NcclVersionString(gpu::nccl::NcclVersionCode()).c_str());
+                cuda::nccl::NcclVersionString(cuda::nccl::NcclVersionCode()).c_str());
   } else {
     std::printf("  nccl      tcp://HOST:PORT unavailable: %s\n",
-                (nccl.ok() ? cuda : nccl).message().c_str());
+                (nccl.ok() ? cuda_status : nccl).message().c_str());
   }
   std::printf("data paths (first that serves a link, store and destinations wins):\n");
   for (const transport::PathEntry& path : transport::PathTable()) {

@@ -8,20 +8,20 @@
 
 namespace weightsync {
 
-Status CudaStatus() { return gpu::CudaAvailable(); }
+Status CudaStatus() { return cuda::CudaAvailable(); }
 
-int CudaDeviceCount() { return gpu::DeviceCount(); }
+int CudaDeviceCount() { return cuda::DeviceCount(); }
 
 Result<DeviceMemory> DeviceMemory::Allocate(int device, uint64_t bytes) {
-  WS_RETURN_IF_ERROR(gpu::CudaAvailable());
-  if (device < 0 || device >= gpu::DeviceCount()) {
-    return Status::InvalidArgument("cuda:", device, " does not exist (", gpu::DeviceCount(),
+  WS_RETURN_IF_ERROR(cuda::CudaAvailable());
+  if (device < 0 || device >= cuda::DeviceCount()) {
+    return Status::InvalidArgument("cuda:", device, " does not exist (", cuda::DeviceCount(),
                                    " CUDA device(s) visible)");
   }
-  gpu::ScopedDevice restore;  // the caller's device stays current
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device));
-  WS_ASSIGN_OR_RETURN(gpu::DeviceBuffer buffer, gpu::DeviceBuffer::Allocate(bytes));
-  WS_RETURN_IF_ERROR(gpu::MemsetDevice(buffer.data(), 0, bytes));
+  cuda::ScopedDevice restore;  // the caller's device stays current
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device));
+  WS_ASSIGN_OR_RETURN(cuda::DeviceBuffer buffer, cuda::DeviceBuffer::Allocate(bytes));
+  WS_RETURN_IF_ERROR(cuda::MemsetDevice(buffer.data(), 0, bytes));
   DeviceMemory memory;
   memory.size_ = buffer.size();
   memory.data_ = buffer.Release();
@@ -48,7 +48,7 @@ DeviceMemory::~DeviceMemory() {
 Status DeviceMemory::Close() {
   size_ = 0;
   device_ = -1;
-  return gpu::FreeDevice(std::exchange(data_, nullptr))
+  return cuda::FreeDevice(std::exchange(data_, nullptr))
       .WithContext("freeing weightsync::DeviceMemory");
 }
 

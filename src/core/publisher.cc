@@ -91,9 +91,9 @@ struct Publisher::Impl final : transport::link::VersionSource {
   mutable util::Mutex mu;  // the versions, between Publish and the session threads
   util::CondVar cv;
   struct Version {
-    int64_t step = -1;  // -1: holds no available version
-    int readers = 0;    // pins of the current epoch
-    int revoked = 0;    // pins of earlier epochs (revoked), not yet unpinned
+    int64_t step = -1;   // -1: holds no available version
+    int readers = 0;     // pins of the current epoch
+    int revoked = 0;     // pins of earlier epochs (revoked), not yet unpinned
     uint64_t epoch = 0;  // incremented when the publisher revokes this version's readers
     bool writing = false;
   };
@@ -121,8 +121,7 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Status Freeze() WS_REQUIRES(mu);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
-  Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request,
-                                       const Deadline& deadline,
+  Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                        const std::function<bool()>& give_up) override;
   Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
   const uint8_t* arena_base() const override { return store->base(); }

@@ -42,7 +42,7 @@ class CallerDevice {
   }
 
  private:
-  std::optional<gpu::ScopedDevice> saved_;
+  std::optional<cuda::ScopedDevice> saved_;
 };
 }  // namespace
 
@@ -377,8 +377,8 @@ Status Subscriber::Impl::PrepareRegions(const Deadline& deadline, bool for_verif
   std::vector<plan::WantedPiece> wanted;
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     const plan::Destination& dst = destinations[d];
-    shapes.push_back({dst.spec.name, dst.spec.dtype, dst.spec.shape,
-                      dst.alias_of == plan::kNoDestination});
+    shapes.push_back(
+        {dst.spec.name, dst.spec.dtype, dst.spec.shape, dst.alias_of == plan::kNoDestination});
     const std::vector<int64_t> origin(dst.spec.shape.size(), 0);
     if (dst.alias_of != plan::kNoDestination) {  // written through the tensor it aliases
       if (auto it = published.find(dst.spec.name); it != published.end()) it->second = true;

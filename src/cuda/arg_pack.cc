@@ -4,7 +4,7 @@
 #include <new>
 #include <utility>
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 constexpr size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -103,4 +103,4 @@ Status ArgPack::BadFloat4(size_t index, uint8_t bits) const {
                                  " does not fit in 4 bits (0..15)");
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -27,7 +27,7 @@
 #include "weightsync/dtype.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // clang-format off
 // Raw bit patterns of the element types C++ has no native type for. Size and alignment are those
@@ -261,4 +261,4 @@ constexpr bool KernelMatchesSignature(void (*)(P...), const ArgType (&signature)
   return ok;
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

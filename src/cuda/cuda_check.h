@@ -11,7 +11,7 @@
 
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // The StatusCode a CUDA runtime error maps to: missing driver or device -> Unavailable (the
 // capability is not present at run time), out of memory -> ResourceExhausted, bad arguments ->
@@ -55,14 +55,14 @@ Status CudaErrorStatus(cudaError_t err, const Context&... context) {
   return Status(CudaErrorCode(err), os.str());
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda
 
 // Evaluates a CUDA runtime call once; on failure returns its Status from the enclosing function
 // (a Status or a Result<T>). The context arguments are streamed only on failure.
-#define WS_CUDA_RETURN_IF_ERROR(call, ...)                                  \
-  do {                                                                      \
-    const cudaError_t ws_cuda_err_ = (call);                                \
-    if (ws_cuda_err_ != cudaSuccess) [[unlikely]] {                         \
-      return ::weightsync::gpu::CudaErrorStatus(ws_cuda_err_, __VA_ARGS__); \
-    }                                                                       \
+#define WS_CUDA_RETURN_IF_ERROR(call, ...)                                   \
+  do {                                                                       \
+    const cudaError_t ws_cuda_err_ = (call);                                 \
+    if (ws_cuda_err_ != cudaSuccess) [[unlikely]] {                          \
+      return ::weightsync::cuda::CudaErrorStatus(ws_cuda_err_, __VA_ARGS__); \
+    }                                                                        \
   } while (0)

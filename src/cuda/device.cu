@@ -7,7 +7,7 @@
 #include "cuda/device.h"
 #include "util/logging.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 Status ProbeDevices(int* count) {
@@ -144,4 +144,4 @@ Status DeviceSynchronize() {
   return Status::Ok();
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

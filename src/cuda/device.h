@@ -12,7 +12,7 @@
 
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // A cudaStream_t (nullptr: the legacy default stream), kept opaque so headers need no CUDA.
 using StreamHandle = void*;
@@ -82,4 +82,4 @@ Status MemsetDevice(void* device_dst, uint8_t value, uint64_t bytes);
 // Waits for all work on the current device.
 Status DeviceSynchronize();
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

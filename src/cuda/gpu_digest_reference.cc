@@ -4,7 +4,7 @@
 #include <bit>
 #include <cstring>
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 static_assert(std::endian::native == std::endian::little,
               "the digest reads words little-endian, as the GPU does; add a byte swap here");
@@ -46,4 +46,4 @@ uint64_t GpuDigest(const void* data, uint64_t bytes) {
   return GpuDigestMix64(sum + GpuDigestMix64(bytes ^ kGpuDigestSeed));
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

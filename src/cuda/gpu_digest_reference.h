@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 inline constexpr uint64_t kGpuDigestChunkBytes = 65536;
 inline constexpr uint64_t kGpuDigestWordKey = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio
@@ -51,4 +51,4 @@ uint64_t GpuDigestCombine(const uint64_t* chunk_hashes, uint64_t bytes);
 // The digest of `bytes` bytes at `data`.
 uint64_t GpuDigest(const void* data, uint64_t bytes);
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -11,7 +11,7 @@
 
 #include "cuda/arg_pack.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 enum class KernelId : uint8_t {
   kCastBF16ToF32,
@@ -152,4 +152,4 @@ inline Result<KernelId> CastKernelFor(DType from, DType to) {
                                  " (casts go between float32, float16 and bfloat16)");
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

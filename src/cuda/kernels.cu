@@ -13,7 +13,7 @@
 #include "cuda/gpu_digest_reference.h"
 #include "cuda/kernels.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // every kernel here runs 256-thread blocks (8 warps)
@@ -663,4 +663,4 @@ Result<PreparedLaunch> PrepareArgProbe(uint64_t* out, StreamHandle stream) {
   return Result<PreparedLaunch>(std::move(launch));
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -22,7 +22,7 @@
 #include "weightsync/dtype.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // ---- casts ---------------------------------------------------------------------------------
 // `count` elements from `src` (dtype `from`) to `dst` (dtype `to`); from and to are two different
@@ -142,4 +142,4 @@ Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes, S
 // every scalar type as the kernel reads it. Arguments: ArgProbeArgs.
 Result<PreparedLaunch> PrepareArgProbe(uint64_t* out, StreamHandle stream);
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

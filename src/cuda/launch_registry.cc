@@ -7,7 +7,7 @@
 #include "util/logging.h"
 #include "weightsync/dtype.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 // Relaxed: a statistic read for logs and tests, ordered with nothing else.
@@ -51,4 +51,4 @@ namespace internal {
 void CountPreparedLaunch(int delta) { g_live_launches.fetch_add(delta, std::memory_order_relaxed); }
 }  // namespace internal
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

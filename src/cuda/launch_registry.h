@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // Scalar element types an ArgPack can carry, counted by laying each DType out in a pack and
 // checking its size and alignment (18 when all is well).
@@ -27,4 +27,4 @@ namespace internal {
 void CountPreparedLaunch(int delta);  // PreparedLaunch's constructor/destructor only
 }  // namespace internal
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

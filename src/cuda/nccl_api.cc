@@ -7,7 +7,7 @@
 
 #include "util/knobs.h"
 
-namespace weightsync::gpu::nccl {
+namespace weightsync::cuda::nccl {
 namespace {
 
 constexpr const char* kEntryNames[] = {
@@ -102,4 +102,4 @@ Result<const NcclLibrary*> Nccl() {
   return *failure;
 }
 
-}  // namespace weightsync::gpu::nccl
+}  // namespace weightsync::cuda::nccl

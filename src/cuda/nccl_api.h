@@ -14,7 +14,7 @@
 
 #include "weightsync/status.h"
 
-namespace weightsync::gpu::nccl {
+namespace weightsync::cuda::nccl {
 
 // Every NCCL entry point weightsync calls (X-macro: table index, dlsym name).
 #define WS_NCCL_ENTRY_POINTS(X)                 \
@@ -62,4 +62,4 @@ std::string NcclLibraryName();
 // "2.28.9" for 22809 (NCCL_VERSION_CODE encoding, major·10000 + minor·100 + patch).
 std::string NcclVersionString(int version_code);
 
-}  // namespace weightsync::gpu::nccl
+}  // namespace weightsync::cuda::nccl

@@ -18,7 +18,7 @@
 #include "util/ledger.h"
 #include "util/logging.h"
 
-namespace weightsync::gpu::nccl {
+namespace weightsync::cuda::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -188,13 +188,13 @@ Status Link::Impl::Wait(const Op& op, bool stream_work, const Deadline& deadline
       // event must be recorded after that, or it would complete before the transfer.
       if (!recorded) {
         cudaError_t e = cudaEventRecord(event, stream);
-        if (e != cudaSuccess) return Fail(op, watch, gpu::CudaErrorStatus(e, "cudaEventRecord"));
+        if (e != cudaSuccess) return Fail(op, watch, cuda::CudaErrorStatus(e, "cudaEventRecord"));
         recorded = true;
       }
       cudaError_t e = cudaEventQuery(event);
       if (e == cudaSuccess) return Status::Ok();
       if (e != cudaErrorNotReady) {
-        return Fail(op, watch, gpu::CudaErrorStatus(e, "waiting for the NCCL stream"));
+        return Fail(op, watch, cuda::CudaErrorStatus(e, "waiting for the NCCL stream"));
       }
     }
     ++spins;
@@ -231,7 +231,7 @@ Status Link::Impl::AbortNow() {
       cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) {
-        result.Update(gpu::CudaErrorStatus(e, "draining the NCCL stream after ncclCommAbort"));
+        result.Update(cuda::CudaErrorStatus(e, "draining the NCCL stream after ncclCommAbort"));
         break;
       }
       if (Clock::now() > until) {
@@ -317,7 +317,7 @@ Status Link::Transfer(std::span<const Piece> pieces, const Deadline& deadline, c
   if (pieces.empty()) return Status::Ok();
   Impl::Op op{d.rank == 0 ? "sending" : "receiving", pieces.size(), 0};
   cudaError_t ce = cudaSetDevice(d.device);
-  if (ce != cudaSuccess) return d.Fail(op, watch, gpu::CudaErrorStatus(ce, "cudaSetDevice"));
+  if (ce != cudaSuccess) return d.Fail(op, watch, cuda::CudaErrorStatus(ce, "cudaSetDevice"));
   ncclResult_t r = d.api->GroupStart();
   if (r != ncclSuccess) return d.Fail(op, watch, NcclError(*d.api, d.comm, r, "ncclGroupStart"));
   ncclResult_t failed = ncclSuccess;
@@ -354,11 +354,11 @@ Status Link::Close() {
   Status result = d.AbortNow();
   if (d.event != nullptr) {
     cudaError_t e = cudaEventDestroy(std::exchange(d.event, nullptr));
-    if (e != cudaSuccess) result.Update(gpu::CudaErrorStatus(e, "nccl: cudaEventDestroy"));
+    if (e != cudaSuccess) result.Update(cuda::CudaErrorStatus(e, "nccl: cudaEventDestroy"));
   }
   if (d.stream != nullptr) {
     cudaError_t e = cudaStreamDestroy(std::exchange(d.stream, nullptr));
-    if (e != cudaSuccess) result.Update(gpu::CudaErrorStatus(e, "nccl: cudaStreamDestroy"));
+    if (e != cudaSuccess) result.Update(cuda::CudaErrorStatus(e, "nccl: cudaStreamDestroy"));
   }
   return result;
 }
@@ -368,4 +368,4 @@ int Link::device() const { return impl_->device; }
 bool Link::live() const { return impl_->live; }
 double Link::connect_seconds() const { return impl_->connect_seconds; }
 
-}  // namespace weightsync::gpu::nccl
+}  // namespace weightsync::cuda::nccl

@@ -26,14 +26,14 @@
 #include "util/deadline.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu::nccl {
+namespace weightsync::cuda::nccl {
 
 inline constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 using UniqueId = std::array<uint8_t, kUniqueIdBytes>;
 
 // OK when this process can use the nccl transport: built with CUDA, and the NCCL library loads
 // with every entry point and a recent enough version (nccl_api.h). Unavailable says which part is
-// missing. Whether a CUDA device is present is gpu::CudaAvailable()'s question.
+// missing. Whether a CUDA device is present is cuda::CudaAvailable()'s question.
 Status NcclAvailable();
 // The loaded library's NCCL_VERSION_CODE (e.g. 22809), 0 when NcclAvailable() is not OK.
 int NcclVersionCode();
@@ -96,4 +96,4 @@ class Link {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace weightsync::gpu::nccl
+}  // namespace weightsync::cuda::nccl

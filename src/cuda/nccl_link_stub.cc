@@ -3,7 +3,7 @@
 
 #if !WS_WITH_CUDA
 
-namespace weightsync::gpu::nccl {
+namespace weightsync::cuda::nccl {
 namespace {
 Status NoCuda() { return Status::Unavailable("built without CUDA: no nccl transport"); }
 }  // namespace
@@ -32,6 +32,6 @@ int Link::device() const { return -1; }
 bool Link::live() const { return false; }
 double Link::connect_seconds() const { return 0; }
 
-}  // namespace weightsync::gpu::nccl
+}  // namespace weightsync::cuda::nccl
 
 #endif  // !WS_WITH_CUDA

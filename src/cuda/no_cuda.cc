@@ -8,7 +8,7 @@
 #include "cuda/kernels.h"
 #include "cuda/prepared_launch.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 Status NoCuda() { return Status::Unavailable("built without CUDA"); }
 }  // namespace
@@ -63,6 +63,6 @@ Status PreparedDigest::SetRange(const void*, uint64_t) { return NoCuda(); }
 Result<PreparedLaunch> PrepareCopy(const void*, void*, uint64_t, StreamHandle) { return NoCuda(); }
 Result<PreparedLaunch> PrepareArgProbe(uint64_t*, StreamHandle) { return NoCuda(); }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda
 
 #endif  // !WS_WITH_CUDA

@@ -6,7 +6,7 @@
 
 #include "cuda/launch_registry.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 Result<PreparedLaunch> PreparedLaunch::Create(const KernelInfo& kernel, const void* function,
                                               Dim3 grid, Dim3 block, uint32_t shared_bytes,
@@ -51,4 +51,4 @@ PreparedLaunch::~PreparedLaunch() {
   if (function_ != nullptr) internal::CountPreparedLaunch(-1);
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -4,7 +4,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/prepared_launch.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 Status PreparedLaunch::Launch() {
   if (function_ == nullptr) [[unlikely]] {
@@ -20,4 +20,4 @@ Status PreparedLaunch::Launch() {
   return Status::Ok();
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -18,7 +18,7 @@
 #include "cuda/kernel_table.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
@@ -66,4 +66,4 @@ class PreparedLaunch {
   ArgPack args_;
 };
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-namespace weightsync::gpu::reference {
+namespace weightsync::cuda::reference {
 namespace {
 
 uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
@@ -198,4 +198,4 @@ Status QuantizeFp8(const uint16_t* x_bf16, int64_t rows, int64_t cols, uint8_t* 
   return Status::Ok();
 }
 
-}  // namespace weightsync::gpu::reference
+}  // namespace weightsync::cuda::reference

@@ -13,7 +13,7 @@
 #include "weightsync/dtype.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu::reference {
+namespace weightsync::cuda::reference {
 
 float BFloat16ToFloat(uint16_t bits);       // exact
 float Float16ToFloat(uint16_t bits);        // exact
@@ -47,4 +47,4 @@ Status Cast(DType from, DType to, const void* src, void* dst, uint64_t count);
 Status QuantizeFp8(const uint16_t* x_bf16, int64_t rows, int64_t cols, uint8_t* q_e4m3,
                    void* scales, Fp8ScaleFormat format);
 
-}  // namespace weightsync::gpu::reference
+}  // namespace weightsync::cuda::reference

@@ -19,7 +19,7 @@
 #include "util/ledger.h"
 #include "util/logging.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using util::LedgerAdd;
@@ -569,4 +569,4 @@ Status CopyQueue::Close() {
   return result;
 }
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

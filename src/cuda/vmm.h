@@ -15,7 +15,7 @@
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 
 // Device memory on `device` from cuMemCreate (POSIX-fd exportable), mapped read-write there.
 class ExportedAllocation {
@@ -181,4 +181,4 @@ class ScopedDevice {
 // Free and total memory of the current device (cudaMemGetInfo).
 Status MemInfo(size_t* free_bytes, size_t* total_bytes);
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

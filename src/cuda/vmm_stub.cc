@@ -3,7 +3,7 @@
 
 #if !WS_WITH_CUDA
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 Status NoCuda() { return Status::Unavailable("built without CUDA: no GPU arena"); }
 }  // namespace
@@ -46,6 +46,6 @@ Result<bool> DeviceCanWrite(int, const void*, uint64_t) { return NoCuda(); }
 ScopedDevice::ScopedDevice() = default;
 ScopedDevice::~ScopedDevice() = default;
 
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda
 
 #endif  // !WS_WITH_CUDA

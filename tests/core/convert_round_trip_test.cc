@@ -19,7 +19,7 @@
 namespace weightsync {
 namespace {
 
-namespace ref = gpu::reference;
+namespace ref = cuda::reference;
 
 using Param = testing::TransportMode;
 
@@ -81,9 +81,9 @@ struct Destinations {
 Destinations Expected(Source& src) {
   Destinations x;
   EXPECT_OK(ref::QuantizeFp8(src.a.data(), 256, 384, x.a.data(), x.a_scale.data(),
-                             gpu::Fp8ScaleFormat::kFloat32));
+                             cuda::Fp8ScaleFormat::kFloat32));
   EXPECT_OK(ref::QuantizeFp8(src.b.data(), 200, 130, x.b.data(), x.b_scale.data(),
-                             gpu::Fp8ScaleFormat::kE8M0));
+                             cuda::Fp8ScaleFormat::kE8M0));
   EXPECT_OK(ref::Cast(DType::kBFloat16, DType::kFloat32, src.c.data(), x.c.data(), 1000));
   EXPECT_OK(ref::Cast(DType::kFloat32, DType::kBFloat16, src.d.data(), x.d.data(), 64 * 64));
   EXPECT_OK(ref::Cast(DType::kFloat16, DType::kFloat32, src.e.data(), x.e.data(), 10));

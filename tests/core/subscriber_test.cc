@@ -297,7 +297,7 @@ TEST_F(SubscriberTest, HostArenaIntoCudaDestinationsSaysWhatItNeeds) {
     EXPECT_EQ(sub->committed_step(), -1);
     EXPECT_TRUE(sub->weights_valid());
   }
-  if (!gpu::CudaAvailable().ok()) {
+  if (!cuda::CudaAvailable().ok()) {
     std::vector<NamedTensor> on_gpu = p.dst;
     for (auto& t : on_gpu) t.view.device = {Device::Kind::kCUDA, 0};
     auto sub = p.ConnectWith(on_gpu);

@@ -79,7 +79,8 @@ class WriteFence : public ::testing::TestWithParam<testing::TransportMode> {
 
 // shm: the subscriber reads the arena itself, so a subscriber held inside its step holds its pin.
 TEST_P(WriteFence, BeginWriteWaitsForAReaderAndTheReaderGetsTheVersionItAskedFor) {
-  if (GetParam().tcp) GTEST_SKIP() << "over tcp the publisher unpins once its socket took the bytes";
+  if (GetParam().tcp)
+    GTEST_SKIP() << "over tcp the publisher unpins once its socket took the bytes";
   Start(std::chrono::milliseconds(5000), 1 << 16);
   ASSERT_OK(Write(1));
   ASSERT_OK(sub_->Update());

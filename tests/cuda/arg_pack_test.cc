@@ -17,7 +17,7 @@
 #include "testing/count_new.inc"
 #include "testing/test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 // One value of each of the 18 element types, in wire-code order, with distinctive bytes.
@@ -296,4 +296,4 @@ TEST(LaunchRegistryTest, CreateRejectsEmptyLaunches) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

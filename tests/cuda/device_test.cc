@@ -9,7 +9,7 @@
 #include "cuda/kernels.h"
 #include "testing/test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 TEST(CudaDeviceTest, BuildFlagMatchesTheLibrary) { EXPECT_EQ(BuiltWithCuda(), WS_WITH_CUDA != 0); }
@@ -61,4 +61,4 @@ TEST(CudaDeviceTest, UnpreparedLaunchFailsCleanly) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -1,6 +1,6 @@
 // The fp8 quantization kernel's arithmetic, replayed on the CPU with CUDA's own host conversion
 // (cuda_fp8.h) and IEEE float division: amax over |x| ignoring NaN, scale = amax / 448, q =
-// e4m3_satfinite(x / scale). It must equal gpu::reference::QuantizeFp8 bit for bit, also on
+// e4m3_satfinite(x / scale). It must equal cuda::reference::QuantizeFp8 bit for bit, also on
 // random bit patterns (infinities, NaNs, subnormals) — the inputs on which the GPU pipeline test
 // (tests/gpu/convert_test.cc) disagreed. Runs without a GPU; needs the CUDA headers.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@
 #define WS_HAVE_CUDA_FP8_HEADER 1
 #endif
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 #ifdef WS_HAVE_CUDA_FP8_HEADER
@@ -84,4 +84,4 @@ TEST(Fp8KernelArithmetic, MatchesTheReferenceOnRandomBitPatterns) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
@@ -137,4 +137,4 @@ TEST(GpuDigestReferenceTest, AlignmentDoesNotMatter) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -12,7 +12,7 @@
 
 #include "testing/test_util.h"
 
-namespace weightsync::gpu::reference {
+namespace weightsync::cuda::reference {
 namespace {
 
 float F(uint32_t bits) { return std::bit_cast<float>(bits); }
@@ -422,4 +422,4 @@ TEST(Fp8QuantizeReferenceTest, EdgeBlocksScalesAndErrorBound) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu::reference
+}  // namespace weightsync::cuda::reference

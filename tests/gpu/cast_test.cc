@@ -13,7 +13,7 @@
 #include "cuda/transform_reference.h"
 #include "gpu/gpu_test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using testing::Download;
@@ -173,4 +173,4 @@ TEST(GpuCastTest, ArgumentsRewrittenInPlace) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -26,7 +26,7 @@ namespace {
 
 using testing::ChildProcess;
 using testing::SyntheticModel;
-namespace ref = gpu::reference;
+namespace ref = cuda::reference;
 
 constexpr int kTensors = 24;
 constexpr int64_t kElements = 70000;
@@ -92,12 +92,12 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
     const bool nccl = GetParam().nccl;
-    if (nccl && gpu::DeviceCount() < 2) GTEST_SKIP() << "nccl needs 2 CUDA devices";
+    if (nccl && cuda::DeviceCount() < 2) GTEST_SKIP() << "nccl needs 2 CUDA devices";
     if (nccl) {
       ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-      if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+      if (Status s = cuda::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     }
-    device_ = gpu::DeviceCount() > 1 ? 1 : 0;
+    device_ = cuda::DeviceCount() > 1 ? 1 : 0;
     const std::string asked = nccl ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("gpuconvert");
     std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
     if (nccl) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
@@ -107,7 +107,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
     const std::string ready = publisher_.ReadLine(60000);
     ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
     endpoint_ = ready.substr(6);
-    ASSERT_OK(gpu::SetDevice(device_));
+    ASSERT_OK(cuda::SetDevice(device_));
     like_ = model_.Tensors();
     for (size_t i = 0; i < like_.size(); ++i) {
       const TensorView& v = like_[i].view;
@@ -116,16 +116,16 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
       if (t.quantized) {
         const int64_t rows = v.shape[0], cols = v.shape[1];
         Add(like_[i].name + "_scale_inv", t.scale,
-            {gpu::Fp8ScaleRows(rows), gpu::Fp8ScaleCols(cols)});
+            {cuda::Fp8ScaleRows(rows), cuda::Fp8ScaleCols(cols)});
       }
     }
   }
   void TearDown() override { util::FailPoints::DisarmAll(); }
   void Add(const std::string& name, DType dtype, std::vector<int64_t> shape) {
     TensorView v{nullptr, dtype, std::move(shape), {Device::Kind::kCUDA, device_}};
-    auto b = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*v.NumBytes(), 1));
+    auto b = cuda::DeviceBuffer::Allocate(std::max<uint64_t>(*v.NumBytes(), 1));
     ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_OK(gpu::MemsetDevice(b->data(), 0xEE, b->size()));  // poison
+    ASSERT_OK(cuda::MemsetDevice(b->data(), 0xEE, b->size()));  // poison
     v.data = b->data();
     dst_.push_back({name, v});
     buffers_.push_back(std::move(b).value());
@@ -148,8 +148,8 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
         scales.resize(*dst_[d + 1].view.NumBytes());
         s = ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(published.data()), v.shape[0],
                              v.shape[1], want.data(), scales.data(),
-                             t.scale == DType::kFloat32 ? gpu::Fp8ScaleFormat::kFloat32
-                                                        : gpu::Fp8ScaleFormat::kE8M0);
+                             t.scale == DType::kFloat32 ? cuda::Fp8ScaleFormat::kFloat32
+                                                        : cuda::Fp8ScaleFormat::kE8M0);
       } else if (t.dtype != v.dtype) {
         s = ref::Cast(v.dtype, t.dtype, published.data(), want.data(), n);
       } else {
@@ -158,7 +158,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
       if (!s.ok()) return s.ToString();
       for (const std::vector<uint8_t>* expect : {&want, &scales}) {
         if (expect == &scales && scales.empty()) break;
-        auto got = gpu::testing::Download<uint8_t>(dst_[d].view.data, expect->size());
+        auto got = cuda::testing::Download<uint8_t>(dst_[d].view.data, expect->size());
         if (!got.ok()) return got.status().ToString();
         if (!SameUpToNaNPayload(dst_[d].view.dtype, *got, *expect)) {
           // Where and how: the first differing byte, its input, and how many differ.
@@ -195,7 +195,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
   ChildProcess publisher_;
   std::string endpoint_;
   std::vector<NamedTensor> like_, dst_;
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
 };
 
 TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
@@ -216,12 +216,12 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   ASSERT_OK((*sub)->Register(dst_));
   // The caller's current device is its own business: an update that visits the publisher's GPU
   // (or any other) leaves it as it found it.
-  const int callers_device = gpu::DeviceCount() > 1 ? 0 : device_;
+  const int callers_device = cuda::DeviceCount() > 1 ? 0 : device_;
   for (int64_t step = 1; step <= 3; ++step) {
     Publish(step);
-    ASSERT_OK(gpu::SetDevice(callers_device));
+    ASSERT_OK(cuda::SetDevice(callers_device));
     auto r = (*sub)->Update();
-    EXPECT_EQ(*gpu::CurrentDevice(), callers_device) << "step " << step;
+    EXPECT_EQ(*cuda::CurrentDevice(), callers_device) << "step " << step;
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->prepare_count, 1u);
@@ -231,14 +231,14 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
     // publisher's GPU (cuda:0) converts; otherwise the destinations' GPU does.
     const bool tried = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
-                       device_ != 0 && gpu::EnablePeerAccess(0, device_).ok();
+                       device_ != 0 && cuda::EnablePeerAccess(0, device_).ok();
     const bool at_source = tried && !GetParam().break_publisher_gpu;
     if (tried && GetParam().break_publisher_gpu) {
       EXPECT_EQ(util::FailPoints::Hits("cuda_ipc.publisher_gpu"), 1);
       EXPECT_TRUE(log.Contains("not the publisher's: internal: injected failure"))
           << "the fallback is not logged with its cause";
     }
-    ASSERT_OK(gpu::SetDevice(device_));
+    ASSERT_OK(cuda::SetDevice(device_));
     const std::string where = at_source ? "conversions on cuda:0 (the publisher's GPU"
                                         : "conversions on cuda:" + std::to_string(device_);
     EXPECT_TRUE(log.Contains(where)) << "no log line with: " << where;
@@ -252,28 +252,29 @@ TEST(GpuConvertKernel, QuantizationOfRandomBitPatternsMatchesTheReference) {
   const int64_t rows = 2, cols = 70005;
   std::vector<uint8_t> x(rows * cols * 2);
   SyntheticModel::Pattern(8, 1, x.data(), x.size());
-  for (gpu::Fp8ScaleFormat format : {gpu::Fp8ScaleFormat::kFloat32, gpu::Fp8ScaleFormat::kE8M0}) {
-    const size_t scale_bytes = (format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4) * 547;
-    auto d_x = gpu::testing::Upload(x);
-    auto d_q = gpu::DeviceBuffer::Allocate(rows * cols);
-    auto d_s = gpu::DeviceBuffer::Allocate(scale_bytes);
+  for (cuda::Fp8ScaleFormat format :
+       {cuda::Fp8ScaleFormat::kFloat32, cuda::Fp8ScaleFormat::kE8M0}) {
+    const size_t scale_bytes = (format == cuda::Fp8ScaleFormat::kE8M0 ? 1 : 4) * 547;
+    auto d_x = cuda::testing::Upload(x);
+    auto d_q = cuda::DeviceBuffer::Allocate(rows * cols);
+    auto d_s = cuda::DeviceBuffer::Allocate(scale_bytes);
     ASSERT_OK(d_x);
     ASSERT_OK(d_q);
     ASSERT_OK(d_s);
-    auto launch =
-        gpu::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols, format, nullptr);
+    auto launch = cuda::PrepareQuantizeFp8(d_x->data(), d_q->data(), d_s->data(), rows, cols,
+                                           format, nullptr);
     ASSERT_OK(launch);
     ASSERT_OK(launch->Launch());
-    ASSERT_OK(gpu::DeviceSynchronize());
+    ASSERT_OK(cuda::DeviceSynchronize());
     std::vector<uint8_t> want_q(rows * cols), want_s(scale_bytes);
     ASSERT_OK(ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(x.data()), rows, cols,
                                want_q.data(), want_s.data(), format));
-    auto got_q = gpu::testing::Download<uint8_t>(d_q->data(), want_q.size());
-    auto got_s = gpu::testing::Download<uint8_t>(d_s->data(), want_s.size());
+    auto got_q = cuda::testing::Download<uint8_t>(d_q->data(), want_q.size());
+    auto got_s = cuda::testing::Download<uint8_t>(d_s->data(), want_s.size());
     ASSERT_OK(got_q);
     ASSERT_OK(got_s);
     EXPECT_TRUE(SameUpToNaNPayload(
-        format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, *got_s,
+        format == cuda::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, *got_s,
         want_s))
         << "scales";
     size_t bad = 0, first = want_q.size();
@@ -301,31 +302,34 @@ TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
   WS_SKIP_WITHOUT_GPU();
   struct Case {
     int64_t rows, cols;
-    gpu::Fp8ScaleFormat format;
+    cuda::Fp8ScaleFormat format;
     uint64_t misalign;  // bytes added to the input pointer
   };
-  const std::vector<Case> cases = {
-      {2, 70005, gpu::Fp8ScaleFormat::kFloat32, 0},  {300, 260, gpu::Fp8ScaleFormat::kE8M0, 0},
-      {128, 128, gpu::Fp8ScaleFormat::kFloat32, 0},  {1, 5, gpu::Fp8ScaleFormat::kE8M0, 0},
-      {257, 1024, gpu::Fp8ScaleFormat::kFloat32, 2}, {0, 64, gpu::Fp8ScaleFormat::kFloat32, 0},
-      {129, 384, gpu::Fp8ScaleFormat::kE8M0, 0},     {8192, 2048, gpu::Fp8ScaleFormat::kFloat32, 0},
-      {4096, 4096, gpu::Fp8ScaleFormat::kE8M0, 0}};
+  const std::vector<Case> cases = {{2, 70005, cuda::Fp8ScaleFormat::kFloat32, 0},
+                                   {300, 260, cuda::Fp8ScaleFormat::kE8M0, 0},
+                                   {128, 128, cuda::Fp8ScaleFormat::kFloat32, 0},
+                                   {1, 5, cuda::Fp8ScaleFormat::kE8M0, 0},
+                                   {257, 1024, cuda::Fp8ScaleFormat::kFloat32, 2},
+                                   {0, 64, cuda::Fp8ScaleFormat::kFloat32, 0},
+                                   {129, 384, cuda::Fp8ScaleFormat::kE8M0, 0},
+                                   {8192, 2048, cuda::Fp8ScaleFormat::kFloat32, 0},
+                                   {4096, 4096, cuda::Fp8ScaleFormat::kE8M0, 0}};
   constexpr uint64_t kGuard = 64;
   std::vector<std::vector<uint8_t>> inputs;
-  std::vector<gpu::DeviceBuffer> d_x, d_q, d_s;
-  std::vector<gpu::Fp8GroupTensor> tensors;
+  std::vector<cuda::DeviceBuffer> d_x, d_q, d_s;
+  std::vector<cuda::Fp8GroupTensor> tensors;
   uint64_t blocks = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     const uint64_t n = uint64_t(c.rows * c.cols);
-    blocks += uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols));
-    const uint64_t scale_bytes = uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols)) *
-                                 (c.format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4);
+    blocks += uint64_t(cuda::Fp8ScaleRows(c.rows) * cuda::Fp8ScaleCols(c.cols));
+    const uint64_t scale_bytes = uint64_t(cuda::Fp8ScaleRows(c.rows) * cuda::Fp8ScaleCols(c.cols)) *
+                                 (c.format == cuda::Fp8ScaleFormat::kE8M0 ? 1 : 4);
     std::vector<uint8_t> x(c.misalign + n * 2 + 2);  // never empty
     SyntheticModel::Pattern(int(20 + i), 1, x.data(), x.size());
-    auto dx = gpu::testing::Upload(x);
-    auto dq = gpu::testing::Upload(std::vector<uint8_t>(n + 2 * kGuard, 0xA5));
-    auto ds = gpu::testing::Upload(std::vector<uint8_t>(scale_bytes + 2 * kGuard, 0xA5));
+    auto dx = cuda::testing::Upload(x);
+    auto dq = cuda::testing::Upload(std::vector<uint8_t>(n + 2 * kGuard, 0xA5));
+    auto ds = cuda::testing::Upload(std::vector<uint8_t>(scale_bytes + 2 * kGuard, 0xA5));
     ASSERT_OK(dx);
     ASSERT_OK(dq);
     ASSERT_OK(ds);
@@ -336,7 +340,7 @@ TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
     d_q.push_back(std::move(dq).value());
     d_s.push_back(std::move(ds).value());
   }
-  auto group = gpu::PrepareQuantizeFp8Group(tensors, nullptr);
+  auto group = cuda::PrepareQuantizeFp8Group(tensors, nullptr);
   ASSERT_OK(group);
   EXPECT_EQ(group->tensors(), cases.size() - 1);  // the empty one is left out
   EXPECT_EQ(group->tiles(), blocks);
@@ -344,25 +348,25 @@ TEST(GpuConvertKernel, GroupedQuantizationEqualsTheReferenceTensorByTensor) {
       << "every block should loop over several 128x128 blocks";
   for (int launch = 0; launch < 2; ++launch) {  // a second launch rewrites the same bytes
     ASSERT_OK(group->Launch());
-    ASSERT_OK(gpu::DeviceSynchronize());
+    ASSERT_OK(cuda::DeviceSynchronize());
   }
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     const uint64_t n = uint64_t(c.rows * c.cols);
-    const uint64_t scale_bytes = uint64_t(gpu::Fp8ScaleRows(c.rows) * gpu::Fp8ScaleCols(c.cols)) *
-                                 (c.format == gpu::Fp8ScaleFormat::kE8M0 ? 1 : 4);
+    const uint64_t scale_bytes = uint64_t(cuda::Fp8ScaleRows(c.rows) * cuda::Fp8ScaleCols(c.cols)) *
+                                 (c.format == cuda::Fp8ScaleFormat::kE8M0 ? 1 : 4);
     std::vector<uint8_t> want_q(n), want_s(scale_bytes);
     ASSERT_OK(ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(inputs[i].data() + c.misalign),
                                c.rows, c.cols, want_q.data(), want_s.data(), c.format));
-    auto got_q = gpu::testing::Download<uint8_t>(d_q[i].data(), n + 2 * kGuard);
-    auto got_s = gpu::testing::Download<uint8_t>(d_s[i].data(), scale_bytes + 2 * kGuard);
+    auto got_q = cuda::testing::Download<uint8_t>(d_q[i].data(), n + 2 * kGuard);
+    auto got_s = cuda::testing::Download<uint8_t>(d_s[i].data(), scale_bytes + 2 * kGuard);
     ASSERT_OK(got_q);
     ASSERT_OK(got_s);
     const std::vector<uint8_t> q(got_q->begin() + kGuard, got_q->end() - kGuard);
     const std::vector<uint8_t> sc(got_s->begin() + kGuard, got_s->end() - kGuard);
     EXPECT_TRUE(SameUpToNaNPayload(DType::kFloat8E4M3FN, q, want_q)) << "tensor " << i;
     EXPECT_TRUE(SameUpToNaNPayload(
-        c.format == gpu::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, sc,
+        c.format == cuda::Fp8ScaleFormat::kE8M0 ? DType::kFloat8E8M0FNU : DType::kFloat32, sc,
         want_s))
         << "scales of tensor " << i;
     for (uint64_t g = 0; g < kGuard; ++g) {

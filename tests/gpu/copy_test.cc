@@ -8,7 +8,7 @@
 #include "cuda/kernels.h"
 #include "gpu/gpu_test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using testing::Download;
@@ -55,4 +55,4 @@ TEST(GpuCopyTest, RejectsHostMemoryTheDeviceCannotReach) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

@@ -34,12 +34,12 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
     FailPoints::DisarmAll();
-    sub_device_ = gpu::DeviceCount() > 1 ? 1 : 0;
+    sub_device_ = cuda::DeviceCount() > 1 ? 1 : 0;
     endpoint_ = testing::UniqueEndpoint("cudaipc");
     StartPublisher();
-    ASSERT_OK(gpu::SetDevice(sub_device_));
+    ASSERT_OK(cuda::SetDevice(sub_device_));
     like_ = model_.Tensors();
-    ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, sub_device_, &buffers_));
+    ASSERT_OK_AND_ASSIGN(dst_, cuda::testing::PoisonedDestinations(like_, sub_device_, &buffers_));
     baseline_ = ReadLedger();
   }
 
@@ -62,7 +62,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why) {
-    return gpu::testing::DestinationsHold(dst_, like_, step, why);
+    return cuda::testing::DestinationsHold(dst_, like_, step, why);
   }
 
   int sub_device_ = 0;
@@ -70,7 +70,7 @@ class CudaIpc : public ::testing::TestWithParam<UpdateMode> {
   std::string endpoint_;
   ChildProcess publisher_;
   std::vector<NamedTensor> like_, dst_;
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
   LedgerSnapshot baseline_;
 };
 
@@ -86,9 +86,9 @@ TEST_P(CudaIpc, ThousandStepsPreparedOnceWithoutHostAllocation) {
     ASSERT_TRUE(stats.ok()) << stats.status();
     ASSERT_EQ(stats->handle_created, step == 1);
     if (step > 10) allocations_in_updates += after - before;
-    if (step == 10) ASSERT_OK(gpu::MemInfo(&free_before, &total));
+    if (step == 10) ASSERT_OK(cuda::MemInfo(&free_before, &total));
   }
-  ASSERT_OK(gpu::MemInfo(&free_after, &total));
+  ASSERT_OK(cuda::MemInfo(&free_after, &total));
   EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 990 steady updates";
   EXPECT_EQ(free_before, free_after) << "GPU memory changed over 990 steady updates";
   std::string why;
@@ -98,7 +98,7 @@ TEST_P(CudaIpc, ThousandStepsPreparedOnceWithoutHostAllocation) {
 TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
   Publish(1);
   size_t free0 = 0, total = 0;
-  ASSERT_OK(gpu::MemInfo(&free0, &total));
+  ASSERT_OK(cuda::MemInfo(&free0, &total));
   auto sub = Connect();
   for (int cycle = 0; cycle < 100; ++cycle) {
     auto stats = sub->Update();  // the first prepares and copies; later ones find it current
@@ -108,7 +108,7 @@ TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
     ASSERT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
   }
   size_t free1 = 0;
-  ASSERT_OK(gpu::MemInfo(&free1, &total));
+  ASSERT_OK(cuda::MemInfo(&free1, &total));
   EXPECT_EQ(free0, free1) << "GPU memory not returned after 100 sleep/wake cycles";
 }
 

@@ -52,8 +52,8 @@ class GpuDataPath : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(publisher_->Start(endpoint));
     ASSERT_NO_FATAL_FAILURE(publisher_->Publish(1));
     if (device >= 0) {
-      ASSERT_OK(gpu::SetDevice(device));
-      ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, device, &buffers_));
+      ASSERT_OK(cuda::SetDevice(device));
+      ASSERT_OK_AND_ASSIGN(dst_, cuda::testing::PoisonedDestinations(like_, device, &buffers_));
     } else {
       dst_ = SyntheticModel::Views(like_, storage_);
     }
@@ -73,17 +73,17 @@ class GpuDataPath : public ::testing::Test {
     EXPECT_EQ(step, 2);
     std::string why;
     const bool holds = buffers_.empty() ? SyntheticModel::Holds(dst_, 2, &why)
-                                        : gpu::testing::DestinationsHold(dst_, like_, 2, &why);
+                                        : cuda::testing::DestinationsHold(dst_, like_, 2, &why);
     EXPECT_TRUE(holds) << why;
   }
 
   // The destinations' device: cuda:1 when there is one (the publishers keep cuda:0).
-  static int DestinationDevice() { return gpu::DeviceCount() > 1 ? 1 : 0; }
+  static int DestinationDevice() { return cuda::DeviceCount() > 1 ? 1 : 0; }
 
   SyntheticModel model_{kTensors, kElements};
   std::vector<NamedTensor> like_ = model_.Tensors();
   std::vector<std::vector<uint8_t>> storage_ = SyntheticModel::PoisonedStorage(like_);
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
   std::vector<NamedTensor> dst_;
   std::unique_ptr<testing::PublisherProcess> publisher_;
   std::unique_ptr<testing::PathHarness> harness_;
@@ -119,18 +119,19 @@ TEST_F(GpuDataPath, GpuCopyImportsTheStoreForTheDestinationsDevice) {
 }
 
 TEST_F(GpuDataPath, NcclJoinsATwoRankCommunicatorOnTheDestinationsDevice) {
-  if (gpu::DeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpu::DeviceCount();
-  if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+  if (cuda::DeviceCount() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices, found " << cuda::DeviceCount();
+  if (Status s = cuda::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
   ASSERT_NO_FATAL_FAILURE(Start(/*gpu_store=*/true, "tcp://127.0.0.1:0", /*device=*/1));
-  const int64_t live = gpu::nccl::LiveCommunicators();
+  const int64_t live = cuda::nccl::LiveCommunicators();
   NcclPath path;
   ASSERT_NO_FATAL_FAILURE(PrepareAndMoveAStep(path));
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live + 1);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live + 1);
   const std::string said = path.Describe();
   EXPECT_EQ(said.rfind("; communicator rank 1 on cuda:1, NCCL ", 0), 0u) << said;
   EXPECT_NE(said.find(" staging bytes"), std::string::npos) << said;  // staged
   EXPECT_OK(path.Release());
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include "cuda/kernels.h"
 #include "gpu/gpu_test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using testing::Download;
@@ -136,4 +136,4 @@ TEST(GpuDigestTest, OneFlippedBitOnTheDeviceChangesTheDigestAndSetRangeRetargets
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

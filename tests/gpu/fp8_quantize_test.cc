@@ -15,7 +15,7 @@
 #include "cuda/transform_reference.h"
 #include "gpu/gpu_test_util.h"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using testing::Download;
@@ -182,4 +182,4 @@ TEST(GpuFp8QuantizeTest, ShapeRewrittenInPlace) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

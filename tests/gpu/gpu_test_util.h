@@ -14,14 +14,14 @@
 
 // Skips the test, with the reason, when no CUDA device can be used (no driver, no GPU, or a build
 // without CUDA).
-#define WS_SKIP_WITHOUT_GPU()                                                               \
-  do {                                                                                      \
-    if (::weightsync::Status ws_gpu_ = ::weightsync::gpu::CudaAvailable(); !ws_gpu_.ok()) { \
-      GTEST_SKIP() << "needs a CUDA device: " << ws_gpu_;                                   \
-    }                                                                                       \
+#define WS_SKIP_WITHOUT_GPU()                                                                \
+  do {                                                                                       \
+    if (::weightsync::Status ws_gpu_ = ::weightsync::cuda::CudaAvailable(); !ws_gpu_.ok()) { \
+      GTEST_SKIP() << "needs a CUDA device: " << ws_gpu_;                                    \
+    }                                                                                        \
   } while (0)
 
-namespace weightsync::gpu::testing {
+namespace weightsync::cuda::testing {
 
 // Device memory holding `host`, with `slack` spare bytes at the end.
 template <typename T>
@@ -93,4 +93,4 @@ inline void SleepWakeCyclesPinAndReturnToBaseline(Subscriber& sub, int64_t steps
   }
 }
 
-}  // namespace weightsync::gpu::testing
+}  // namespace weightsync::cuda::testing

@@ -70,7 +70,7 @@ TEST_P(GpuToHost, TheLandingRangesArePinned) {
 TEST_P(GpuToHost, SleepAndWakeCyclesReturnToBaseline) {
   auto sub = Connect(/*verify=*/false);
   const LedgerSnapshot before = ReadLedger();
-  ASSERT_NO_FATAL_FAILURE(gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(
+  ASSERT_NO_FATAL_FAILURE(cuda::testing::SleepWakeCyclesPinAndReturnToBaseline(
       *sub, 20, before, [&](int64_t step) { Publish(step); }));
   EXPECT_EQ(Holds(20), "");
 }

@@ -14,8 +14,8 @@
 namespace weightsync {
 namespace {
 
-using gpu::testing::DestinationsHold;
-using gpu::testing::PoisonedDestinations;
+using cuda::testing::DestinationsHold;
+using cuda::testing::PoisonedDestinations;
 using testing::LocalPair;
 
 class HostToGpu : public ::testing::TestWithParam<UpdateMode> {
@@ -23,8 +23,8 @@ class HostToGpu : public ::testing::TestWithParam<UpdateMode> {
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
     util::FailPoints::DisarmAll();
-    device_ = gpu::DeviceCount() > 1 ? 1 : 0;
-    ASSERT_OK(gpu::SetDevice(device_));
+    device_ = cuda::DeviceCount() > 1 ? 1 : 0;
+    ASSERT_OK(cuda::SetDevice(device_));
     ASSERT_OK_AND_ASSIGN(dst_, PoisonedDestinations(pair_.tensors, device_, &buffers_));
     pair_.Start();
   }
@@ -37,20 +37,20 @@ class HostToGpu : public ::testing::TestWithParam<UpdateMode> {
 
   int device_ = 0;
   LocalPair pair_;
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
   std::vector<NamedTensor> dst_;
 };
 
 TEST_P(HostToGpu, RoundTripIsBitExactStepAfterStep) {
   testing::LogCapture log;
   auto sub = pair_.ConnectWith(dst_, GetParam(), /*verify=*/true);
-  const int callers_device = gpu::DeviceCount() > 1 ? 0 : device_;
+  const int callers_device = cuda::DeviceCount() > 1 ? 0 : device_;
   for (int64_t step = 1; step <= 5; ++step) {
     pair_.Publish(step);
-    ASSERT_OK(gpu::SetDevice(callers_device));
+    ASSERT_OK(cuda::SetDevice(callers_device));
     auto r = sub->Update();
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(*gpu::CurrentDevice(), callers_device);
+    EXPECT_EQ(*cuda::CurrentDevice(), callers_device);
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->step, step);
     EXPECT_EQ(r->prepare_count, 1u);
@@ -92,7 +92,7 @@ TEST_P(HostToGpu, ArenaAllocatedTensorsReachTheGpu) {
   ASSERT_TRUE(w.ok()) << w.status();
   auto b = (*pub)->Allocate("b", DType::kBFloat16, {64});
   ASSERT_TRUE(b.ok()) << b.status();
-  std::vector<gpu::DeviceBuffer> keep;
+  std::vector<cuda::DeviceBuffer> keep;
   std::vector<NamedTensor> like = {{"w", {nullptr, DType::kFloat32, {256, 64}}},
                                    {"b", {nullptr, DType::kBFloat16, {64}}}};
   auto dst = PoisonedDestinations(like, device_, &keep);
@@ -114,8 +114,8 @@ TEST_P(HostToGpu, ArenaAllocatedTensorsReachTheGpu) {
     auto r = (*sub)->Update();
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->verified);
-    auto got_w = gpu::testing::Download<float>((*dst)[0].view.data, 256 * 64);
-    auto got_b = gpu::testing::Download<uint16_t>((*dst)[1].view.data, 64);
+    auto got_w = cuda::testing::Download<float>((*dst)[0].view.data, 256 * 64);
+    auto got_b = cuda::testing::Download<uint16_t>((*dst)[1].view.data, 64);
     ASSERT_TRUE(got_w.ok() && got_b.ok());
     for (int i = 0; i < 256 * 64; ++i) ASSERT_EQ((*got_w)[i], step * 1000.0f + i) << i;
     for (int i = 0; i < 64; ++i) ASSERT_EQ((*got_b)[i], step * 100 + i) << i;
@@ -129,7 +129,7 @@ TEST_P(HostToGpu, SleepAndWakeCyclesReturnToBaseline) {
   pair_.Publish(1);  // the publisher's arena and copy threads exist from here on
   const LedgerSnapshot before = ReadLedger();
   ASSERT_NO_FATAL_FAILURE(
-      gpu::testing::SleepWakeCyclesPinAndReturnToBaseline(*sub, 20, before, [&](int64_t step) {
+      cuda::testing::SleepWakeCyclesPinAndReturnToBaseline(*sub, 20, before, [&](int64_t step) {
         if (step > 1) pair_.Publish(step);
       }));
   EXPECT_EQ(Holds(20), "");

@@ -25,7 +25,7 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
  protected:
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
-    const int devices = gpu::DeviceCount();
+    const int devices = cuda::DeviceCount();
     for (int rank = 0; rank < 2; ++rank) {
       const std::string asked = testing::UniqueEndpoint("gpurank" + std::to_string(rank));
       ranks_[rank] =
@@ -37,12 +37,12 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
       endpoints_[rank] = asked;
     }
     device_ = devices - 1;
-    ASSERT_OK(gpu::SetDevice(device_));
+    ASSERT_OK(cuda::SetDevice(device_));
     like_ = model_.Tensors();
-    ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, device_, &buffers_));
+    ASSERT_OK_AND_ASSIGN(dst_, cuda::testing::PoisonedDestinations(like_, device_, &buffers_));
   }
   bool Holds(int64_t step, std::string* why) {
-    return gpu::testing::DestinationsHold(dst_, like_, step, why);
+    return cuda::testing::DestinationsHold(dst_, like_, step, why);
   }
 
   int device_ = 0;
@@ -50,7 +50,7 @@ class GpuMultiPublisher : public ::testing::TestWithParam<UpdateMode> {
   ChildProcess ranks_[2];
   std::string endpoints_[2];
   std::vector<NamedTensor> like_, dst_;
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
 };
 
 TEST_P(GpuMultiPublisher, HalvesFromTwoGpusArriveBitExactWithOnePrepare) {

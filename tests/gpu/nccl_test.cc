@@ -53,16 +53,16 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
 
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
-    if (gpu::DeviceCount() < 2)
-      GTEST_SKIP() << "needs 2 CUDA devices, found " << gpu::DeviceCount();
-    if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+    if (cuda::DeviceCount() < 2)
+      GTEST_SKIP() << "needs 2 CUDA devices, found " << cuda::DeviceCount();
+    if (Status s = cuda::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     FailPoints::DisarmAll();
     StartPublisher("tcp://127.0.0.1:0");
     like_ = model_.Tensors();
     AllocateDestinations(&dst_, &buffers_);
     if (HasFatalFailure()) return;
     baseline_ = ReadLedger();
-    live_baseline_ = gpu::nccl::LiveCommunicators();
+    live_baseline_ = cuda::nccl::LiveCommunicators();
   }
 
   // Starts the publisher on `endpoint` (replacing one already running); endpoint_ becomes the
@@ -92,20 +92,20 @@ class Nccl : public ::testing::TestWithParam<UpdateMode> {
     return testing::NewSubscriber(o, dst != nullptr ? *dst : dst_);
   }
   // Poison-filled CUDA destinations on cuda:1 shaped like the model.
-  void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<gpu::DeviceBuffer>* keep) {
-    ASSERT_OK(gpu::SetDevice(1));
-    ASSERT_OK_AND_ASSIGN(*dst, gpu::testing::PoisonedDestinations(like_, 1, keep));
+  void AllocateDestinations(std::vector<NamedTensor>* dst, std::vector<cuda::DeviceBuffer>* keep) {
+    ASSERT_OK(cuda::SetDevice(1));
+    ASSERT_OK_AND_ASSIGN(*dst, cuda::testing::PoisonedDestinations(like_, 1, keep));
   }
   // Downloads every destination and compares it with the model at `step`.
   bool Holds(int64_t step, std::string* why, const std::vector<NamedTensor>* dst = nullptr) {
-    return gpu::testing::DestinationsHold(dst != nullptr ? *dst : dst_, like_, step, why);
+    return cuda::testing::DestinationsHold(dst != nullptr ? *dst : dst_, like_, step, why);
   }
 
   SyntheticModel model_{kTensors, kElements};
   std::string endpoint_;
   ChildProcess publisher_;
   std::vector<NamedTensor> like_, dst_;
-  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<cuda::DeviceBuffer> buffers_;
   LedgerSnapshot baseline_;
   int64_t live_baseline_ = 0;
 };
@@ -121,7 +121,7 @@ TEST_P(Nccl, RoundTripIsBitExactIntoPoisonedDestinations) {
   EXPECT_TRUE(stats->verified);
   EXPECT_TRUE(stats->handle_created);
   EXPECT_EQ(stats->bytes, model_.total_bytes());
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_ + 1);
   std::string why;
   EXPECT_TRUE(Holds(1, &why)) << why;
   Publish(2);
@@ -130,7 +130,7 @@ TEST_P(Nccl, RoundTripIsBitExactIntoPoisonedDestinations) {
   EXPECT_FALSE(second->handle_created);
   EXPECT_TRUE(Holds(2, &why)) << why;
   ASSERT_OK(sub->Close());
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_);
   LedgerSnapshot now;
   EXPECT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
 }
@@ -152,15 +152,15 @@ TEST_P(Nccl, HundredStepsOnOneCommunicator) {
       allocations_in_updates += after - before;
       seconds += stats->seconds;
     }
-    if (step == 10) ASSERT_OK(gpu::MemInfo(&free_before, &total));
+    if (step == 10) ASSERT_OK(cuda::MemInfo(&free_before, &total));
   }
-  ASSERT_OK(gpu::MemInfo(&free_after, &total));
+  ASSERT_OK(cuda::MemInfo(&free_after, &total));
   std::cout << "  90 steady nccl updates of " << model_.total_bytes()
             << " bytes: " << seconds / 90 * 1e3 << " ms each, " << allocations_in_updates
             << " host allocations in all\n";
   EXPECT_EQ(allocations_in_updates, 0) << "host heap allocations in 90 steady updates";
   EXPECT_EQ(free_before, free_after) << "GPU memory changed over 90 steady updates";
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_ + 1);
   std::string why;
   EXPECT_TRUE(Holds(100, &why)) << why;
 }
@@ -170,7 +170,7 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   auto sub = Connect();
   ASSERT_OK(sub->Update());
   Publish(2);
-  const int64_t aborted_before = gpu::nccl::AbortedCommunicators();
+  const int64_t aborted_before = cuda::nccl::AbortedCommunicators();
   // The subscriber holds before posting its receives; meanwhile the publisher has answered
   // step_begin and is blocked in its grouped ncclBroadcast. It is killed there.
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 1000, 1);
@@ -197,8 +197,8 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   EXPECT_LT(elapsed, kTimeout + std::chrono::seconds(3)) << s;
   EXPECT_NE(s.message().find("step 2"), std::string::npos) << s;
   EXPECT_NE(s.message().find("communicator aborted"), std::string::npos) << s;
-  EXPECT_GT(gpu::nccl::AbortedCommunicators(), aborted_before);
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_GT(cuda::nccl::AbortedCommunicators(), aborted_before);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_);
   std::string why;
   if (GetParam() == UpdateMode::kStaged) {
     EXPECT_TRUE(Holds(1, &why)) << why;  // old weights intact
@@ -221,7 +221,7 @@ TEST_P(Nccl, PublisherKilledMidTransferIsATypedErrorAndTheNextUpdateRebuilds) {
   EXPECT_EQ(again->step, 3);
   EXPECT_TRUE(Holds(3, &why)) << why;
   EXPECT_TRUE(sub->weights_valid());
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 1);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_ + 1);
 }
 
 TEST_P(Nccl, StalledSubscriberTimesOutOnThePublisherWhichKeepsServing) {
@@ -249,7 +249,7 @@ TEST_P(Nccl, StalledSubscriberTimesOutOnThePublisherWhichKeepsServing) {
   if (GetParam() == UpdateMode::kStaged) {
     EXPECT_TRUE(Holds(1, &why)) << why;
   }
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_);
   // Step 4 can only go into step 2's slot: it was unpinned after the abort.
   Publish(3);
   Publish(4);
@@ -264,7 +264,7 @@ TEST_P(Nccl, OnePublisherServesTwoSubscribersAtOnce) {
   // Two subscribers (each its own handle, publisher session and two-rank communicator) update
   // the same steps at the same time from two threads.
   std::vector<NamedTensor> other;
-  std::vector<gpu::DeviceBuffer> other_buffers;
+  std::vector<cuda::DeviceBuffer> other_buffers;
   AllocateDestinations(&other, &other_buffers);
   auto a = Connect();
   auto b = Connect(/*verify=*/true, kTimeout, &other);
@@ -280,7 +280,7 @@ TEST_P(Nccl, OnePublisherServesTwoSubscribersAtOnce) {
     EXPECT_EQ(ra->handle_created, step == 1);
     EXPECT_EQ(rb->handle_created, step == 1);
   }
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_ + 2);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_ + 2);
   std::string why;
   EXPECT_TRUE(Holds(10, &why)) << why;
   EXPECT_TRUE(Holds(10, &why, &other)) << why;
@@ -297,13 +297,13 @@ TEST_P(Nccl, SleepWakeCyclesRebuildTheCommunicatorAndReturnToBaseline) {
     std::string why;
     EXPECT_TRUE(Holds(cycle, &why)) << why;
     ASSERT_OK(sub->Sleep());
-    EXPECT_EQ(gpu::nccl::LiveCommunicators(), live_baseline_);
+    EXPECT_EQ(cuda::nccl::LiveCommunicators(), live_baseline_);
     LedgerSnapshot now;
     ASSERT_TRUE(testing::LedgerSettlesTo(baseline_, &now)) << now.ToString();
-    if (cycle == 1) ASSERT_OK(gpu::MemInfo(&free0, &total));
+    if (cycle == 1) ASSERT_OK(cuda::MemInfo(&free0, &total));
   }
   size_t free1 = 0;
-  ASSERT_OK(gpu::MemInfo(&free1, &total));
+  ASSERT_OK(cuda::MemInfo(&free1, &total));
   EXPECT_EQ(free0, free1) << "GPU memory not returned after sleep/wake cycles";
 }
 

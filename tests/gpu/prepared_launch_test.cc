@@ -17,7 +17,7 @@
 #include "gpu/gpu_test_util.h"
 #include "testing/count_new.inc"
 
-namespace weightsync::gpu {
+namespace weightsync::cuda {
 namespace {
 
 using testing::Download;
@@ -196,4 +196,4 @@ TEST(GpuPreparedLaunchTest, AMillionLaunchesAllocateNothingAndKeepRssFlat) {
 }
 
 }  // namespace
-}  // namespace weightsync::gpu
+}  // namespace weightsync::cuda

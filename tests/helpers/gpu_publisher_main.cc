@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int device = std::atoi(argv[4]);
-  if (ws::Status s = ws::gpu::SetDevice(device); !s.ok()) return SetUpFailed(s);
+  if (ws::Status s = ws::cuda::SetDevice(device); !s.ok()) return SetUpFailed(s);
   ws::PublisherOptions options;
   options.endpoint = argv[1];
   options.timeout = std::chrono::milliseconds(5000);
@@ -38,10 +38,10 @@ int main(int argc, char** argv) {
       if (static_cast<int>(i) % shards == shard) host.push_back(all[i]);
     }
   }
-  std::vector<ws::gpu::DeviceBuffer> buffers;
+  std::vector<ws::cuda::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
   for (const auto& t : host) {
-    auto buffer = ws::gpu::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
+    auto buffer = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
     if (!buffer.ok()) return SetUpFailed(buffer.status());
     ws::TensorView v = t.view;
     v.data = buffer->data();
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   // Publish runs with another device current (when there is one): the publisher must make and use
   // everything on its tensors' device and give the caller its own back.
   const int callers_device =
-      ws::gpu::DeviceCount() > 1 ? (device + 1) % ws::gpu::DeviceCount() : device;
+      ws::cuda::DeviceCount() > 1 ? (device + 1) % ws::cuda::DeviceCount() : device;
   ws::testing::CommandLoop loop;
   loop.On("publish", [&](std::istream& args) {
     int64_t step = 0;
@@ -64,12 +64,12 @@ int main(int argc, char** argv) {
     model.Fill(step);
     ws::Status s;
     for (size_t i = 0; i < host.size() && s.ok(); ++i) {
-      s = ws::gpu::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
+      s = ws::cuda::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
     }
-    if (s.ok()) s = ws::gpu::SetDevice(callers_device);
+    if (s.ok()) s = ws::cuda::SetDevice(callers_device);
     if (s.ok()) s = (*publisher)->Publish(step).status();
     if (s.ok()) {
-      ws::Result<int> now = ws::gpu::CurrentDevice();
+      ws::Result<int> now = ws::cuda::CurrentDevice();
       if (!now.ok() || *now != callers_device) {
         s = ws::Status::Internal("Publish() left cuda:", now.ok() ? *now : -1,
                                  " current instead of the caller's cuda:", callers_device);

@@ -126,12 +126,12 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
   void SetUp() override {
     const PathRow& row = GetParam();
     if (row.gpus() > 0) WS_SKIP_WITHOUT_GPU();
-    if (gpu::DeviceCount() < row.gpus()) {
+    if (cuda::DeviceCount() < row.gpus()) {
       GTEST_SKIP() << row.path << " needs " << row.gpus() << " CUDA devices, found "
-                   << gpu::DeviceCount();
+                   << cuda::DeviceCount();
     }
     if (row.nccl()) {
-      if (Status s = gpu::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
+      if (Status s = cuda::nccl::NcclAvailable(); !s.ok()) GTEST_SKIP() << "needs NCCL: " << s;
     }
     FailPoints::DisarmAll();
   }
@@ -144,9 +144,9 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
     model_ = std::make_unique<SyntheticModel>(tensors, elements);
     like_ = model_->Tensors();
     if (row.cuda_destinations) {
-      device_ = gpu::DeviceCount() > 1 ? 1 : 0;
-      ASSERT_OK(gpu::SetDevice(device_));
-      ASSERT_OK_AND_ASSIGN(dst_, gpu::testing::PoisonedDestinations(like_, device_, &buffers_));
+      device_ = cuda::DeviceCount() > 1 ? 1 : 0;
+      ASSERT_OK(cuda::SetDevice(device_));
+      ASSERT_OK_AND_ASSIGN(dst_, cuda::testing::PoisonedDestinations(like_, device_, &buffers_));
     } else {
       storage_ = SyntheticModel::PoisonedStorage(like_);
       dst_ = SyntheticModel::Views(like_, storage_);
@@ -178,7 +178,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
   std::string Holds(int64_t step) {
     std::string why;
     const bool holds = GetParam().cuda_destinations
-                           ? gpu::testing::DestinationsHold(dst_, like_, step, &why)
+                           ? cuda::testing::DestinationsHold(dst_, like_, step, &why)
                            : SyntheticModel::Holds(dst_, step, &why);
     return holds ? "" : why;
   }
@@ -206,7 +206,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
   std::unique_ptr<SyntheticModel> model_;
   std::vector<NamedTensor> like_, dst_;
   std::vector<std::vector<uint8_t>> storage_;  // host destinations
-  std::vector<gpu::DeviceBuffer> buffers_;     // CUDA destinations
+  std::vector<cuda::DeviceBuffer> buffers_;    // CUDA destinations
   std::unique_ptr<testing::PublisherProcess> publisher_;
   LedgerSnapshot baseline_;
 };
@@ -309,7 +309,7 @@ TEST_P(Conformance, EverySleepReturnsTheLedgerToBaselineAndTheNextUpdatePrepares
     ExpectLedgerAtBaseline("after sleep " + std::to_string(cycle));
     // After the first cycle: whatever CUDA sets up once per process (modules, pools) exists.
     if (GetParam().cuda_destinations && (cycle == 1 || cycle == kCycles)) {
-      ASSERT_OK(gpu::MemInfo(cycle == 1 ? &free_after_first : &free_after_last, &total));
+      ASSERT_OK(cuda::MemInfo(cycle == 1 ? &free_after_first : &free_after_last, &total));
     }
   }
   EXPECT_EQ(free_after_first, free_after_last) << "device memory not returned by Sleep()";

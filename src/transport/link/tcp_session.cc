@@ -58,7 +58,7 @@ class SocketDelivery final : public StepDelivery {
 // A GPU store's step: a grouped broadcast over the session's NCCL communicator.
 class NcclDelivery final : public StepDelivery {
  public:
-  NcclDelivery(path::NcclSender* sender, const gpu::nccl::Watch& watch)
+  NcclDelivery(path::NcclSender* sender, const cuda::nccl::Watch& watch)
       : sender_(sender), watch_(watch) {}
   Status Deliver(const wire::StepBegin& begin, Channel& /*ch*/, const Deadline& deadline,
                  bool* /*streaming*/) override {
@@ -71,7 +71,7 @@ class NcclDelivery final : public StepDelivery {
 
  private:
   path::NcclSender* sender_;
-  const gpu::nccl::Watch& watch_;
+  const cuda::nccl::Watch& watch_;
 };
 
 // A GPU arena's bytes go over NCCL: the subscriber asks with NcclSetup right after Select, and
@@ -79,7 +79,7 @@ class NcclDelivery final : public StepDelivery {
 Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionConfig& config,
                                                     const wire::Welcome& welcome, int arena_fd,
                                                     const wire::Select& select,
-                                                    const gpu::nccl::Watch& watch) {
+                                                    const cuda::nccl::Watch& watch) {
   util::Deadline deadline(config.timeout);
   WS_ASSIGN_OR_RETURN(wire::FrameHeader header, ch.Receive(deadline));
   if (header.type == wire::FrameType::kError) {
@@ -95,16 +95,16 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
   wire::NcclSetup setup;
   WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &setup));
   WS_RETURN_IF_ERROR(
-      gpu::nccl::NcclAvailable().WithContext("nccl transport on the publisher's host"));
-  const int version = gpu::nccl::NcclVersionCode();
+      cuda::nccl::NcclAvailable().WithContext("nccl transport on the publisher's host"));
+  const int version = cuda::nccl::NcclVersionCode();
   if (!path::CompatibleVersions(version, static_cast<int>(setup.nccl_version))) {
     return Status::FailedPrecondition(
-        "NCCL versions differ: publisher ", gpu::nccl::NcclVersionString(version), ", subscriber ",
-        gpu::nccl::NcclVersionString(static_cast<int>(setup.nccl_version)),
+        "NCCL versions differ: publisher ", cuda::nccl::NcclVersionString(version), ", subscriber ",
+        cuda::nccl::NcclVersionString(static_cast<int>(setup.nccl_version)),
         " (both ranks of a communicator need the same NCCL major.minor)");
   }
   WS_ASSIGN_OR_RETURN(auto sender, path::NcclSender::Prepare(arena_fd, welcome, select.ranges));
-  WS_ASSIGN_OR_RETURN(gpu::nccl::UniqueId id, gpu::nccl::NewUniqueId());
+  WS_ASSIGN_OR_RETURN(cuda::nccl::UniqueId id, cuda::nccl::NewUniqueId());
   wire::NcclId answer{static_cast<uint32_t>(version), id};
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kNcclId, answer, deadline));
   WS_RETURN_IF_ERROR(sender->Connect(id, deadline, watch));
@@ -112,7 +112,7 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
                       << static_cast<int>(sender->link()->connect_seconds() * 1000)
                       << " ms: rank 0 on cuda:" << sender->device()
                       << ", subscriber rank 1 on cuda:" << setup.device << ", NCCL "
-                      << gpu::nccl::NcclVersionString(version) << ", " << sender->bytes_per_step()
+                      << cuda::nccl::NcclVersionString(version) << ", " << sender->bytes_per_step()
                       << " bytes per step";
   return sender;
 }
@@ -136,7 +136,7 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
     }
   }
   if (welcome.arena_kind == wire::ArenaKind::kCudaMem) {
-    const gpu::nccl::Watch watch{ch.fd(), config.stopping, "subscriber " + config.peer};
+    const cuda::nccl::Watch watch{ch.fd(), config.stopping, "subscriber " + config.peer};
     WS_ASSIGN_OR_RETURN(auto sender, SetUpNccl(ch, config, welcome, layout.second, select, watch));
     NcclDelivery delivery(sender.get(), watch);
     return ServeSteps(ch, config, welcome, delivery, streaming);

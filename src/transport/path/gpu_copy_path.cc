@@ -23,8 +23,8 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
     return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
   }
   util::UniqueFd arena_fd = std::move(*ctx.store_fd);
-  WS_ASSIGN_OR_RETURN(arena_,
-                      gpu::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, device));
+  WS_ASSIGN_OR_RETURN(
+      arena_, cuda::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, device));
   WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
   auto slot_base = [&](uint32_t k) -> const uint8_t* {
     return arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
@@ -38,7 +38,7 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   // else here. A failed attempt there is logged and the batches are built again here.
   source_device_ = -1;
   if (direct && on_publisher_gpu) {
-    gpu::ScopedDevice restore;  // the attempt visits the publisher's GPU
+    cuda::ScopedDevice restore;  // the attempt visits the publisher's GPU
     Status s = PrepareSourceGpu(*plan, destinations, device);
     if (s.ok()) {
       Status built = BuildBatches(welcome, plan, destinations, direct, slot_base);
@@ -51,8 +51,8 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
     }
     WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
                              << " (the destinations' GPU), not the publisher's: " << s;
-    WS_RETURN_IF_ERROR(gpu::SetDevice(device));
-    source_queue_ = gpu::CopyQueue();
+    WS_RETURN_IF_ERROR(cuda::SetDevice(device));
+    source_queue_ = cuda::CopyQueue();
     source_device_ = -1;
   }
   return BuildBatches(welcome, plan, destinations, direct, slot_base);
@@ -67,7 +67,7 @@ Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
   if (owner == device) return Status::Unavailable("the publisher's GPU is this one");
   WS_RETURN_IF_ERROR(
       arena_.GrantAccess(owner).WithContext("the arena for cuda:" + std::to_string(owner)));
-  WS_RETURN_IF_ERROR(gpu::EnablePeerAccess(owner, device));
+  WS_RETURN_IF_ERROR(cuda::EnablePeerAccess(owner, device));
   // Only what the conversions write must be writable from there (copies stay on this device).
   for (uint32_t k : plan.converted) {
     const plan::PlannedTensor& t = plan.tensors[k];
@@ -75,14 +75,14 @@ Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
       if (index == plan::kNoDestination) continue;
       const plan::Destination& d = destinations[index];
       if (d.data == nullptr || d.spec.nbytes == 0) continue;
-      WS_ASSIGN_OR_RETURN(bool writable, gpu::DeviceCanWrite(owner, d.data, d.spec.nbytes));
+      WS_ASSIGN_OR_RETURN(bool writable, cuda::DeviceCanWrite(owner, d.data, d.spec.nbytes));
       if (!writable) {
         return Status::Unavailable("destination '", d.spec.name,
                                    "' is not writable from cuda:", owner);
       }
     }
   }
-  WS_ASSIGN_OR_RETURN(source_queue_, gpu::CopyQueue::Create(owner));
+  WS_ASSIGN_OR_RETURN(source_queue_, cuda::CopyQueue::Create(owner));
   source_device_ = owner;
   return Status::Ok();
 }
@@ -94,7 +94,7 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   // prepared on the device that will run them (its stream, its job table).
   const bool at_source = source_device_ >= 0;
   void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
-  WS_RETURN_IF_ERROR(gpu::SetDevice(at_source ? source_device_ : receiver_.device()));
+  WS_RETURN_IF_ERROR(cuda::SetDevice(at_source ? source_device_ : receiver_.device()));
   slot_batches_.clear();
   slot_batches_.resize(welcome.slot_count);
   Status status;
@@ -120,15 +120,15 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
   }
   if (!status.ok()) slot_batches_.clear();  // job tables freed on the device they were made on
-  status.Update(gpu::SetDevice(receiver_.device()));
+  status.Update(cuda::SetDevice(receiver_.device()));
   return status;
 }
 
 Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
                          const util::Deadline& deadline) {
   Batch& b = slot_batches_[begin.slot];
-  gpu::CopyQueue& queue = receiver_.queue();
-  WS_RETURN_IF_ERROR(gpu::SetDevice(receiver_.device()));
+  cuda::CopyQueue& queue = receiver_.queue();
+  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
   // once (first, so they overlap the conversions on the publisher's GPU).
   WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies));
@@ -136,8 +136,8 @@ Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
     // On the publisher's GPU: read its memory locally, write the converted bytes across the
     // link, hash what was converted while the step is pinned; this device's stream waits for it
     // all (on the GPU) before the step counts as copied.
-    gpu::ScopedDevice restore;
-    WS_RETURN_IF_ERROR(gpu::SetDevice(source_device_));
+    cuda::ScopedDevice restore;
+    WS_RETURN_IF_ERROR(cuda::SetDevice(source_device_));
     WS_RETURN_IF_ERROR(b.conversions.Launch());
     if (verify) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
     WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
@@ -162,9 +162,9 @@ Status GpuCopyPath::Release() {
   if (source_device_ >= 0) {
     // Unbounded: the kernels there are finite, and until they end they read the arena and write
     // the destinations. Their job tables are freed with the batches, that device current.
-    gpu::ScopedDevice restore;
+    cuda::ScopedDevice restore;
     result.Update(source_queue_.Drain());
-    result.Update(gpu::SetDevice(source_device_));
+    result.Update(cuda::SetDevice(source_device_));
     slot_batches_.clear();
     result.Update(source_queue_.Close());
     source_device_ = -1;

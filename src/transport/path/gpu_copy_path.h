@@ -41,7 +41,7 @@ class GpuCopyPath final : public DataPath {
   int device() const { return receiver_.device(); }
 
  private:
-  gpu::ImportedAllocation arena_;
+  cuda::ImportedAllocation arena_;
   GpuLanding receiver_;
   int welcome_device_ = -1;  // the publisher's device, in its numbering (for the log)
   size_t conversions_ = 0;
@@ -49,14 +49,14 @@ class GpuCopyPath final : public DataPath {
   // in place, the conversion launches reading the slot straight from the publisher's GPU over
   // the peer link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once).
   struct Batch {
-    gpu::CopyBatch copies;
+    cuda::CopyBatch copies;
     Conversions conversions;
     const uint8_t* base = nullptr;
   };
   std::vector<Batch> slot_batches_;
   // Conversions on the publisher's GPU: its device and a stream there; -1 when they run here.
   int source_device_ = -1;
-  gpu::CopyQueue source_queue_;
+  cuda::CopyQueue source_queue_;
 
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);

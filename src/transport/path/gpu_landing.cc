@@ -45,22 +45,22 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
     destinations_.push_back(d.data);
     names_.push_back(d.spec.name);
   }
-  WS_ASSIGN_OR_RETURN(queue_, gpu::CopyQueue::Create(device_));
+  WS_ASSIGN_OR_RETURN(queue_, cuda::CopyQueue::Create(device_));
   if (mode == UpdateMode::kStaged) {
-    WS_ASSIGN_OR_RETURN(shadow_, gpu::DeviceBuffer::Allocate(plan->shadow_bytes));
+    WS_ASSIGN_OR_RETURN(shadow_, cuda::DeviceBuffer::Allocate(plan->shadow_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(shadow_.size()));
   } else if (plan->landing_bytes > 0 && converted_source_ == nullptr) {
-    WS_ASSIGN_OR_RETURN(landing_, gpu::DeviceBuffer::Allocate(plan->landing_bytes));
+    WS_ASSIGN_OR_RETURN(landing_, cuda::DeviceBuffer::Allocate(plan->landing_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(landing_.size()));
   }
   // One prepared digest per segment over where its bytes land, each with its own chunk scratch
   // and output word: a step only launches them.
   uint64_t chunks = 0;
-  for (const auto& s : plan->segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
+  for (const auto& s : plan->segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
   WS_ASSIGN_OR_RETURN(chunk_hashes_,
-                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
   WS_ASSIGN_OR_RETURN(digests_device_,
-                      gpu::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
+                      cuda::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
   digests_host_.assign(plan->segments.size(), 0);
   commit_.Clear();
   if (shadow_.data() != nullptr) {
@@ -76,11 +76,11 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
   for (size_t i = 0; i < plan->segments.size(); ++i) {
     const plan::Segment& s = plan->segments[i];
     uint8_t* where = Received(s);
-    uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
+    uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
     WS_ASSIGN_OR_RETURN(auto launch,
-                        gpu::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
-                                           std::max<uint64_t>(n, 1),
-                                           digests_device_.as<uint64_t>() + i, queue_.stream()));
+                        cuda::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
+                                            std::max<uint64_t>(n, 1),
+                                            digests_device_.as<uint64_t>() + i, queue_.stream()));
     digest_launches_.push_back(std::move(launch));
     chunk_at += n;
   }
@@ -101,21 +101,22 @@ Status GpuLanding::HashConvertedSource(const uint8_t* base) {
   return Status::Ok();
 }
 
-void GpuLanding::SetConvertedDigestStream(gpu::StreamHandle stream) {
+void GpuLanding::SetConvertedDigestStream(cuda::StreamHandle stream) {
   for (size_t i = 0; i < plan_->segments.size(); ++i) {
     if (plan_->segments[i].converted) digest_launches_[i].set_stream(stream);
   }
 }
 
 Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
-                        std::string_view name, gpu::StreamHandle stream) {
+                        std::string_view name, cuda::StreamHandle stream) {
   if (t.transform == plan::Transform::kQuantizeFp8) {
-    fp8_tensors_.push_back(gpu::Fp8GroupTensor{
+    fp8_tensors_.push_back(cuda::Fp8GroupTensor{
         src, dst, scale_dst, t.rows, t.cols,
-        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32});
+        t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32});
     return Status::Ok();
   }
-  Result<gpu::PreparedLaunch> launch = gpu::PrepareCast(t.from, t.to, src, dst, t.elements, stream);
+  Result<cuda::PreparedLaunch> launch =
+      cuda::PrepareCast(t.from, t.to, src, dst, t.elements, stream);
   if (!launch.ok()) {
     return launch.status().WithContext("preparing the " +
                                        std::string(plan::TransformName(t.transform)) + " of '" +
@@ -125,9 +126,9 @@ Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst
   return Status::Ok();
 }
 
-Status Conversions::Finish(gpu::StreamHandle stream) {
+Status Conversions::Finish(cuda::StreamHandle stream) {
   if (fp8_tensors_.empty()) return Status::Ok();
-  Result<gpu::PreparedFp8Group> group = gpu::PrepareQuantizeFp8Group(fp8_tensors_, stream);
+  Result<cuda::PreparedFp8Group> group = cuda::PrepareQuantizeFp8Group(fp8_tensors_, stream);
   if (!group.ok()) {
     return group.status().WithContext("preparing the fp8 quantization of " +
                                       std::to_string(fp8_tensors_.size()) + " tensor(s)");
@@ -137,14 +138,14 @@ Status Conversions::Finish(gpu::StreamHandle stream) {
 }
 
 Status Conversions::Launch() {
-  for (gpu::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
+  for (cuda::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
   return fp8_.Launch();
 }
 
 void Conversions::Clear() {
   casts_.clear();
   fp8_tensors_.clear();
-  fp8_ = gpu::PreparedFp8Group();
+  fp8_ = cuda::PreparedFp8Group();
 }
 
 // Launches built once over fixed pointers (where the published bytes land → the destination):
@@ -186,14 +187,14 @@ Status GpuLanding::MaybeInjectBitFlip() {
   if (s.bytes == 0 || (s.converted && converted_source_ != nullptr)) return Status::Ok();
   uint8_t* where = Received(s);
   uint8_t byte = 0;
-  WS_RETURN_IF_ERROR(gpu::CopyToHost(&byte, where + s.bytes / 2, 1));
+  WS_RETURN_IF_ERROR(cuda::CopyToHost(&byte, where + s.bytes / 2, 1));
   byte ^= 0x04;
-  return gpu::CopyToDevice(where + s.bytes / 2, &byte, 1);
+  return cuda::CopyToDevice(where + s.bytes / 2, &byte, 1);
 }
 
 Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
                           const util::Deadline& deadline) {
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   for (size_t i = 0; i < digest_launches_.size(); ++i) {
     // Segments converted straight from the publisher were hashed during the copy.
     if (converted_source_ != nullptr && plan_->segments[i].converted) continue;
@@ -221,7 +222,7 @@ Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
 
 Status GpuLanding::Commit(const util::Deadline& deadline) {
   if (commit_.empty() && conversions_.empty()) return Status::Ok();
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_));
   WS_RETURN_IF_ERROR(conversions_.Launch());
   return queue_.Wait(deadline);

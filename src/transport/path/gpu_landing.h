@@ -24,22 +24,22 @@
 namespace weightsync::transport::path {
 
 // A step's conversions, prepared once over fixed pointers: one cast launch per cast tensor and one
-// grouped launch (gpu::PrepareQuantizeFp8Group) for every fp8 tensor, so the quantization runs as
+// grouped launch (cuda::PrepareQuantizeFp8Group) for every fp8 tensor, so the quantization runs as
 // a single grid and no tensor waits for the previous one's tail.
 class Conversions {
  public:
   // Adds planned tensor `t` (a cast or an fp8 quantization) reading `src`; `name` labels errors.
   Status Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
-             std::string_view name, gpu::StreamHandle stream);
-  Status Finish(gpu::StreamHandle stream);  // prepares the grouped fp8 launch
+             std::string_view name, cuda::StreamHandle stream);
+  Status Finish(cuda::StreamHandle stream);  // prepares the grouped fp8 launch
   Status Launch();
   bool empty() const { return casts_.empty() && fp8_.empty() && fp8_tensors_.empty(); }
   void Clear();
 
  private:
-  std::vector<gpu::PreparedLaunch> casts_;
-  std::vector<gpu::Fp8GroupTensor> fp8_tensors_;
-  gpu::PreparedFp8Group fp8_;
+  std::vector<cuda::PreparedLaunch> casts_;
+  std::vector<cuda::Fp8GroupTensor> fp8_tensors_;
+  cuda::PreparedFp8Group fp8_;
 };
 
 class GpuLanding {
@@ -62,13 +62,13 @@ class GpuLanding {
   Status HashConvertedSource(const uint8_t* base);
   // Moves those digest launches to `stream` (another device's: the publisher's GPU hashes its own
   // memory; the chunk hashes and digests still land in this receiver's buffers, over peer access).
-  void SetConvertedDigestStream(gpu::StreamHandle stream);
+  void SetConvertedDigestStream(cuda::StreamHandle stream);
   // Where tensor `t`'s bytes must land: its place in the staging buffer; in place, its
   // destination, or the landing buffer when it is converted at commit.
   uint8_t* Received(const plan::PlannedTensor& t) const;
   uint8_t* Received(const plan::Segment& s) const;
   // The stream the digests and the commit run on (mover copies may run on it too).
-  gpu::CopyQueue& queue() { return queue_; }
+  cuda::CopyQueue& queue() { return queue_; }
   // Test hook (fail point subscriber.flip_received): flips one received bit.
   Status MaybeInjectBitFlip();
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
@@ -86,14 +86,14 @@ class GpuLanding {
   std::vector<uint8_t*> destinations_;
   std::vector<std::string> names_;
   int device_ = -1;
-  gpu::CopyQueue queue_;
-  gpu::DeviceBuffer shadow_;
-  gpu::DeviceBuffer landing_;  // in place: converted tensors' published bytes
-  gpu::DeviceBuffer chunk_hashes_;
-  gpu::DeviceBuffer digests_device_;
-  std::vector<gpu::PreparedDigest> digest_launches_;  // one per plan segment
+  cuda::CopyQueue queue_;
+  cuda::DeviceBuffer shadow_;
+  cuda::DeviceBuffer landing_;  // in place: converted tensors' published bytes
+  cuda::DeviceBuffer chunk_hashes_;
+  cuda::DeviceBuffer digests_device_;
+  std::vector<cuda::PreparedDigest> digest_launches_;  // one per plan segment
   std::vector<uint64_t> digests_host_;
-  gpu::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
+  cuda::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
   // Prepared conversions (casts, one grouped fp8 launch) from where the published bytes land.
   Conversions conversions_;
 };

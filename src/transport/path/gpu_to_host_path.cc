@@ -15,7 +15,7 @@ GpuToHostPath::~GpuToHostPath() {
 }
 
 Status GpuToHostPath::Available(const PathContext& ctx) {
-  return gpu::CudaAvailable().WithContext(
+  return cuda::CudaAvailable().WithContext(
       ctx.link->peer() + " keeps its arena on cuda:" + std::to_string(ctx.welcome->device) +
       " and the destinations are in host memory");
 }
@@ -29,20 +29,21 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
   }
   welcome_ = &welcome;
   plan_ = plan;
-  gpu::ScopedDevice restore;
+  cuda::ScopedDevice restore;
   // Mapped for the GPU that holds the arena, whose copy engines then read local memory. The
   // publisher's ordinal may mean another GPU here (CUDA_VISIBLE_DEVICES): the driver says which.
-  const int guess = welcome.device >= 0 && welcome.device < gpu::DeviceCount() ? welcome.device : 0;
+  const int guess =
+      welcome.device >= 0 && welcome.device < cuda::DeviceCount() ? welcome.device : 0;
   util::UniqueFd arena_fd = std::move(*ctx.store_fd);
   WS_ASSIGN_OR_RETURN(arena_,
-                      gpu::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, guess));
+                      cuda::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, guess));
   WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
   device_ = guess;
   if (arena_.owner_device() >= 0 && arena_.owner_device() != guess) {
     WS_RETURN_IF_ERROR(arena_.GrantAccess(arena_.owner_device()));
     device_ = arena_.owner_device();
   }
-  WS_ASSIGN_OR_RETURN(queue_, gpu::CopyQueue::Create(device_));
+  WS_ASSIGN_OR_RETURN(queue_, cuda::CopyQueue::Create(device_));
   WS_RETURN_IF_ERROR(host_.Prepare(plan, destinations, ctx.mode, ctx.HashingThreads()));
   WS_RETURN_IF_ERROR(Pin());
   slot_batches_.assign(welcome.slot_count, {});
@@ -79,12 +80,12 @@ Status GpuToHostPath::Pin() {
   pins_.clear();
   pins_.reserve(merged.size());
   for (const auto& [begin, end] : merged) {
-    Result<gpu::HostRegistration> pin = gpu::HostRegistration::Register(
+    Result<cuda::HostRegistration> pin = cuda::HostRegistration::Register(
         reinterpret_cast<const void*>(begin), end - begin, /*read_only=*/false);
     if (!pin.ok()) {
       // All or nothing: a partly pinned set would only make the timing harder to explain.
       pageable_reason_ = pin.status().ToString();
-      for (gpu::HostRegistration& p : pins_) (void)p.Close();
+      for (cuda::HostRegistration& p : pins_) (void)p.Close();
       pins_.clear();
       WS_LOG(INFO, "cuda-ipc") << "host destinations stay pageable (copies from cuda:" << device_
                                << " go through the driver's bounce buffers): " << pin.status();
@@ -102,8 +103,8 @@ Status GpuToHostPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
   if (slot >= slot_batches_.size()) {
     return Status::Internal("cuda-ipc: slot ", slot, " of ", slot_batches_.size());
   }
-  gpu::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[slot]));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
   host_.MaybeInjectBitFlip();
@@ -113,12 +114,12 @@ Status GpuToHostPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
 Status GpuToHostPath::Release() {
   if (welcome_ == nullptr) return Status::Ok();  // never prepared: no CUDA call at all
   Status result;
-  gpu::ScopedDevice restore;
+  cuda::ScopedDevice restore;
   slot_batches_.clear();
   // Reverse order of creation: no copy may still write the pinned memory or read the arena.
   result.Update(queue_.Drain());  // a cancelled step's copies may still run
   result.Update(queue_.Close());
-  for (gpu::HostRegistration& p : pins_) result.Update(p.Close());
+  for (cuda::HostRegistration& p : pins_) result.Update(p.Close());
   pins_.clear();
   result.Update(host_.Release());
   result.Update(arena_.Close());

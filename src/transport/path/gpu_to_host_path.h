@@ -50,12 +50,12 @@ class GpuToHostPath final : public DataPath {
   const wire::Welcome* welcome_ = nullptr;
   const plan::Plan* plan_ = nullptr;
   int device_ = -1;  // the GPU whose copy engines move the bytes
-  gpu::ImportedAllocation arena_;
-  gpu::CopyQueue queue_;
+  cuda::ImportedAllocation arena_;
+  cuda::CopyQueue queue_;
   HostLanding host_;
-  std::vector<gpu::HostRegistration> pins_;
-  std::string pageable_reason_;               // "" when every landing range is pinned
-  std::vector<gpu::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
+  std::vector<cuda::HostRegistration> pins_;
+  std::string pageable_reason_;                // "" when every landing range is pinned
+  std::vector<cuda::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
 };
 
 }  // namespace weightsync::transport::path

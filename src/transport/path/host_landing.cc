@@ -51,7 +51,7 @@ void HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_
 }
 
 uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes) {
-  return kind == wire::DigestKind::kXxh3 ? util::Hash64(data, bytes) : gpu::GpuDigest(data, bytes);
+  return kind == wire::DigestKind::kXxh3 ? util::Hash64(data, bytes) : cuda::GpuDigest(data, bytes);
 }
 
 uint64_t HostLanding::Digest(const plan::Segment& s) const {
@@ -134,12 +134,12 @@ void HostLanding::ConvertTensor(void* context, uint32_t index) {
     return;
   }
   if (t.transform == plan::Transform::kCast) {
-    out = gpu::reference::Cast(t.from, t.to, src, dst, t.elements);
+    out = cuda::reference::Cast(t.from, t.to, src, dst, t.elements);
   } else {
-    out = gpu::reference::QuantizeFp8(
+    out = cuda::reference::QuantizeFp8(
         reinterpret_cast<const uint16_t*>(src), t.rows, t.cols, dst,
         self->destinations_[t.scale_destination],
-        t.e8m0_scales ? gpu::Fp8ScaleFormat::kE8M0 : gpu::Fp8ScaleFormat::kFloat32);
+        t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32);
   }
 }
 

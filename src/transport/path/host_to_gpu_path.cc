@@ -16,7 +16,7 @@ HostToGpuPath::~HostToGpuPath() {
 }
 
 Status HostToGpuPath::Available(const PathContext& ctx) {
-  return gpu::CudaAvailable().WithContext(
+  return cuda::CudaAvailable().WithContext(
       ctx.link->peer() + " keeps its arena in host memory and the destinations are CUDA tensors");
 }
 
@@ -39,11 +39,11 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   welcome_ = &welcome;
   names_.clear();
   for (const plan::Destination& d : destinations) names_.push_back(d.spec.name);
-  gpu::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device));
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device));
   // Pinned once: the copy engines read the published slots directly (read-only, like the mapping).
-  Result<gpu::HostRegistration> pin = gpu::HostRegistration::Register(arena, welcome.arena_bytes,
-                                                                      /*read_only=*/true);
+  Result<cuda::HostRegistration> pin = cuda::HostRegistration::Register(arena, welcome.arena_bytes,
+                                                                        /*read_only=*/true);
   if (pin.ok()) {
     pinned_ = std::move(pin).value();
     pageable_reason_.clear();
@@ -81,7 +81,7 @@ void HostToGpuPath::HashSegment(void* context, uint32_t index) {
                                        : self->arena_ + self->welcome_->direct_offset) +
       s.src_offset;
   self->published_kind_[index] = HostDigest(self->welcome_->digest_kind, src, s.bytes);
-  self->gpu_kind_[s.digest_index] = gpu::GpuDigest(src, s.bytes);
+  self->gpu_kind_[s.digest_index] = cuda::GpuDigest(src, s.bytes);
 }
 
 Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
@@ -90,8 +90,8 @@ Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
   if (slot >= slot_batches_.size()) {
     return Status::Internal("shm: slot ", slot, " of ", slot_batches_.size());
   }
-  gpu::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(gpu::SetDevice(receiver_.device()));
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(slot_batches_[slot]));
   if (verify) {
     // While the copy engines read the slot, the CPU hashes the same bytes (still pinned by the
@@ -128,7 +128,7 @@ Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
   }
   // Second hop: what landed on the GPU, against the same source bytes (hashed here with the GPU
   // digest while they were copied).
-  gpu::ScopedDevice restore;
+  cuda::ScopedDevice restore;
   Status s = receiver_.Verify(gpu_kind_, step, deadline);
   if (s.ok()) return s;  // the success path builds no string
   return s.WithContext("the copy to cuda:" + std::to_string(receiver_.device()) +
@@ -136,7 +136,7 @@ Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
 }
 
 Status HostToGpuPath::Commit(const util::Deadline& deadline) {
-  gpu::ScopedDevice restore;
+  cuda::ScopedDevice restore;
   return receiver_.Commit(deadline);
 }
 
@@ -147,7 +147,7 @@ Status HostToGpuPath::Release() {
   // receiver (its stream, synchronized on close) goes first.
   slot_batches_.clear();
   {
-    gpu::ScopedDevice restore;
+    cuda::ScopedDevice restore;
     result.Update(receiver_.Release());
   }
   result.Update(pinned_.Close());

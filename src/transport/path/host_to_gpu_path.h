@@ -55,11 +55,11 @@ class HostToGpuPath final : public DataPath {
   const uint8_t* arena_ = nullptr;
   const wire::Welcome* welcome_ = nullptr;
   GpuLanding receiver_;
-  gpu::HostRegistration pinned_;
+  cuda::HostRegistration pinned_;
   std::string pageable_reason_;     // why the copies read pageable memory ("" when pinned)
   std::vector<std::string> names_;  // destination names, for errors
   std::unique_ptr<util::WorkerPool> workers_;
-  std::vector<gpu::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
+  std::vector<cuda::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
   // Per step (verify): the source segments' digests, by plan segment.
   const uint8_t* slot_base_ = nullptr;
   std::vector<uint64_t> published_kind_;  // with the publisher's digest kind

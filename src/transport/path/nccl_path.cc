@@ -22,7 +22,7 @@ Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(
   std::unique_ptr<NcclSender> s(new NcclSender());
   s->device_ = welcome.device;
   WS_ASSIGN_OR_RETURN(
-      s->arena_, gpu::ImportedAllocation::Import(arena_fd, welcome.arena_bytes, welcome.device));
+      s->arena_, cuda::ImportedAllocation::Import(arena_fd, welcome.arena_bytes, welcome.device));
   s->slot_pieces_.assign(welcome.slot_count, {});
   for (uint32_t k = 0; k < welcome.slot_count; ++k) {
     // The mapping is read-write for this device; NCCL only reads from it.
@@ -46,14 +46,14 @@ NcclSender::~NcclSender() {
   if (Status s = Close(); !s.ok()) WS_LOG(WARN, "nccl") << "sender cleanup: " << s;
 }
 
-Status NcclSender::Connect(const gpu::nccl::UniqueId& id, const util::Deadline& deadline,
-                           const gpu::nccl::Watch& watch) {
-  WS_ASSIGN_OR_RETURN(link_, gpu::nccl::Link::Connect(id, /*rank=*/0, device_, deadline, watch));
+Status NcclSender::Connect(const cuda::nccl::UniqueId& id, const util::Deadline& deadline,
+                           const cuda::nccl::Watch& watch) {
+  WS_ASSIGN_OR_RETURN(link_, cuda::nccl::Link::Connect(id, /*rank=*/0, device_, deadline, watch));
   return Status::Ok();
 }
 
 Status NcclSender::Send(uint32_t slot, const util::Deadline& deadline,
-                        const gpu::nccl::Watch& watch) {
+                        const cuda::nccl::Watch& watch) {
   if (!link_) return Status::FailedPrecondition("nccl: Send() before Connect()");
   if (slot >= slot_pieces_.size()) {
     return Status::Internal("nccl: slot ", slot, " of ", slot_pieces_.size());
@@ -84,8 +84,8 @@ Status NcclPath::Available(const PathContext& ctx) {
   const std::string why = ctx.link->peer() +
                           " keeps its arena on cuda:" + std::to_string(ctx.welcome->device) +
                           " and the destinations are CUDA tensors, which needs the nccl transport";
-  WS_RETURN_IF_ERROR(gpu::nccl::NcclAvailable().WithContext(why));
-  return gpu::CudaAvailable().WithContext(why);
+  WS_RETURN_IF_ERROR(cuda::nccl::NcclAvailable().WithContext(why));
+  return cuda::CudaAvailable().WithContext(why);
 }
 
 Status NcclPath::Prepare(const PathContext& ctx) {
@@ -110,7 +110,7 @@ Status NcclPath::Prepare(const PathContext& ctx) {
     if (t.nbytes == 0) continue;
     pieces_.push_back({gpu_.Received(t), t.nbytes});
   }
-  const int version = gpu::nccl::NcclVersionCode();
+  const int version = cuda::nccl::NcclVersionCode();
   link::Channel& ch = link_->channel();
   const util::Deadline& deadline = *ctx.deadline;
   wire::NcclSetup setup{static_cast<uint32_t>(version), static_cast<uint32_t>(device_)};
@@ -120,13 +120,13 @@ Status NcclPath::Prepare(const PathContext& ctx) {
   if (!CompatibleVersions(version, static_cast<int>(id.nccl_version))) {
     return Status::FailedPrecondition(
         peer, ": NCCL versions differ: publisher ",
-        gpu::nccl::NcclVersionString(static_cast<int>(id.nccl_version)), ", subscriber ",
-        gpu::nccl::NcclVersionString(version),
+        cuda::nccl::NcclVersionString(static_cast<int>(id.nccl_version)), ", subscriber ",
+        cuda::nccl::NcclVersionString(version),
         " (both ranks of a communicator need the same NCCL major.minor)");
   }
-  watch_ = gpu::nccl::Watch{ch.fd(), nullptr, peer};
-  Result<std::unique_ptr<gpu::nccl::Link>> comm =
-      gpu::nccl::Link::Connect(id.unique_id, /*rank=*/1, device_, deadline, watch_);
+  watch_ = cuda::nccl::Watch{ch.fd(), nullptr, peer};
+  Result<std::unique_ptr<cuda::nccl::Link>> comm =
+      cuda::nccl::Link::Connect(id.unique_id, /*rank=*/1, device_, deadline, watch_);
   if (!comm.ok()) return link_->PublisherReason(comm.status());
   comm_ = std::move(comm).value();
   staged_ = ctx.mode == UpdateMode::kStaged;
@@ -146,7 +146,7 @@ Status NcclPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
 
 std::string NcclPath::Describe() const {
   return "; communicator rank 1 on cuda:" + std::to_string(device_) + ", NCCL " +
-         gpu::nccl::NcclVersionString(gpu::nccl::NcclVersionCode()) + ", joined in " +
+         cuda::nccl::NcclVersionString(cuda::nccl::NcclVersionCode()) + ", joined in " +
          std::to_string(static_cast<int>(comm_ ? comm_->connect_seconds() * 1000 : 0)) + " ms, " +
          (staged_ ? std::to_string(gpu_.staging_bytes()) + " staging bytes"
                   : std::string("in place"));

@@ -51,25 +51,25 @@ class NcclSender {
   ~NcclSender();  // Close(), logging a failure
 
   // Joins the communicator as rank 0 (after the unique id went out in NcclId).
-  Status Connect(const gpu::nccl::UniqueId& id, const util::Deadline& deadline,
-                 const gpu::nccl::Watch& watch);
+  Status Connect(const cuda::nccl::UniqueId& id, const util::Deadline& deadline,
+                 const cuda::nccl::Watch& watch);
   // Sends the selected tensors of `slot` and waits until NCCL has read all of them (after that,
   // the slot may be unpinned and rewritten). A failure aborts the communicator.
-  Status Send(uint32_t slot, const util::Deadline& deadline, const gpu::nccl::Watch& watch);
+  Status Send(uint32_t slot, const util::Deadline& deadline, const cuda::nccl::Watch& watch);
   // Communicator (abort), then the arena mapping.
   Status Close();
 
   int device() const { return device_; }
-  const gpu::nccl::Link* link() const { return link_.get(); }
+  const cuda::nccl::Link* link() const { return link_.get(); }
   uint64_t bytes_per_step() const { return bytes_per_step_; }
 
  private:
   NcclSender() = default;
   int device_ = -1;
-  gpu::ImportedAllocation arena_;
-  std::vector<std::vector<gpu::nccl::Piece>> slot_pieces_;  // [slot][selected tensor]
+  cuda::ImportedAllocation arena_;
+  std::vector<std::vector<cuda::nccl::Piece>> slot_pieces_;  // [slot][selected tensor]
   uint64_t bytes_per_step_ = 0;
-  std::unique_ptr<gpu::nccl::Link> link_;
+  std::unique_ptr<cuda::nccl::Link> link_;
 };
 
 // The subscriber's end (rank 1): a data path over a tcp link whose publisher keeps a GPU store.
@@ -98,9 +98,9 @@ class NcclPath final : public DataPath {
   int device_ = -1;
   bool staged_ = false;
   GpuLanding gpu_;
-  std::vector<gpu::nccl::Piece> pieces_;  // one per planned tensor with bytes, plan order
-  gpu::nccl::Watch watch_;                // what NCCL waits watch: the control connection
-  std::unique_ptr<gpu::nccl::Link> comm_;
+  std::vector<cuda::nccl::Piece> pieces_;  // one per planned tensor with bytes, plan order
+  cuda::nccl::Watch watch_;                // what NCCL waits watch: the control connection
+  std::unique_ptr<cuda::nccl::Link> comm_;
 };
 
 }  // namespace weightsync::transport::path

@@ -11,8 +11,8 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
                                                    std::vector<Copy> copies,
                                                    std::vector<Segment> segments,
                                                    uint32_t digest_count) {
-  gpu::ScopedDevice restore;  // everything below is made on `device`; the caller keeps its own
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device));
+  cuda::ScopedDevice restore;  // everything below is made on `device`; the caller keeps its own
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device));
   std::unique_ptr<GpuArena> a(new GpuArena());
   a->device_ = device;
   // Slots start on 2 MiB boundaries: large pages for the copy engines, and aligned vector loads.
@@ -20,15 +20,15 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
   a->digest_count_ = digest_count;
   a->copies_ = std::move(copies);
   WS_ASSIGN_OR_RETURN(a->allocation_,
-                      gpu::ExportedAllocation::Create(device, a->slot_bytes_ * slots));
+                      cuda::ExportedAllocation::Create(device, a->slot_bytes_ * slots));
   WS_ASSIGN_OR_RETURN(a->fd_, a->allocation_.ExportFd());
-  WS_ASSIGN_OR_RETURN(a->queue_, gpu::CopyQueue::Create(device));
+  WS_ASSIGN_OR_RETURN(a->queue_, cuda::CopyQueue::Create(device));
   uint64_t chunks = 0;
-  for (const auto& s : segments) chunks += gpu::GpuDigestChunkCount(s.bytes);
+  for (const auto& s : segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
   WS_ASSIGN_OR_RETURN(a->chunk_hashes_,
-                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * slots * 8));
-  WS_ASSIGN_OR_RETURN(a->digests_device_,
-                      gpu::DeviceBuffer::Allocate(std::max<uint64_t>(digest_count, 1) * slots * 8));
+                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * slots * 8));
+  WS_ASSIGN_OR_RETURN(a->digests_device_, cuda::DeviceBuffer::Allocate(
+                                              std::max<uint64_t>(digest_count, 1) * slots * 8));
   a->batch_dsts_.assign(slots, {});
   for (const Copy& c : a->copies_) {
     if (c.bytes == 0) continue;
@@ -46,11 +46,11 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
     uint64_t at = 0;
     a->launches_[k].reserve(segments.size());
     for (const auto& s : segments) {
-      uint64_t n = gpu::GpuDigestChunkCount(s.bytes);
-      WS_ASSIGN_OR_RETURN(
-          auto launch,
-          gpu::PrepareDigest(slot + s.slot_offset, s.bytes, chunk_base + at,
-                             std::max<uint64_t>(n, 1), digest_base + s.digest, a->queue_.stream()));
+      uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
+      WS_ASSIGN_OR_RETURN(auto launch,
+                          cuda::PrepareDigest(slot + s.slot_offset, s.bytes, chunk_base + at,
+                                              std::max<uint64_t>(n, 1), digest_base + s.digest,
+                                              a->queue_.stream()));
       a->launches_[k].push_back(std::move(launch));
       at += n;
     }
@@ -64,8 +64,8 @@ GpuArena::~GpuArena() {
 
 Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
                          const util::Deadline& deadline) {
-  gpu::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(gpu::SetDevice(device_));
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
                                          batch_sizes_.data(), batch_srcs_.size()));

@@ -56,12 +56,12 @@ class GpuArena {
   uint64_t slot_bytes_ = 0;
   uint32_t digest_count_ = 0;
   std::vector<Copy> copies_;
-  gpu::ExportedAllocation allocation_;
+  cuda::ExportedAllocation allocation_;
   util::UniqueFd fd_;
-  gpu::CopyQueue queue_;
-  gpu::DeviceBuffer chunk_hashes_;
-  gpu::DeviceBuffer digests_device_;                        // slots × digest_count words
-  std::vector<std::vector<gpu::PreparedDigest>> launches_;  // [slot][segment]
+  cuda::CopyQueue queue_;
+  cuda::DeviceBuffer chunk_hashes_;
+  cuda::DeviceBuffer digests_device_;                        // slots × digest_count words
+  std::vector<std::vector<cuda::PreparedDigest>> launches_;  // [slot][segment]
   // Prepared copy batches per slot (registered tensors → slot).
   std::vector<std::vector<void*>> batch_dsts_;
   std::vector<const void*> batch_srcs_;

@@ -179,14 +179,14 @@ TEST(HostToGpuPath, WithoutACudaDeviceAvailableSaysWhatItNeeds) {
   GpuContext c;
   c.welcome.arena_kind = wire::ArenaKind::kHostMemfd;
   HostToGpuPath path;
-  ExpectAvailableOrSaysWhy(path, c.ctx, gpu::CudaAvailable().ok(),
+  ExpectAvailableOrSaysWhy(path, c.ctx, cuda::CudaAvailable().ok(),
                            "keeps its arena in host memory and the destinations are CUDA tensors");
 }
 
 TEST(GpuToHostPath, WithoutACudaDeviceAvailableSaysWhatItNeeds) {
   GpuContext c;
   GpuToHostPath path;
-  ExpectAvailableOrSaysWhy(path, c.ctx, gpu::CudaAvailable().ok(),
+  ExpectAvailableOrSaysWhy(path, c.ctx, cuda::CudaAvailable().ok(),
                            "keeps its arena on cuda:0 and the destinations are in host memory");
 }
 
@@ -194,7 +194,7 @@ TEST(NcclPath, WithoutNcclOrACudaDeviceAvailableSaysWhatItNeeds) {
   GpuContext c;
   NcclPath path;
   ExpectAvailableOrSaysWhy(path, c.ctx,
-                           gpu::CudaAvailable().ok() && gpu::nccl::NcclAvailable().ok(),
+                           cuda::CudaAvailable().ok() && cuda::nccl::NcclAvailable().ok(),
                            "keeps its arena on cuda:0 and the destinations are CUDA tensors, "
                            "which needs the nccl transport");
 }

@@ -31,20 +31,20 @@ using util::Deadline;
 // ---- the loader ----------------------------------------------------------------------------
 
 TEST(NcclLoader, MissingLibraryIsUnavailableNamingIt) {
-  auto lib = gpu::nccl::OpenNcclLibrary("libweightsync-no-such-nccl.so.2");
+  auto lib = cuda::nccl::OpenNcclLibrary("libweightsync-no-such-nccl.so.2");
   ASSERT_STATUS_IS(kUnavailable, lib, "libweightsync-no-such-nccl.so.2", "WEIGHTSYNC_NCCL_LIBRARY");
 }
 
 TEST(NcclLoader, LibraryWithoutTheSymbolsIsUnavailableNamingTheSymbol) {
   // libc loads fine but is not NCCL: the first entry point is missing.
-  auto lib = gpu::nccl::OpenNcclLibrary("libc.so.6");
+  auto lib = cuda::nccl::OpenNcclLibrary("libc.so.6");
   ASSERT_STATUS_IS(kUnavailable, lib, "ncclGetVersion", "libc.so.6");
 }
 
 TEST(NcclLoader, VersionStringsAndCompatibility) {
-  EXPECT_EQ(gpu::nccl::NcclVersionString(22809), "2.28.9");
-  EXPECT_EQ(gpu::nccl::NcclVersionString(21800), "2.18.0");
-  EXPECT_EQ(gpu::nccl::NcclVersionString(2804), "2.8.4");  // the old encoding
+  EXPECT_EQ(cuda::nccl::NcclVersionString(22809), "2.28.9");
+  EXPECT_EQ(cuda::nccl::NcclVersionString(21800), "2.18.0");
+  EXPECT_EQ(cuda::nccl::NcclVersionString(2804), "2.8.4");  // the old encoding
   EXPECT_TRUE(transport::path::CompatibleVersions(22809, 22803));
   EXPECT_FALSE(transport::path::CompatibleVersions(22809, 22705));
 }
@@ -52,18 +52,18 @@ TEST(NcclLoader, VersionStringsAndCompatibility) {
 TEST(NcclLoader, AvailabilityIsAnsweredWithAReason) {
   // Whatever this machine has, the answer is OK or Unavailable with a reason, never a crash; a
   // build without CUDA says so.
-  Status s = gpu::nccl::NcclAvailable();
+  Status s = cuda::nccl::NcclAvailable();
   if (!s.ok()) {
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
     EXPECT_FALSE(s.message().empty());
-    EXPECT_EQ(gpu::nccl::NcclVersionCode(), 0);
+    EXPECT_EQ(cuda::nccl::NcclVersionCode(), 0);
   } else {
-    EXPECT_GE(gpu::nccl::NcclVersionCode(), gpu::nccl::kMinNcclVersionCode);
+    EXPECT_GE(cuda::nccl::NcclVersionCode(), cuda::nccl::kMinNcclVersionCode);
   }
-  if (!gpu::BuiltWithCuda()) {
+  if (!cuda::BuiltWithCuda()) {
     EXPECT_STATUS_IS(kUnavailable, s, "built without CUDA");
   }
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), 0);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), 0);
 }
 
 // ---- a publisher that says its arena is GPU memory -------------------------------------------
@@ -152,7 +152,7 @@ std::vector<NamedTensor> FakeCudaDestinations() {
 }
 
 TEST(NcclSetup, WithoutNcclOrGpuASubscriberOfCudaTensorsGetsUnavailable) {
-  if (gpu::nccl::NcclAvailable().ok() && gpu::CudaAvailable().ok()) {
+  if (cuda::nccl::NcclAvailable().ok() && cuda::CudaAvailable().ok()) {
     GTEST_SKIP() << "this machine can run nccl: tests/gpu/nccl_test.cc covers it";
   }
   FakeGpuPublisher pub;
@@ -167,7 +167,7 @@ TEST(NcclSetup, WithoutNcclOrGpuASubscriberOfCudaTensorsGetsUnavailable) {
       << s;
   // Nothing was asked of the publisher that this side could not follow through.
   EXPECT_EQ(pub.next(), "closed");
-  EXPECT_EQ(gpu::nccl::LiveCommunicators(), 0);
+  EXPECT_EQ(cuda::nccl::LiveCommunicators(), 0);
   EXPECT_EQ(static_cast<float*>(FakeCudaDestinations()[0].view.data)[0], 0.0f);
 }
 
