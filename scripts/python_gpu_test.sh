@@ -11,6 +11,9 @@
 #                                                 ws_gpu_update, the bench's `cpp` row)
 #   scripts/python_gpu_test.sh bench [args]       build, then bench/python_gpu_update.py (builds
 #                                                 ws_gpu_update too if it is missing)
+#   scripts/python_gpu_test.sh regions [args]     build, then bench/regions_update.py --device
+#                                                 cuda (FSDP-4 into TP-2 on one GPU, regions vs
+#                                                 gathering; default --scale 1 --steps 5)
 # Each command builds first (incremental: build-py/ keeps the CMake build; SKIP_BUILD=1 skips it),
 # so a fresh machine needs nothing else. Expected times on the H200 machine (estimates until the
 # first run): build 2-3 min from scratch, tests about 5 min, example 1-2 min, bench-build 2-3 min,
@@ -136,8 +139,20 @@ bench() {
   return $rc
 }
 
+regions() {
+  ensure_built || return $?
+  say "bench/regions_update.py --device cuda (log: $OUT/regions_update.log)"
+  bounded "${BENCH_TIMEOUT:-570}" "$PYTHON" bench/regions_update.py --device cuda --scale 1 \
+    --steps 5 --json "$OUT/regions_update.json" "$@" 2> "$OUT/regions_update.log" |
+    tee "$OUT/regions_update_table.txt"
+  local rc=${PIPESTATUS[0]}
+  say "regions rc=$rc"
+  return $rc
+}
+
 case "$what" in
   build) build ;;
+  regions) regions "$@" ;;
   test) gpu_tests "$@" ;;
   example) example "$@" ;;
   bench-build) bench_build ;;
@@ -149,5 +164,5 @@ case "$what" in
     example || rc=1
     exit $rc
     ;;
-  *) say "unknown command '$what' (build|test|example|bench-build|bench|all)"; exit 2 ;;
+  *) say "unknown command '$what' (build|test|example|bench-build|bench|regions|all)"; exit 2 ;;
 esac
