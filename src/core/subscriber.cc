@@ -401,7 +401,8 @@ Status Subscriber::Impl::PrepareRegions(const Deadline& deadline, bool for_verif
     }
   }
   Result<plan::RegionSchedule> schedule =
-      plan::ScheduleRegions(held, shapes, wanted, static_cast<uint32_t>(sources.size()));
+      plan::ScheduleRegions(held, shapes, wanted, static_cast<uint32_t>(sources.size()),
+                            /*rotation=*/0, /*load=*/nullptr, /*casts=*/options.convert_dtypes);
   if (!unwanted.empty()) {
     Status s = unwanted.ToStatus();
     return schedule.ok() ? s : Status(s.code(), s.message() + "\n" + schedule.status().message());

@@ -40,7 +40,7 @@ enum class Transform : uint8_t {
   kQuantizeFp8,  // bfloat16 → float8_e4m3fn, one scale per 128×128 block into a second tensor
   // Regions with verification: a digest segment the subscriber wants only part of (or scattered
   // over several destinations) is received whole, verified, and its wanted pieces (Extract) are
-  // copied out at commit.
+  // copied (or cast) out at commit.
   kExtract,
 };
 const char* TransformName(Transform t);
@@ -101,12 +101,13 @@ struct PlannedTensor {
 };
 
 // A piece of a kExtract tensor: `bytes` at `offset` of what landed go to `destination` at
-// `dst_offset`.
+// `dst_offset`, cast to `to` when that is not the published dtype.
 struct Extract {
   uint64_t offset = 0;
   uint32_t destination = 0;
   uint64_t dst_offset = 0;
   uint64_t bytes = 0;
+  DType to = DType::kUInt8;
 };
 
 struct Plan {

@@ -10,19 +10,29 @@ namespace {
 
 constexpr uint64_t kShadowAlignment = 64;
 
-// `bytes` of published tensor `tensor` at `src` go to destination `destination` at `dst`.
+// `bytes` of published tensor `tensor` at `src` go to destination `destination` at `dst`, as
+// `dst_bytes` there (the same elements: more or fewer bytes when the run casts to `to`).
 struct Run {
   uint32_t tensor = 0;
   uint64_t src = 0;
   uint32_t destination = 0;
   uint64_t dst = 0;
   uint64_t bytes = 0;
-  uint64_t digest = 0;  // for_verify: the digest segment (of `tensor`) it lies in
+  uint64_t dst_bytes = 0;
+  DType to = DType::kUInt8;  // the destination's dtype (the published one when no cast)
+  uint64_t digest = 0;       // for_verify: the digest segment (of `tensor`) it lies in
 };
 
 bool Continues(const Run& a, const Run& b) {
   return a.tensor == b.tensor && a.src + a.bytes == b.src && a.destination == b.destination &&
-         a.dst + a.bytes == b.dst;
+         a.dst + a.dst_bytes == b.dst && a.to == b.to;
+}
+
+uint64_t ElementBytes(DType d) { return static_cast<uint64_t>(Info(d).bits / 8); }
+
+// Bytes a copy or cast unit writes into its destination.
+uint64_t WrittenBytes(const PlannedTensor& t) {
+  return t.transform == Transform::kCast ? t.elements * ElementBytes(t.to) : t.nbytes;
 }
 
 // Every row of every copy, checked against both tensors, sorted by where it is read.
@@ -36,8 +46,20 @@ Result<std::vector<Run>> Runs(const wire::Welcome& welcome,
                               c.destination, " but there are ", welcome.tensors.size(), " and ",
                               destinations.size());
     }
-    const uint64_t src_size = welcome.tensors[c.held].spec.nbytes;
-    const uint64_t dst_size = destinations[c.destination].spec.nbytes;
+    const TensorSpec& from = welcome.tensors[c.held].spec;
+    const TensorSpec& to = destinations[c.destination].spec;
+    const uint64_t src_size = from.nbytes, dst_size = to.nbytes;
+    const uint64_t written = c.written_run_bytes();
+    // A cast must convert whole elements of one castable dtype into another, and say so.
+    if (from.dtype != to.dtype
+            ? TransformFor(from.dtype, to.dtype) != Transform::kCast ||
+                  c.run_bytes % ElementBytes(from.dtype) != 0 ||
+                  written != c.run_bytes / ElementBytes(from.dtype) * ElementBytes(to.dtype)
+            : written != c.run_bytes) {
+      return Status::Internal("region plan: a copy from '", from.name, "' (", DTypeName(from.dtype),
+                              ") into '", to.name, "' (", DTypeName(to.dtype), ") of ", c.run_bytes,
+                              " bytes per row writes ", written);
+    }
     if (c.run_bytes == 0) continue;
     for (uint64_t r = 0; r < c.rows; ++r) {
       uint64_t src = 0, dst = 0, src_end = 0, dst_end = 0;
@@ -47,12 +69,11 @@ Result<std::vector<Run>> Runs(const wire::Welcome& welcome,
           __builtin_add_overflow(src, c.run_bytes, &src_end) || src_end > src_size ||
           __builtin_mul_overflow(r, c.dst_pitch, &dst) ||
           __builtin_add_overflow(dst, c.dst_offset, &dst) ||
-          __builtin_add_overflow(dst, c.run_bytes, &dst_end) || dst_end > dst_size) {
-        return Status::Internal(
-            "region plan: row ", r, " of a copy from '", welcome.tensors[c.held].spec.name,
-            "' into '", destinations[c.destination].spec.name, "' lies outside one of them");
+          __builtin_add_overflow(dst, written, &dst_end) || dst_end > dst_size) {
+        return Status::Internal("region plan: row ", r, " of a copy from '", from.name, "' into '",
+                                to.name, "' lies outside one of them");
       }
-      runs.push_back({c.held, src, c.destination, dst, c.run_bytes, 0});
+      runs.push_back({c.held, src, c.destination, dst, c.run_bytes, written, to.dtype, 0});
     }
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
@@ -64,6 +85,7 @@ Result<std::vector<Run>> Runs(const wire::Welcome& welcome,
   for (const Run& run : runs) {
     if (!merged.empty() && Continues(merged.back(), run)) {
       merged.back().bytes += run.bytes;
+      merged.back().dst_bytes += run.dst_bytes;
     } else {
       merged.push_back(run);
     }
@@ -71,28 +93,39 @@ Result<std::vector<Run>> Runs(const wire::Welcome& welcome,
   return merged;
 }
 
-PlannedTensor Unit(const Run& run) {
+PlannedTensor Unit(const wire::Welcome& welcome, const Run& run) {
   PlannedTensor t;
   t.publisher_index = run.tensor;
   t.destination = run.destination;
   t.src_offset = run.src;
   t.dst_offset = run.dst;
   t.nbytes = run.bytes;
+  t.from = welcome.tensors[run.tensor].spec.dtype;
+  t.to = run.to;
+  if (t.from != t.to) {  // converted at commit, from the shadow or the landing buffer
+    t.transform = Transform::kCast;
+    t.elements = run.bytes / ElementBytes(t.from);
+  }
   return t;
 }
 
 // for_verify: cuts the runs at digest-segment boundaries; a segment that is one whole piece stays
-// a copy (merged again with its neighbours), any other becomes one kExtract tensor of the whole
-// segment with its pieces.
+// a copy or a cast (merged again with its neighbours), any other becomes one kExtract tensor of
+// the whole segment with its pieces (each copied or cast at commit).
 void VerifiableUnits(const wire::Welcome& welcome, std::vector<Run> runs, Plan* plan) {
   const uint64_t segment = welcome.segment_bytes;
   std::vector<Run> pieces;
   for (const Run& run : runs) {
+    const uint64_t from = ElementBytes(welcome.tensors[run.tensor].spec.dtype);
+    const uint64_t to = ElementBytes(run.to);
     for (uint64_t done = 0; done < run.bytes;) {
       const uint64_t at = run.src + done;
       const uint64_t digest = at / segment;
       const uint64_t bytes = std::min(run.bytes - done, (digest + 1) * segment - at);
-      pieces.push_back({run.tensor, at, run.destination, run.dst + done, bytes, digest});
+      // Segments are whole elements of the published tensor (ValidateLayout does not promise
+      // it, but the stores cut at element multiples): scale through elements.
+      pieces.push_back({run.tensor, at, run.destination, run.dst + done / from * to, bytes,
+                        bytes / from * to, run.to, digest});
       done += bytes;
     }
   }
@@ -110,26 +143,30 @@ void VerifiableUnits(const wire::Welcome& welcome, std::vector<Run> runs, Plan* 
     const uint64_t length = std::min(segment, nbytes - start);
     if (end == i + 1 && pieces[i].src == start && pieces[i].bytes == length) {
       PlannedTensor* last = plan->tensors.empty() ? nullptr : &plan->tensors.back();
-      if (last != nullptr && last->transform == Transform::kCopy &&
-          last->publisher_index == pieces[i].tensor &&
-          last->src_offset + last->nbytes == pieces[i].src &&
-          last->destination == pieces[i].destination &&
-          last->dst_offset + last->nbytes == pieces[i].dst) {
-        last->nbytes += pieces[i].bytes;
+      PlannedTensor next = Unit(welcome, pieces[i]);
+      if (last != nullptr && last->transform == next.transform && last->to == next.to &&
+          last->publisher_index == next.publisher_index &&
+          last->src_offset + last->nbytes == next.src_offset &&
+          last->destination == next.destination &&
+          last->dst_offset + WrittenBytes(*last) == next.dst_offset) {
+        last->nbytes += next.nbytes;
+        last->elements += next.elements;
       } else {
-        plan->tensors.push_back(Unit(pieces[i]));
+        plan->tensors.push_back(next);
       }
     } else {
-      PlannedTensor t = Unit(pieces[i]);
+      PlannedTensor t = Unit(welcome, pieces[i]);
       t.src_offset = start;
       t.dst_offset = 0;
       t.nbytes = length;
       t.transform = Transform::kExtract;
+      t.to = t.from;
+      t.elements = 0;
       t.first_extract = static_cast<uint32_t>(plan->extracts.size());
       t.extract_count = static_cast<uint32_t>(end - i);
       for (size_t k = i; k < end; ++k) {
-        plan->extracts.push_back(
-            {pieces[k].src - start, pieces[k].destination, pieces[k].dst, pieces[k].bytes});
+        plan->extracts.push_back({pieces[k].src - start, pieces[k].destination, pieces[k].dst,
+                                  pieces[k].bytes, pieces[k].to});
       }
       plan->tensors.push_back(t);
     }
@@ -157,7 +194,7 @@ Result<Plan> BuildRegionPlan(const wire::Welcome& welcome,
   if (for_verify) {
     VerifiableUnits(welcome, std::move(runs), &plan);
   } else {
-    for (const Run& run : runs) plan.tensors.push_back(Unit(run));
+    for (const Run& run : runs) plan.tensors.push_back(Unit(welcome, run));
   }
   // Sizes: every run lies inside a published tensor, whose sizes sum below 2^64 (the layout), but
   // runs may read the same bytes for several destinations: overflow-check the sums.
@@ -166,7 +203,6 @@ Result<Plan> BuildRegionPlan(const wire::Welcome& welcome,
   for (uint32_t k = 0; k < plan.tensors.size(); ++k) {
     PlannedTensor& t = plan.tensors[k];
     const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
-    t.from = t.to = p.spec.dtype;
     const uint64_t end = t.src_offset + t.nbytes;
     plan.verifiable = plan.verifiable && t.src_offset % segment == 0 &&
                       (end % segment == 0 || end == p.spec.nbytes);
@@ -175,7 +211,7 @@ Result<Plan> BuildRegionPlan(const wire::Welcome& welcome,
         __builtin_add_overflow(plan.total_bytes, t.nbytes, &plan.total_bytes)) {
       return Status::InvalidArgument("region plan: more than 2^64 bytes to move");
     }
-    if (t.transform == Transform::kExtract) {
+    if (t.transform != Transform::kCopy) {  // kCast, kExtract: landed, then written at commit
       plan.converted.push_back(k);
       t.landing_offset = Align(plan.landing_bytes);
       plan.landing_bytes = t.landing_offset + t.nbytes;

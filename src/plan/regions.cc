@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "plan/mismatch_list.h"
+#include "plan/plan.h"
 #include "weightsync/region.h"
 #include "weightsync/tensor_view.h"
 
@@ -79,7 +80,10 @@ std::vector<int64_t> Strides(const std::vector<int64_t>& shape) {
 // dimension before it gives the rows; any further outer dimensions give one copy each.
 void EmitCopies(const Box& cell, uint32_t held_index, const HeldTensor& h, const WantedPiece& p,
                 const std::vector<int64_t>& dst_shape, uint64_t element_bytes,
-                std::vector<RegionCopy>* out) {
+                uint64_t dst_element_bytes, std::vector<RegionCopy>* out) {
+  // A cast writes the same elements at another size: the destination's offsets, pitches and run
+  // are in its own element size.
+  const bool cast = dst_element_bytes != element_bytes;
   const size_t n = cell.offset.size();
   const std::vector<int64_t>& src_shape = h.box.extent;
   std::vector<int64_t> src_origin(n), dst_origin(n);
@@ -88,7 +92,8 @@ void EmitCopies(const Box& cell, uint32_t held_index, const HeldTensor& h, const
     dst_origin[d] = cell.offset[d] - p.box.offset[d] + p.at[d];
   }
   if (n == 0) {  // a scalar
-    out->push_back({held_index, p.destination, 0, 0, 0, 0, element_bytes, 1});
+    out->push_back(
+        {held_index, p.destination, 0, 0, 0, 0, element_bytes, 1, cast ? dst_element_bytes : 0});
     return;
   }
   const std::vector<int64_t> src_stride = Strides(src_shape), dst_stride = Strides(dst_shape);
@@ -111,11 +116,13 @@ void EmitCopies(const Box& cell, uint32_t held_index, const HeldTensor& h, const
       src += static_cast<uint64_t>(src_origin[d] * src_stride[d]);
       dst += static_cast<uint64_t>(dst_origin[d] * dst_stride[d]);
     }
-    RegionCopy c{held_index, p.destination, src * element_bytes, 0, dst * element_bytes, 0, run, 1};
+    RegionCopy c{held_index, p.destination, src * element_bytes, 0, dst * dst_element_bytes, 0, run,
+                 1};
+    if (cast) c.dst_run_bytes = run / element_bytes * dst_element_bytes;
     if (k >= 1) {
       c.rows = static_cast<uint64_t>(cell.extent[k - 1]);
       c.src_pitch = static_cast<uint64_t>(src_stride[k - 1]) * element_bytes;
-      c.dst_pitch = static_cast<uint64_t>(dst_stride[k - 1]) * element_bytes;
+      c.dst_pitch = static_cast<uint64_t>(dst_stride[k - 1]) * dst_element_bytes;
     }
     out->push_back(c);
     size_t d = outer;  // odometer over the outer dims
@@ -228,14 +235,14 @@ const HeldRegions::Holders* HeldRegions::HoldersOf(std::string_view name) const 
 Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
                                        const std::vector<DestinationShape>& destinations,
                                        const std::vector<WantedPiece>& wanted, uint32_t sources,
-                                       uint32_t rotation, std::vector<uint64_t>* load) {
-  return ScheduleRegions(HeldRegions(held, sources), destinations, wanted, rotation, load);
+                                       uint32_t rotation, std::vector<uint64_t>* load, bool casts) {
+  return ScheduleRegions(HeldRegions(held, sources), destinations, wanted, rotation, load, casts);
 }
 
 Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
                                        const std::vector<DestinationShape>& destinations,
                                        const std::vector<WantedPiece>& wanted, uint32_t rotation,
-                                       std::vector<uint64_t>* load) {
+                                       std::vector<uint64_t>* load, bool casts) {
   const std::vector<HeldTensor>& held = regions.held();
   const uint32_t sources = regions.sources();
   MismatchList problems("the publishers' regions and the subscriber's");
@@ -311,11 +318,21 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
     } else {
       for (uint32_t i : named->index) {
         const HeldTensor& h = held[i];
-        if (h.global_shape != p.global_shape || h.dtype != dst.dtype) {
+        const Transform transform = TransformFor(h.dtype, dst.dtype);
+        const bool castable = casts && transform == Transform::kCast;
+        if (h.global_shape != p.global_shape || (h.dtype != dst.dtype && !castable)) {
+          const char* why = "";
+          if (h.dtype != dst.dtype) {
+            why = transform == Transform::kCast
+                      ? " (a cast: enable SubscriberOptions.convert_dtypes)"
+                  : transform == Transform::kQuantizeFp8
+                      ? " (bfloat16 -> float8_e4m3fn of regions is not supported; casts are)"
+                      : "";
+          }
           problems.Add("tensor '", p.name, "': publisher ", h.source, " holds it as ",
                        DTypeName(h.dtype), " ", ShapeString(h.global_shape), ", destination '",
                        dst.name, "' wants ", DTypeName(dst.dtype), " ", ShapeString(p.global_shape),
-                       h.dtype != dst.dtype ? " (converting regions is not supported yet)" : "");
+                       why);
           consistent = false;
           continue;
         }
@@ -331,7 +348,7 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
       }
     }
     if (!consistent) continue;
-    const uint64_t element_bytes = static_cast<uint64_t>(bits / 8);
+    const uint64_t dst_element_bytes = static_cast<uint64_t>(bits / 8);
     for (const Box& cell : Cells(p.box, holder_box)) {
       // The least-loaded holder covering the cell; ties from `rotation` on.
       int best = -1;
@@ -351,12 +368,15 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
                      "'): held by no publisher");
         continue;
       }
+      // What moves is the holder's bytes (a cast converts them on arrival).
+      const HeldTensor& from = held[holder_index[best]];
+      const uint64_t element_bytes = static_cast<uint64_t>(Info(from.dtype).bits / 8);
       const uint64_t bytes = cell.elements() * element_bytes;
       const uint32_t source = holder_source[best];
       loads[source] += bytes;
       schedule.bytes_per_source[source] += bytes;
       schedule.total_bytes += bytes;
-      EmitCopies(cell, holder_index[best], held[holder_index[best]], p, dst.shape, element_bytes,
+      EmitCopies(cell, holder_index[best], from, p, dst.shape, element_bytes, dst_element_bytes,
                  &schedule.copies);
     }
   }

@@ -58,7 +58,9 @@ struct DestinationShape {
 };
 
 // rows × run_bytes: row r reads held tensor `held` at src_offset + r * src_pitch and writes
-// destination `destination` at dst_offset + r * dst_pitch.
+// destination `destination` at dst_offset + r * dst_pitch. Offsets and pitches are bytes of their
+// own side; a copy that casts (the held tensor's dtype is not the destination's) writes
+// dst_run_bytes per row (the same elements in the destination's dtype), otherwise run_bytes.
 struct RegionCopy {
   uint32_t held = 0;  // index into the HeldTensor list
   uint32_t destination = 0;
@@ -68,7 +70,9 @@ struct RegionCopy {
   uint64_t dst_pitch = 0;
   uint64_t run_bytes = 0;
   uint64_t rows = 0;
-  uint64_t bytes() const { return run_bytes * rows; }
+  uint64_t dst_run_bytes = 0;                          // 0: run_bytes (no cast)
+  uint64_t bytes() const { return run_bytes * rows; }  // bytes read (moved)
+  uint64_t written_run_bytes() const { return dst_run_bytes != 0 ? dst_run_bytes : run_bytes; }
 };
 
 struct RegionSchedule {
@@ -81,11 +85,14 @@ struct RegionSchedule {
 // equally loaded holders start (e.g. the subscriber's rank), so subscribers planning on their own
 // spread replicated regions over the holders. `load` (optional, one per source): bytes already
 // assigned to each publisher by other subscribers, added to and used for balancing.
+// `casts`: a holder whose dtype differs from the destination's is usable when the difference is
+// a cast among float32, float16 and bfloat16 (SubscriberOptions::convert_dtypes); the copies then
+// convert (RegionCopy::dst_run_bytes). Any other difference is a listed problem.
 Result<RegionSchedule> ScheduleRegions(const std::vector<HeldTensor>& held,
                                        const std::vector<DestinationShape>& destinations,
                                        const std::vector<WantedPiece>& wanted, uint32_t sources,
-                                       uint32_t rotation = 0,
-                                       std::vector<uint64_t>* load = nullptr);
+                                       uint32_t rotation = 0, std::vector<uint64_t>* load = nullptr,
+                                       bool casts = false);
 
 // The publishers' side of ScheduleRegions, checked and indexed by tensor name once, for planning
 // many subscribers against the same publishers (`weightsync plan-sim` plans every engine rank of a
@@ -119,8 +126,8 @@ class HeldRegions {
 Result<RegionSchedule> ScheduleRegions(const HeldRegions& held,
                                        const std::vector<DestinationShape>& destinations,
                                        const std::vector<WantedPiece>& wanted,
-                                       uint32_t rotation = 0,
-                                       std::vector<uint64_t>* load = nullptr);
+                                       uint32_t rotation = 0, std::vector<uint64_t>* load = nullptr,
+                                       bool casts = false);
 
 // Fused destinations, as engines lay them out: `parts` of global tensors (each a region of its
 // global tensor) concatenated along `dim` of a destination, in order. E.g. a TP-2 engine's

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/transform_reference.h"
 #include "testing/count_new.inc"
 #include "testing/test_util.h"
 #include "testing/transport_modes.h"
@@ -230,6 +231,61 @@ TEST_P(Regions, SteadyStateUpdatesAllocateNothing) {
   EXPECT_EQ(worst, 0) << "operator new calls in one steady-state region update";
   std::string why;
   ASSERT_TRUE(engine.Holds(10, &why)) << why;
+}
+
+// Casts on regions (convert_dtypes): float32 FSDP shards into a bfloat16 row slice and a float16
+// column slice, each element converted as the whole-tensor cast would convert it.
+TEST_P(Regions, CastsConvertEveryRegionAsTheWholeTensorCastWould) {
+  model_ = {{"w", DType::kFloat32, {16, 12}}};
+  StartFsdp(2);
+  const testing::GlobalTensor& w = model_[0];
+  struct Want {
+    std::string name;
+    DType dtype;
+    RegionPart part;
+  };
+  const std::vector<Want> wants = {{"w_bf16", DType::kBFloat16, Shard("w", w.shape, 1, 2, 1)},
+                                   {"w_f16", DType::kFloat16, Shard("w", w.shape, 0, 2, 0)}};
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<NamedTensor> views;
+  for (const Want& want : wants) {
+    storage.emplace_back(want.part.extent[0] * want.part.extent[1] * 2, 0xEE);
+    views.push_back(
+        {want.name, {storage.back().data(), want.dtype, want.part.extent}, {want.part}});
+  }
+  for (bool verify : {false, true}) {
+    SCOPED_TRACE(verify ? "verify" : "no verify");
+    SubscriberOptions o;
+    for (TrainerRank& t : trainers_) o.endpoints.push_back(t.publisher->endpoint());
+    o.mode = GetParam().mode;
+    o.verify = verify;
+    o.convert_dtypes = true;
+    o.policy = MatchPolicy::kSubset;
+    auto sub = testing::NewSubscriber(o, views);
+    for (int64_t step = 1; step <= 2; ++step) {
+      PublishAll(10 * verify + step);
+      ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+      if (!verify) {
+        EXPECT_EQ(stats.bytes, (16 * 6 + 8 * 12) * 4u) << "the float32 bytes wanted, once";
+      }
+      for (size_t i = 0; i < wants.size(); ++i) {
+        RegionPart part = wants[i].part;
+        std::vector<uint8_t> f32(part.extent[0] * part.extent[1] * 4);
+        testing::FillPart(w, 10 * verify + step, part, part.extent, f32.data());
+        std::vector<uint8_t> expected(storage[i].size());
+        ASSERT_OK(cuda::reference::Cast(DType::kFloat32, wants[i].dtype, f32.data(),
+                                        expected.data(), f32.size() / 4));
+        EXPECT_EQ(storage[i], expected) << wants[i].name;
+      }
+    }
+  }
+  // Without convert_dtypes the dtype difference is named, and nothing moves.
+  SubscriberOptions plain;
+  for (TrainerRank& t : trainers_) plain.endpoints.push_back(t.publisher->endpoint());
+  plain.policy = MatchPolicy::kSubset;
+  auto refused = testing::NewSubscriber(plain, views);
+  EXPECT_STATUS_IS(kInvalidArgument, refused->Update(), "destination 'w_bf16' wants bfloat16",
+                   "enable SubscriberOptions.convert_dtypes");
 }
 
 // Random layouts: 1–4 publishers holding random shards (any dim, replicated on some), 1–3

@@ -129,6 +129,12 @@ TEST(RegionPlan, ACopyOutsideEitherTensorIsRefused) {
                    BuildRegionPlan(w, Destinations({64}),
                                    {Copy(0, 0, ~uint64_t{0} / 2 + 1, 0, 0, 1, 3)}, 1 << 20, false),
                    "lies outside");
+  // A copy that claims to write more (or fewer) bytes than it reads without a cast between the
+  // two dtypes.
+  RegionCopy widening = Copy(0, 0, 0, 0, 0, 8, 1);
+  widening.dst_run_bytes = 16;
+  EXPECT_STATUS_IS(kInternal, BuildRegionPlan(w, Destinations({64}), {widening}, 1 << 20, false),
+                   "(uint8) of 8 bytes per row writes 16");
   RegionCopy bad = Copy(3, 0, 0, 0, 0, 1, 1);
   EXPECT_STATUS_IS(kInternal, BuildRegionPlan(w, Destinations({64}), {bad}, 1 << 20, false),
                    "into destination 3");

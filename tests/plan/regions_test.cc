@@ -258,10 +258,21 @@ TEST(Regions, ShapesDtypesAndPlacementsThatDisagreeAreNamed) {
   auto s = ScheduleRegions(held, dst, wanted, 1);
   ASSERT_FALSE(s.ok());
   const std::string& m = s.status().message();
-  EXPECT_NE(m.find("converting regions is not supported yet"), std::string::npos) << m;
+  EXPECT_NE(m.find("a cast: enable SubscriberOptions.convert_dtypes"), std::string::npos) << m;
   EXPECT_NE(m.find("destination 'x' [2]: piece [0:4] of 'nobody' placed at [0] does not fit"),
             std::string::npos)
       << m;
+  // With casts allowed the bf16 holder serves the f32 destination; bf16 -> fp8 stays refused.
+  ASSERT_OK_AND_ASSIGN(RegionSchedule cast,
+                       ScheduleRegions(held, {dst[0]}, {wanted[0]}, 1, 0, nullptr, true));
+  ASSERT_EQ(cast.copies.size(), 1u);
+  EXPECT_EQ(cast.copies[0].run_bytes, 32u);            // 16 bf16 elements read
+  EXPECT_EQ(cast.copies[0].written_run_bytes(), 64u);  // written as float32
+  EXPECT_EQ(cast.total_bytes, 32u);
+  EXPECT_STATUS_IS(kInvalidArgument,
+                   ScheduleRegions(held, {{"w", DType::kFloat8E4M3FN, {4, 4}}}, {wanted[0]}, 1, 0,
+                                   nullptr, true),
+                   "bfloat16 -> float8_e4m3fn of regions is not supported; casts are");
 }
 
 // Random layouts: 1-4 global tensors of 1-3 dims, each cut along a random dim into 1-4 tiles

@@ -36,6 +36,11 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
         "verifying regions that read parts of publisher digest segments is not built into the "
         "GPU landing yet (verify=false, or regions of whole digest segments, work)");
   }
+  if (plan->regions && !plan->converted.empty()) {
+    return Status::NotSupported(
+        "casting regions (convert_dtypes) is not built into the GPU landing yet: register "
+        "destinations of the published dtype");
+  }
   plan_ = plan;
   device_ = device;
   converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;

@@ -126,15 +126,21 @@ void HostLanding::ConvertTensor(void* context, uint32_t index) {
   uint8_t* dst = self->destinations_[t.destination];
   Status& out = self->convert_status_[index];
   if (t.transform == plan::Transform::kExtract) {
-    for (uint32_t e = 0; e < t.extract_count; ++e) {
+    for (uint32_t e = 0; e < t.extract_count && out.ok(); ++e) {
       const plan::Extract& piece = self->plan_->extracts[t.first_extract + e];
-      std::memcpy(self->destinations_[piece.destination] + piece.dst_offset, src + piece.offset,
-                  piece.bytes);
+      uint8_t* into = self->destinations_[piece.destination] + piece.dst_offset;
+      if (piece.to == t.from) {
+        std::memcpy(into, src + piece.offset, piece.bytes);
+      } else {
+        out = cuda::reference::Cast(t.from, piece.to, src + piece.offset, into,
+                                    piece.bytes / (Info(t.from).bits / 8));
+      }
     }
     return;
   }
   if (t.transform == plan::Transform::kCast) {
-    out = cuda::reference::Cast(t.from, t.to, src, dst, t.elements);
+    // Regions: a run of the destination (dst_offset); whole tensors: all of it (offset 0).
+    out = cuda::reference::Cast(t.from, t.to, src, dst + t.dst_offset, t.elements);
   } else {
     out = cuda::reference::QuantizeFp8(
         reinterpret_cast<const uint16_t*>(src), t.rows, t.cols, dst,
