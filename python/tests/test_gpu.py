@@ -675,6 +675,50 @@ def test_sleep_wake_cycles_return_to_baseline(endpoint):
     assert after[1] >= base[1] - (2 << 20), f"free device memory {base[1]} -> {after[1]}"
 
 
+@pytest.mark.parametrize("device", ON)
+def test_engine_memory_freed_on_sleep_and_reallocated_on_wake(endpoint, device):
+    """A colocated engine frees its weights on sleep and gets new ones, at new addresses, on wake
+    (torch_memory_saver, vLLM sleep level 2): sleep() releases everything pointing at the old
+    memory, register() takes the new tensors, the next update prepares again and writes only
+    them; 50 cycles leave torch's allocated memory, the device's free memory and the ledger where
+    they were."""
+    torch = need(device)
+    spec = [("w", "bfloat16", (512, 256), "bits"), ("b", "float32", (1024,), "bits")]
+    cuda = device != "cpu"
+    with ChildPublisher(endpoint, spec, device) as pub:
+        with weightsync.Subscriber(pub.endpoint, mode="staged", timeout=60) as sub:
+            dst = TorchDestinations(spec, device)
+            dst.register(sub)
+            pub.publish(1)
+            sub.update(1)
+            sub.sleep()
+            del dst
+            gc.collect()
+            if cuda:
+                torch.cuda.synchronize()
+            base = (torch.cuda.memory_allocated(0) if cuda else 0,
+                    torch.cuda.mem_get_info(0)[0] if cuda else 0, ledger())
+            for cycle in range(2, 52):
+                # Something else takes the freed memory first, so the new tensors land elsewhere.
+                squatter = torch.empty(4096, dtype=torch.uint8, device=device)
+                dst = TorchDestinations(spec, device)
+                dst.register(sub)  # same names, new memory
+                pub.publish(cycle)
+                stats = sub.update(cycle)
+                assert stats.handle_created and stats.step == cycle
+                assert_same(dst.bytes(), pub.expected(cycle), f"cycle {cycle}")
+                sub.sleep()
+                del dst, squatter
+            gc.collect()
+            if cuda:
+                torch.cuda.synchronize()
+            after = (torch.cuda.memory_allocated(0) if cuda else 0,
+                     torch.cuda.mem_get_info(0)[0] if cuda else 0, ledger())
+    assert after[0] == base[0], f"torch.cuda.memory_allocated {base[0]} -> {after[0]}"
+    assert after[2] == base[2], f"ledger {base[2]} -> {after[2]}"
+    assert after[1] >= base[1] - (2 << 20), f"free device memory {base[1]} -> {after[1]}"
+
+
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
