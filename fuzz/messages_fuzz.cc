@@ -1,7 +1,8 @@
 // libFuzzer target: the control-message decoders (src/wire/messages.h), including the
 // manifest-bearing Welcome, followed by what a subscriber does with a Welcome from a possibly
 // hostile publisher: plan::ValidateLayout, plan::BuildPlan against a fixed destination set, and
-// the copies the plan describes.
+// the copies the plan describes; then the same Welcome's tensors as regions (plan::ScheduleRegions
+// and plan::BuildRegionPlan against destinations wanting half of each), executed likewise.
 //
 // Input: one selector byte, then the message payload.
 //   selector % 7        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
@@ -39,6 +40,8 @@
 #include "fuzz_check.h"
 #include "fuzz_destinations.h"
 #include "plan/plan.h"
+#include "plan/region_plan.h"
+#include "plan/regions.h"
 #include "wire/messages.h"
 
 namespace {
@@ -275,9 +278,18 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
   for (uint32_t k : p.converted) {
     const plan::PlannedTensor& t = p.tensors[k];
     for (const uint8_t* from : {shadow.get() + t.shadow_offset, landing.get() + t.landing_offset}) {
+      if (t.transform == plan::Transform::kExtract) {  // regions: the pieces of a whole segment
+        for (uint32_t e = 0; e < t.extract_count; ++e) {
+          const plan::Extract& piece = p.extracts[t.first_extract + e];
+          WS_FUZZ_CHECK(piece.offset + piece.bytes <= t.nbytes, "extract outside its segment");
+          std::memcpy(dst[piece.destination].get() + piece.dst_offset, from + piece.offset,
+                      piece.bytes);
+        }
+        continue;
+      }
       Status s = t.transform == plan::Transform::kCast
-                     ? weightsync::cuda::reference::Cast(t.from, t.to, from,
-                                                         dst[t.destination].get(), t.elements)
+                     ? weightsync::cuda::reference::Cast(
+                           t.from, t.to, from, dst[t.destination].get() + t.dst_offset, t.elements)
                      : weightsync::cuda::reference::QuantizeFp8(
                            reinterpret_cast<const uint16_t*>(from), t.rows, t.cols,
                            dst[t.destination].get(), dst[t.scale_destination].get(),
@@ -285,6 +297,67 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
                                          : weightsync::cuda::Fp8ScaleFormat::kFloat32);
       WS_FUZZ_CHECK(s.ok(), "planned conversion refused: %s", s.ToString().c_str());
     }
+  }
+}
+
+// Regions from a hostile Welcome: every tensor (sharded or not) is held by this one publisher;
+// a destination per tensor wants the middle half of its global tensor's rows (where that fits in
+// 64 KiB). Whatever the schedule and BuildRegionPlan (with and without verification) accept must
+// stay inside exactly-sized buffers when executed.
+void FuzzRegions(const wire::Welcome& w, uint64_t bucket_bytes) {
+  std::vector<plan::HeldTensor> held;
+  Destinations dests;
+  std::vector<plan::DestinationShape> shapes;
+  std::vector<plan::WantedPiece> wanted;
+  for (uint32_t i = 0; i < w.tensors.size() && i < 64; ++i) {
+    const wire::TensorPlacement& p = w.tensors[i];
+    plan::HeldTensor h{
+        0,
+        p.sharded ? p.shard.tensor : p.spec.name,
+        p.spec.dtype,
+        p.sharded ? p.shard.global_shape : p.spec.shape,
+        {p.sharded ? p.shard.offset : std::vector<int64_t>(p.spec.shape.size(), 0), p.spec.shape}};
+    held.push_back(h);
+    const int bits = weightsync::Info(p.spec.dtype).bits;
+    if (h.global_shape.empty() || bits % 8 != 0) continue;
+    plan::Box box{std::vector<int64_t>(h.global_shape.size(), 0), h.global_shape};
+    box.offset[0] = h.global_shape[0] / 4;
+    box.extent[0] = h.global_shape[0] / 2;
+    u128 bytes = bits / 8;
+    for (int64_t e : box.extent) bytes *= static_cast<u128>(e);
+    if (bytes > (64u << 10)) continue;
+    TensorSpec spec{"d" + std::to_string(i), p.spec.dtype, box.extent,
+                    static_cast<uint64_t>(bytes)};
+    const uint32_t d = static_cast<uint32_t>(dests.specs.size());
+    dests.specs.push_back(spec);
+    plan::Destination dest;
+    dest.spec = spec;
+    dests.planned.push_back(dest);
+    shapes.push_back({spec.name, spec.dtype, spec.shape});
+    wanted.push_back({d, h.name, h.global_shape, box, std::vector<int64_t>(box.extent.size(), 0)});
+  }
+  auto schedule = plan::ScheduleRegions(held, shapes, wanted, 1);
+  if (!schedule.ok()) {
+    WS_FUZZ_CHECK(schedule.status().code() == StatusCode::kInvalidArgument, "%s",
+                  schedule.status().ToString().c_str());
+    return;
+  }
+  for (const plan::RegionCopy& c : schedule->copies) {
+    WS_FUZZ_CHECK(c.held < held.size() && c.destination < dests.specs.size(),
+                  "copy of held %u into destination %u", c.held, c.destination);
+  }
+  for (bool for_verify : {false, true}) {
+    auto built =
+        plan::BuildRegionPlan(w, dests.planned, schedule->copies, bucket_bytes, for_verify);
+    WS_FUZZ_CHECK(built.ok(), "a schedule's copies were refused: %s",
+                  built.status().ToString().c_str());
+    WS_FUZZ_CHECK(!for_verify || built->verifiable, "a plan for verification is not verifiable");
+    u128 moved = 0;
+    for (const plan::PlannedTensor& t : built->tensors) moved += t.nbytes;
+    WS_FUZZ_CHECK(moved == built->total_bytes, "total_bytes disagrees with the planned tensors");
+    WS_FUZZ_CHECK(for_verify || built->total_bytes == schedule->total_bytes,
+                  "a plain region plan moves other bytes than its schedule");
+    ExecutePlan(w, dests, *built);
   }
 }
 
@@ -314,6 +387,7 @@ void FuzzWelcome(std::span<const uint8_t> payload, uint8_t params) {
     CheckPlan(w, dests, policy, bucket_bytes, convert, *built);
     ExecutePlan(w, dests, *built);
   }
+  FuzzRegions(w, bucket_bytes);
 }
 
 }  // namespace
