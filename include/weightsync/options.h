@@ -39,8 +39,9 @@ struct PublisherOptions {
   // Versions held in the arena at once for registered (copied) tensors. Two lets a subscriber read
   // version N while version N+1 is written.
   int slots = 2;
-  // Largest contiguous byte range covered by one digest. 0: 8 MiB for a host arena, 64 MiB for a
-  // GPU arena (fewer, larger digest launches per step).
+  // Largest contiguous byte range covered by one digest, a multiple of 8 (whole elements of every
+  // dtype). 0: 8 MiB for a host arena, 64 MiB for a GPU arena (fewer, larger digest launches per
+  // step).
   uint64_t segment_bytes = 0;
   // Threads used by Publish() to copy and hash a host store's version; 0 picks every hardware
   // thread, up to 16 (hashing while copying needs several cores to keep up with memory).

@@ -141,6 +141,11 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
     return Status::InvalidArgument("PublisherOptions.slots = ", options.slots, ": must be 1..",
                                    wire::kMaxSlots);
   }
+  if (options.segment_bytes % 8 != 0) {
+    return Status::InvalidArgument("PublisherOptions.segment_bytes = ", options.segment_bytes,
+                                   ": must be 0 (the default) or a multiple of 8, so a digest "
+                                   "segment holds whole elements of every dtype");
+  }
   if (options.max_connections < 1) {
     return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
   }
@@ -370,31 +375,35 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
       WS_RETURN_IF_ERROR(d.Freeze());
       d.frozen = true;
     }
-    // A slot nobody reads and that is not the latest (unless it is the only slot). Past the
-    // timeout the readers of the oldest such slot lose it: their pins are revoked (an error at
-    // the end of their step, nothing committed), so a stalled subscriber never stalls the trainer.
+    // The slot to write: one nobody reads that is not the latest (unless it is the only slot),
+    // else the oldest such one. That one is taken out of service at once (no new reader pins a
+    // version about to be overwritten) and its readers are waited for; past the timeout their
+    // pins are revoked (an error at the end of their step, nothing committed), so a stalled
+    // subscriber never stalls the trainer.
+    int chosen = -1, oldest = -1;
+    for (int i = 0; i < static_cast<int>(d.versions.size()); ++i) {
+      if (i == d.latest && d.versions.size() > 1) continue;
+      if (d.versions[i].readers == 0) {
+        chosen = i;
+        break;
+      }
+      if (oldest < 0 || d.versions[i].step < d.versions[oldest].step) oldest = i;
+    }
+    if (chosen < 0) chosen = oldest;
+    Impl::Version& v = d.versions[chosen];
+    const int64_t replaced = v.step;
+    v.step = -1;
+    if (d.latest == chosen) d.latest = -1;
     const auto wait_start = std::chrono::steady_clock::now();
     Deadline deadline(d.options.timeout);
-    int chosen = -1;
-    while (true) {
-      int oldest = -1;
-      for (int i = 0; i < static_cast<int>(d.versions.size()); ++i) {
-        if (i == d.latest && d.versions.size() > 1) continue;
-        if (d.versions[i].readers == 0) {
-          chosen = i;
-          break;
-        }
-        if (oldest < 0 || d.versions[i].step < d.versions[oldest].step) oldest = i;
-      }
-      if (chosen >= 0) break;
+    while (v.readers > 0) {
       if (deadline.expired()) {
-        chosen = oldest;
-        d.revoked_reads += d.versions[chosen].readers;
+        d.revoked_reads += v.readers;
         WS_LOG(WARN, "publisher") << d.bound_endpoint << " Publish(" << step << "): revoked the "
-                                  << d.versions[chosen].readers << " read(s) of step "
-                                  << d.versions[chosen].step << " still going after "
-                                  << d.options.timeout.count() << " ms, to reuse its slot";
-        d.Revoke(&d.versions[chosen]);
+                                  << v.readers << " read(s) of step " << replaced
+                                  << " still going after " << d.options.timeout.count()
+                                  << " ms, to reuse its slot";
+        d.Revoke(&v);
         break;
       }
       d.cv.WaitFor(&d.mu, kWaitSlice);
@@ -402,9 +411,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     d.wait_for_readers_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     k = static_cast<uint32_t>(chosen);
-    d.versions[k].step = -1;
-    d.versions[k].writing = true;
-    if (d.latest == chosen) d.latest = -1;
+    v.writing = true;
   }
   Status published =
       d.store->Publish(k, d.digests[k], options.cuda_stream, Deadline(d.options.timeout));

@@ -183,6 +183,14 @@ Status ValidateLayout(const wire::Welcome& welcome) {
   return Status::Ok();
 }
 
+Status CheckVerifiable(const Plan& plan, int64_t step) {
+  if (plan.verifiable) return Status::Ok();
+  return Status::FailedPrecondition(
+      "step ", step,
+      ": this handle's region plan reads parts of digest segments and was not prepared for "
+      "verification");
+}
+
 uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes) {
   // segment_bytes == 0 is rejected by ValidateLayout; answering 0 keeps a misuse from trapping.
   if (segment_bytes == 0) return 0;

@@ -136,6 +136,11 @@ struct Plan {
 // the field and both values.
 Status ValidateLayout(const wire::Welcome& welcome);
 
+// FailedPrecondition unless every segment of `plan` is a whole publisher digest segment (a region
+// plan built without verification may read parts of them): what every Verify checks first. The
+// subscriber prepares a verifiable plan before it asks for verification, so this is a bug guard.
+Status CheckVerifiable(const Plan& plan, int64_t step);
+
 // Number of segments of a tensor of `nbytes` (0 for an empty tensor).
 uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes);
 

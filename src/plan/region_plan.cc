@@ -111,21 +111,30 @@ PlannedTensor Unit(const wire::Welcome& welcome, const Run& run) {
 
 // for_verify: cuts the runs at digest-segment boundaries; a segment that is one whole piece stays
 // a copy or a cast (merged again with its neighbours), any other becomes one kExtract tensor of
-// the whole segment with its pieces (each copied or cast at commit).
-void VerifiableUnits(const wire::Welcome& welcome, std::vector<Run> runs, Plan* plan) {
+// the whole segment with its pieces (each copied or cast at commit). InvalidArgument if a cast
+// would be cut inside an element.
+Status VerifiableUnits(const wire::Welcome& welcome, std::vector<Run> runs, Plan* plan) {
   const uint64_t segment = welcome.segment_bytes;
   std::vector<Run> pieces;
   for (const Run& run : runs) {
-    const uint64_t from = ElementBytes(welcome.tensors[run.tensor].spec.dtype);
+    const DType published = welcome.tensors[run.tensor].spec.dtype;
+    const uint64_t from = ElementBytes(published);
     const uint64_t to = ElementBytes(run.to);
+    // A piece of a cast is whole elements only when digest segments are: a segment edge inside
+    // an element would split it between two casts. (Copies cut anywhere: they move bytes.)
+    if (run.to != published && segment % from != 0) {
+      return Status::InvalidArgument("region plan: tensor '", welcome.tensors[run.tensor].spec.name,
+                                     "' is cast from ", DTypeName(published),
+                                     " and verified, but the publisher's digest segments of ",
+                                     segment, " bytes split its ", from, "-byte elements");
+    }
     for (uint64_t done = 0; done < run.bytes;) {
       const uint64_t at = run.src + done;
       const uint64_t digest = at / segment;
       const uint64_t bytes = std::min(run.bytes - done, (digest + 1) * segment - at);
-      // Segments are whole elements of the published tensor (ValidateLayout does not promise
-      // it, but the stores cut at element multiples): scale through elements.
-      pieces.push_back({run.tensor, at, run.destination, run.dst + done / from * to, bytes,
-                        bytes / from * to, run.to, digest});
+      const bool cast = run.to != published;
+      pieces.push_back({run.tensor, at, run.destination, run.dst + (cast ? done / from * to : done),
+                        bytes, cast ? bytes / from * to : bytes, run.to, digest});
       done += bytes;
     }
   }
@@ -172,6 +181,7 @@ void VerifiableUnits(const wire::Welcome& welcome, std::vector<Run> runs, Plan* 
     }
     i = end;
   }
+  return Status::Ok();
 }
 
 uint64_t Align(uint64_t v) {
@@ -192,7 +202,7 @@ Result<Plan> BuildRegionPlan(const wire::Welcome& welcome,
   for (const Run& run : runs) written[run.destination] = true;
   plan.destination_count = static_cast<uint32_t>(std::count(written.begin(), written.end(), true));
   if (for_verify) {
-    VerifiableUnits(welcome, std::move(runs), &plan);
+    WS_RETURN_IF_ERROR(VerifiableUnits(welcome, std::move(runs), &plan));
   } else {
     for (const Run& run : runs) plan.tensors.push_back(Unit(welcome, run));
   }

@@ -322,8 +322,8 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
         const bool castable = casts && transform == Transform::kCast;
         if (h.global_shape != p.global_shape || (h.dtype != dst.dtype && !castable)) {
           const char* why = "";
-          if (h.dtype != dst.dtype) {
-            why = transform == Transform::kCast
+          if (h.dtype != dst.dtype && h.global_shape == p.global_shape) {
+            why = transform == Transform::kCast && !casts
                       ? " (a cast: enable SubscriberOptions.convert_dtypes)"
                   : transform == Transform::kQuantizeFp8
                       ? " (bfloat16 -> float8_e4m3fn of regions is not supported; casts are)"
@@ -350,8 +350,10 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
     if (!consistent) continue;
     const uint64_t dst_element_bytes = static_cast<uint64_t>(bits / 8);
     for (const Box& cell : Cells(p.box, holder_box)) {
-      // The least-loaded holder covering the cell; ties from `rotation` on.
+      // The least-loaded holder covering the cell, one that needs no cast first (it moves fewer
+      // or the same bytes and lands on every path); ties from `rotation` on.
       int best = -1;
+      auto casts_from = [&](size_t j) { return held[holder_index[j]].dtype != dst.dtype; };
       for (size_t j = 0; j < holder_box.size(); ++j) {
         if (!Covers(holder_box[j], n, cell)) continue;
         if (best < 0) {
@@ -361,6 +363,11 @@ Result<RegionSchedule> ScheduleRegions(const HeldRegions& regions,
         const uint32_t a = holder_source[j], b = holder_source[best];
         const uint32_t ra = (a + sources - rotation % sources) % sources;
         const uint32_t rb = (b + sources - rotation % sources) % sources;
+        const bool ca = casts_from(j), cb = casts_from(best);
+        if (ca != cb) {
+          if (!ca) best = static_cast<int>(j);
+          continue;
+        }
         if (loads[a] < loads[b] || (loads[a] == loads[b] && ra < rb)) best = static_cast<int>(j);
       }
       if (best < 0) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "weightsync/status.h"
+#include "wire/frame.h"
 #include "wire/messages.h"
 
 namespace weightsync::wire {
@@ -73,7 +74,9 @@ struct SelectRange {
   uint64_t bytes = 0;   // > 0
   bool operator==(const SelectRange&) const = default;
 };
-inline constexpr uint32_t kMaxSelectRanges = 1u << 22;
+// As many as one frame holds: a u32 count, then 20 bytes per range.
+inline constexpr uint32_t kMaxSelectRanges = (kMaxPayloadBytes - 4) / 20;
+static_assert(4 + uint64_t{kMaxSelectRanges} * 20 <= kMaxPayloadBytes);
 struct Select {
   std::vector<SelectRange> ranges;
 };

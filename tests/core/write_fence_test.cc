@@ -9,6 +9,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "testing/publisher_process.h"
@@ -163,6 +164,58 @@ TEST_P(WriteFence, ASlowReaderKeepsItsVersionUntilThePublisherNeedsTheSlot) {
   ASSERT_OK_AND_ASSIGN(UpdateStats latest, sub_->Update());
   EXPECT_EQ(latest.step, 5);
   EXPECT_TRUE(Holds(5));
+}
+
+// With one slot, Publish waits for the reader of the version it replaces; a subscriber arriving
+// meanwhile is not handed that version (it would be revoked): it waits and gets the new one.
+TEST_P(WriteFence, OneSlotANewReaderWaitsForTheVersionBeingWrittenInsteadOfPinningTheOld) {
+  PublisherOptions o;
+  o.endpoint = GetParam().tcp ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("fence-one");
+  o.timeout = std::chrono::milliseconds(testing::kUnderSanitizer ? 20000 : 5000);
+  o.slots = 1;
+  ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
+  elements_ = GetParam().tcp ? (40 << 20) / 4 : 1 << 16;
+  own_.assign(elements_, 0.0f);
+  w_ = own_.data();
+  ASSERT_OK(pub_->Register({{"w", {w_, DType::kFloat32, {elements_}}}}));
+  dst_.assign(elements_, -1.0f);
+  std::vector<float> other(elements_, -1.0f);
+  SubscriberOptions so;
+  so.endpoint = pub_->endpoint();
+  so.mode = GetParam().mode;
+  so.timeout = std::chrono::milliseconds(testing::kUnderSanitizer ? 20000 : 8000);
+  sub_ = testing::NewSubscriber(so, {{"w", {dst_.data(), DType::kFloat32, {elements_}}}});
+  auto late = testing::NewSubscriber(so, {{"w", {other.data(), DType::kFloat32, {elements_}}}});
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub_->Update());
+  ASSERT_OK(late->Update());
+  ASSERT_OK(Write(2));
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 600, 1);
+  auto held = std::async(std::launch::async, [&] { return sub_->Update(); });  // pins step 2
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  for (int64_t i = 0; i < elements_; ++i) w_[i] = static_cast<float>(3000 + i % 1000);
+  auto publish = std::async(std::launch::async, [&] { return pub_->Publish(3); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // Publish is waiting now
+  ASSERT_OK_AND_ASSIGN(UpdateStats arrived, late->Update());
+  EXPECT_EQ(arrived.step, 3)
+      << "a reader arriving while Publish waited got the version it replaces";
+  ASSERT_OK_AND_ASSIGN(UpdateStats first, held.get());
+  EXPECT_EQ(first.step, 2);
+  ASSERT_OK_AND_ASSIGN(PublishStats stats, publish.get());
+  EXPECT_EQ(stats.revoked_reads, 0);
+  for (int64_t i = 0; i < elements_; ++i) {
+    ASSERT_EQ(other[i], static_cast<float>(3000 + i % 1000)) << i;
+  }
+}
+
+TEST(WriteFenceOptions, SegmentBytesHoldWholeElementsOfEveryDtype) {
+  PublisherOptions o;
+  o.endpoint = testing::UniqueEndpoint("fence-seg");
+  o.segment_bytes = 4100;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(),
+                   "PublisherOptions.segment_bytes = 4100", "a multiple of 8");
+  o.segment_bytes = 4104;
+  ASSERT_OK(Publisher::Create(o).status());
 }
 
 // Without arena-allocated tensors subscribers read copies in slots: nothing to fence.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "testing/test_util.h"
@@ -112,6 +113,58 @@ TEST(RegionPlan, TheLastShortSegmentOfATensorCountsAsWhole) {
   ASSERT_OK_AND_ASSIGN(Plan plain, BuildRegionPlan(w, Destinations({36}),
                                                    {Copy(0, 64, 0, 0, 0, 36, 1)}, 1 << 20, false));
   EXPECT_TRUE(plain.verifiable);  // it happens to read whole segments only
+}
+
+// Runs `p` as the host landing does (staged): what lands in each destination.
+std::vector<std::vector<uint8_t>> Execute(const Plan& p, const std::vector<uint8_t>& published,
+                                          const std::vector<Destination>& destinations) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const Destination& d : destinations) out.emplace_back(d.spec.nbytes, 0xEE);
+  for (const PlannedTensor& t : p.tensors) {
+    const uint8_t* src = published.data() + t.src_offset;
+    if (t.transform == Transform::kCopy) {
+      std::copy(src, src + t.nbytes, out[t.destination].begin() + t.dst_offset);
+      continue;
+    }
+    for (uint32_t e = 0; e < t.extract_count; ++e) {
+      const Extract& piece = p.extracts[t.first_extract + e];
+      std::copy(src + piece.offset, src + piece.offset + piece.bytes,
+                out[piece.destination].begin() + piece.dst_offset);
+    }
+  }
+  return out;
+}
+
+// Digest segments need not hold whole elements (a peer's Welcome may say 6 bytes of float32):
+// verification pieces of a copy still land byte for byte; a cast cut inside an element is
+// refused.
+TEST(RegionPlan, SegmentsThatSplitElementsStillPlaceEveryByteAndRefuseCasts) {
+  wire::Welcome w = OneTensor(32, 6);
+  w.tensors[0].spec = {"w", DType::kFloat32, {8}, 32};
+  std::vector<Destination> dst = Destinations({28});
+  dst[0].spec = {"d0", DType::kFloat32, {7}, 28};
+  std::vector<uint8_t> published(32);
+  for (size_t i = 0; i < published.size(); ++i) published[i] = static_cast<uint8_t>(i);
+  ASSERT_OK_AND_ASSIGN(Plan p, BuildRegionPlan(w, dst, {Copy(0, 4, 0, 0, 0, 28, 1)}, 1 << 20,
+                                               /*for_verify=*/true));
+  EXPECT_TRUE(p.verifiable);
+  const auto landed = Execute(p, published, dst);
+  EXPECT_EQ(landed[0], std::vector<uint8_t>(published.begin() + 4, published.end()));
+  dst[0].spec = {"d0", DType::kBFloat16, {7}, 14};
+  RegionCopy cast = Copy(0, 4, 0, 0, 0, 28, 1);
+  cast.dst_run_bytes = 14;
+  EXPECT_STATUS_IS(kInvalidArgument, BuildRegionPlan(w, dst, {cast}, 1 << 20, true),
+                   "tensor 'w' is cast from float32 and verified",
+                   "digest segments of 6 bytes split its 4-byte elements");
+  ASSERT_OK(BuildRegionPlan(w, dst, {cast}, 1 << 20, /*for_verify=*/false));
+}
+
+TEST(RegionPlan, VerifyRefusesAPlanThatReadsPartsOfSegments) {
+  Plan p;
+  EXPECT_OK(CheckVerifiable(p, 3));
+  p.verifiable = false;
+  EXPECT_STATUS_IS(kFailedPrecondition, CheckVerifiable(p, 3), "step 3",
+                   "was not prepared for verification");
 }
 
 TEST(RegionPlan, ACopyOutsideEitherTensorIsRefused) {

@@ -273,6 +273,26 @@ TEST(Regions, ShapesDtypesAndPlacementsThatDisagreeAreNamed) {
                    ScheduleRegions(held, {{"w", DType::kFloat8E4M3FN, {4, 4}}}, {wanted[0]}, 1, 0,
                                    nullptr, true),
                    "bfloat16 -> float8_e4m3fn of regions is not supported; casts are");
+  // With casts on, a global shape that disagrees is the problem named, not the dtype.
+  auto shape = ScheduleRegions({{0, "w", DType::kBFloat16, {4, 8}, Whole({4, 8})}}, {dst[0]},
+                               {wanted[0]}, 1, 0, nullptr, true);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_EQ(shape.status().message().find("enable SubscriberOptions.convert_dtypes"),
+            std::string::npos)
+      << shape.status();
+}
+
+// A replica of the destination's dtype wins over one that needs a cast, whatever the load.
+TEST(Regions, AHolderThatNeedsNoCastIsPreferred) {
+  std::vector<HeldTensor> held = {{0, "w", DType::kFloat32, {4, 4}, Whole({4, 4})},
+                                  {1, "w", DType::kBFloat16, {4, 4}, Whole({4, 4})}};
+  std::vector<DestinationShape> dst = {{"w", DType::kBFloat16, {4, 4}}};
+  std::vector<WantedPiece> wanted = {{0, "w", {4, 4}, Whole({4, 4}), {0, 0}}};
+  std::vector<uint64_t> load = {0, 1 << 20};  // publisher 1 is the busier one
+  ASSERT_OK_AND_ASSIGN(RegionSchedule s, ScheduleRegions(held, dst, wanted, 2, 0, &load, true));
+  ASSERT_EQ(s.copies.size(), 1u);
+  EXPECT_EQ(s.copies[0].held, 1u);
+  EXPECT_EQ(s.copies[0].dst_run_bytes, 0u);
 }
 
 // Random layouts: 1-4 global tensors of 1-3 dims, each cut along a random dim into 1-4 tiles

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "testing/test_util.h"
+#include "transport/link/link.h"
 #include "wire/codec.h"
 #include "wire/handshake.h"
 
@@ -62,6 +63,14 @@ TEST(WireSelectTest, CountsBeyondTheLimitOrThePayloadAreRefusedBeforeAllocating)
   w.U32(1000);  // claims 1000 ranges, carries none
   EXPECT_STATUS_IS(kProtocolError, Decode(bytes, &out), "range count 1000 needs at least");
   EXPECT_LT(out.ranges.capacity(), 1000u);
+}
+
+// What the subscriber checks before sending: a plan of more ranges than one frame carries is
+// refused with what to do about it.
+TEST(WireSelectTest, APlanOfMoreRangesThanAFrameCarriesIsRefusedBeforeSending) {
+  EXPECT_OK(transport::link::SelectFits(kMaxSelectRanges));
+  EXPECT_STATUS_IS(kResourceExhausted, transport::link::SelectFits(kMaxSelectRanges + 1),
+                   "more than one select frame carries", "one range per row");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "transport/link/step_exchange.h"
 #include "util/ledger.h"
 #include "util/logging.h"
+#include "wire/handshake.h"
 
 namespace weightsync::transport::link {
 
@@ -19,6 +20,17 @@ std::string_view LinkKindName(LinkKind kind) {
       return "tcp";
   }
   return "unknown";
+}
+
+Status SelectFits(size_t ranges) {
+  if (ranges <= wire::kMaxSelectRanges) return Status::Ok();
+  return Status::ResourceExhausted(
+      "the plan reads ", ranges,
+      " byte ranges of the publisher's tensors, more than one select "
+      "frame carries (",
+      wire::kMaxSelectRanges,
+      "); row-parallel regions read one range per row: fewer, larger published tensors (or "
+      "whole rows) need fewer");
 }
 
 std::unique_ptr<Link> NewLink(const Endpoint& endpoint, const SubscriberOptions& options) {

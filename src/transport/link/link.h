@@ -84,6 +84,10 @@ class Link {
   wire::StepEnd end_;
 };
 
+// Ok if a plan reading `ranges` byte ranges of a tcp publisher's tensors fits one select frame;
+// ResourceExhausted saying why not (row-parallel regions read one range per row).
+Status SelectFits(size_t ranges);
+
 // The link serving `endpoint`: a Unix socket for local://, tcp for tcp://.
 std::unique_ptr<Link> NewLink(const Endpoint& endpoint, const SubscriberOptions& options);
 // The two links (unix_link.cc, tcp_link.cc).

@@ -28,6 +28,7 @@ class TcpLink final : public Link {
     for (const auto& t : plan.tensors) {
       if (t.nbytes > 0) select.ranges.push_back({t.publisher_index, t.src_offset, t.nbytes});
     }
+    WS_RETURN_IF_ERROR(SelectFits(select.ranges.size()).WithContext(peer()));
     return channel().Send(wire::FrameType::kSelect, select, deadline);
   }
   std::string Describe() const override {

@@ -199,6 +199,7 @@ Status GpuLanding::MaybeInjectBitFlip() {
 
 Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
                           const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(plan::CheckVerifiable(*plan_, step));
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   for (size_t i = 0; i < digest_launches_.size(); ++i) {
     // Segments converted straight from the publisher were hashed during the copy.

@@ -79,13 +79,7 @@ void HostLanding::MaybeInjectBitFlip() {
 }
 
 Status HostLanding::Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step) {
-  if (!plan_->verifiable) {
-    // The core prepares a region plan for verification before asking for it; this is a bug guard.
-    return Status::FailedPrecondition(
-        "step ", step,
-        ": this handle's region plan reads parts of digest segments and was not "
-        "prepared for verification");
-  }
+  WS_RETURN_IF_ERROR(plan::CheckVerifiable(*plan_, step));
   digests_ = digests;
   digest_kind_ = kind;
   first_mismatch_.store(kNoMismatch, std::memory_order_relaxed);

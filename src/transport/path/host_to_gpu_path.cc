@@ -105,6 +105,7 @@ Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
 
 Status HostToGpuPath::Verify(std::span<const uint64_t> digests, int64_t step,
                              const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(plan::CheckVerifiable(*plan_, step));
   // Test hook: the arena's bytes as read here differ from what was published.
   if (util::FailPoints::Check("shm.arena_digest_flip").action == util::FailAction::kFlip &&
       !published_kind_.empty()) {
