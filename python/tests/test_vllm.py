@@ -139,10 +139,11 @@ def test_five_updates_bit_exact_through_vllm_factories(endpoint, layerwise):
         engine.shutdown()
 
 
-def test_direct_mode_writes_the_engines_own_parameters(endpoint):
+def run_direct_mode(endpoint, engine_model, check):
+    """Three steps of a trainer into `engine_model` in direct mode through vLLM's factories;
+    `check(trainer)` after each. The parameters never move and no receive buffer exists (nothing
+    of the model's size besides the subscriber's shadow). Returns the engine, shut down."""
     trainer = TrainerModel(seed=2)
-    engine_model = TrainerModel(seed=3)  # same names and layout as the trainer's
-    poison(engine_model)
     before = {n: p.data_ptr() for n, p in engine_model.named_parameters()}
     engine = create_engine(engine_model)
     sender = WeightTransferTrainerFactory.trainer_init(
@@ -152,36 +153,30 @@ def test_direct_mode_writes_the_engines_own_parameters(endpoint):
         for step in range(1, 4):
             train_step(trainer, step)
             sender.send_weights()
-            assert_same_bytes(engine_state(engine_model), engine_state(trainer))
+            check(trainer)
         assert {n: p.data_ptr() for n, p in engine_model.named_parameters()} == before
-        # Nothing of the model's size besides the subscriber's shadow: no receive buffers.
         assert engine.receiver._allocated == []
     finally:
         sender.shutdown()
         engine.shutdown()
+    return engine
+
+
+def test_direct_mode_writes_the_engines_own_parameters(endpoint):
+    engine_model = TrainerModel(seed=3)  # same names and layout as the trainer's
+    poison(engine_model)
+    run_direct_mode(endpoint, engine_model,
+                    lambda trainer: assert_same_bytes(engine_state(engine_model),
+                                                      engine_state(trainer)))
 
 
 def test_direct_mode_fills_fused_parameters_in_place(endpoint):
     """vLLM's fused qkv_proj / gate_up_proj (packed_modules_mapping) are written straight from
     the published q/k/v and gate/up tensors, as regions: no receive buffers, no loader."""
-    trainer = TrainerModel(seed=2)
     engine_model = FusedEngineModel()
-    before = {n: p.data_ptr() for n, p in engine_model.named_parameters()}
-    engine = create_engine(engine_model)
-    sender = WeightTransferTrainerFactory.trainer_init(
-        WeightsyncTrainerInitInfo(rank=0, endpoint=endpoint, mode="direct"),
-        client=LocalClient(engine), source=ModuleSource(trainer))
-    try:
-        for step in range(1, 4):
-            train_step(trainer, step)
-            sender.send_weights()
-            assert_engine_holds(engine_model, trainer)
-        assert {n: p.data_ptr() for n, p in engine_model.named_parameters()} == before
-        assert engine.receiver._allocated == [] and engine_model.loaded == []
-        assert engine.weight_version == 3
-    finally:
-        sender.shutdown()
-        engine.shutdown()
+    engine = run_direct_mode(endpoint, engine_model,
+                             lambda trainer: assert_engine_holds(engine_model, trainer))
+    assert engine_model.loaded == [] and engine.weight_version == 3
 
 
 def test_direct_mode_refuses_a_fused_layout_it_cannot_name_and_changes_nothing(endpoint):

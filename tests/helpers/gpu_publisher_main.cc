@@ -36,21 +36,33 @@ ws::Status PublishFromAnotherDevice(ws::Publisher& publisher, int device, int64_
   return ws::Status::Ok();
 }
 
+// Device memory of `device` for each of `host` (same shapes, dtypes and regions) and the views of
+// it to register.
+ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device,
+                    std::vector<ws::cuda::DeviceBuffer>* buffers,
+                    std::vector<ws::NamedTensor>* views) {
+  for (const ws::NamedTensor& t : host) {
+    WS_ASSIGN_OR_RETURN(uint64_t bytes, t.view.NumBytes());
+    WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
+                        ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+    ws::NamedTensor view = t;
+    view.view.data = buffer.data();
+    view.view.device = {ws::Device::Kind::kCUDA, device};
+    views->push_back(view);
+    buffers->push_back(std::move(buffer));
+  }
+  return ws::Status::Ok();
+}
+
 // One trainer rank of a sharded model on `device`: the host pattern uploaded before each publish.
 int ServeFsdpRank(ws::PublisherOptions options, int rank, int ranks, int device, int scale) {
   static const std::vector<ws::testing::GlobalTensor> model = ws::testing::LayerModel(scale);
   ws::testing::TrainerRank trainer = ws::testing::FsdpRank(model, ranks, rank);
+  std::vector<ws::NamedTensor> host;
+  for (ws::testing::RegionTensor& t : trainer.tensors) host.push_back(t.View());
   std::vector<ws::cuda::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
-  for (ws::testing::RegionTensor& t : trainer.tensors) {
-    auto buffer = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(t.nbytes(), 1));
-    if (!buffer.ok()) return SetUpFailed(buffer.status());
-    ws::NamedTensor view = t.View();
-    view.view.data = buffer->data();
-    view.view.device = {ws::Device::Kind::kCUDA, device};
-    on_device.push_back(view);
-    buffers.push_back(std::move(buffer).value());
-  }
+  if (ws::Status s = OnDevice(host, device, &buffers, &on_device); !s.ok()) return SetUpFailed(s);
   auto publisher = ws::Publisher::Create(options);
   if (!publisher.ok()) return SetUpFailed(publisher.status());
   if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) return SetUpFailed(s);
@@ -107,15 +119,7 @@ int main(int argc, char** argv) {
   }
   std::vector<ws::cuda::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
-  for (const auto& t : host) {
-    auto buffer = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(*t.view.NumBytes(), 1));
-    if (!buffer.ok()) return SetUpFailed(buffer.status());
-    ws::TensorView v = t.view;
-    v.data = buffer->data();
-    v.device = {ws::Device::Kind::kCUDA, device};
-    on_device.push_back({t.name, v});
-    buffers.push_back(std::move(buffer).value());
-  }
+  if (ws::Status s = OnDevice(host, device, &buffers, &on_device); !s.ok()) return SetUpFailed(s);
   auto publisher = ws::Publisher::Create(options);
   if (!publisher.ok()) return SetUpFailed(publisher.status());
   if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) return SetUpFailed(s);
