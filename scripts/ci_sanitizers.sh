@@ -91,7 +91,8 @@ run_ctest() {
 asan_job() {
   WRAP=""
   local t0=$SECONDS logs="$PWD/$ASAN_BUILD/sanitizer-logs"
-  cmake -S . -B "$ASAN_BUILD" -DWS_SANITIZE=address,undefined -DWS_BUILD_BENCH=OFF >/dev/null
+  cmake -S . -B "$ASAN_BUILD" -DWS_SANITIZE=address,undefined -DWS_BUILD_BENCH=OFF \
+    -DWS_BUILD_GPU_TESTS=OFF >/dev/null
   cmake --build "$ASAN_BUILD" -j"$JOBS" --target ws_sanitizer_canaries
   export ASAN_OPTIONS=$ASAN_BASE UBSAN_OPTIONS=$UBSAN_BASE
   expect_failure asan_heap_overflow "AddressSanitizer: heap-buffer-overflow" \
@@ -112,7 +113,8 @@ asan_job() {
 
 tsan_job() {
   local t0=$SECONDS logs="$PWD/$TSAN_BUILD/sanitizer-logs"
-  cmake -S . -B "$TSAN_BUILD" -DWS_SANITIZE=thread -DWS_BUILD_BENCH=OFF >/dev/null
+  cmake -S . -B "$TSAN_BUILD" -DWS_SANITIZE=thread -DWS_BUILD_BENCH=OFF \
+    -DWS_BUILD_GPU_TESTS=OFF >/dev/null
   cmake --build "$TSAN_BUILD" -j"$JOBS" --target ws_sanitizer_canaries
   export TSAN_OPTIONS=$TSAN_BASE
   # TSan runs without address-space randomization (setarch -R; children inherit it):

@@ -47,8 +47,10 @@ class Subscriber {
   Status Unregister(const std::vector<std::string>& names);
   // What the publishers publish (name, dtype, shape), read over a short-lived connection to each
   // without preparing anything, so an engine that allocates its own buffers can mirror them
-  // before registering. With several publishers: the union, each name once; InvalidArgument
-  // when two publishers disagree on a name's dtype or shape. Busy during an update. A publisher
+  // before registering. A publisher's shard of a global tensor (regions) counts as that global
+  // tensor (its name and global shape): sharded trainers look like the model they hold together.
+  // With several publishers: the union, each name once; InvalidArgument when two publishers
+  // disagree on a name's dtype or shape. Busy during an update. A publisher
   // answers once its layout is fixed (its first Publish); until then this waits, within
   // SubscriberOptions.timeout.
   Result<Manifest> PublishedManifest();

@@ -164,3 +164,20 @@ def test_refusals_name_the_tensor_and_the_problem(endpoint):
                                                              "does not fit"):
             sub.register({"w": np.zeros((4, 6), np.float32)},
                          regions={"w": R.Region("g", (8, 6), (6, 0), (4, 6))})
+
+
+def test_an_engine_with_its_own_loader_receives_whole_tensors_from_shards(fsdp4):
+    """published_manifest() shows the global tensors of a sharded trainer; allocate() + receive()
+    then assembles each from the ranks holding its rows (the load_weights path of the engine
+    integrations)."""
+    for t in fsdp4:
+        t.publish(7)  # the layout a manifest describes exists from the first publish on
+    with weightsync.Subscriber([t.pub.endpoint for t in fsdp4]) as sub:
+        manifest = {name: tuple(shape) for name, _, shape in sub.published_manifest()}
+        assert manifest == SHAPES
+        for name, dtype, shape in sub.published_manifest():
+            sub.allocate(name, dtype, shape)
+        got = {name: np.asarray(a).view(np.uint16) for name, a in sub.receive()}
+    want = global_tensors(7)
+    for name, shape in SHAPES.items():
+        np.testing.assert_array_equal(got[name].reshape(shape), want[name], err_msg=name)

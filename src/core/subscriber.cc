@@ -248,16 +248,29 @@ Result<Manifest> Subscriber::PublishedManifest() {
     Status connected = welcome.status();
     if (connected.ok()) {
       for (const wire::TensorPlacement& p : (*welcome)->tensors) {
+        // A shard of a global tensor (a sharded trainer's piece) stands for the global tensor.
+        TensorSpec spec = p.spec;
+        if (p.sharded) {
+          spec = {p.shard.tensor, p.spec.dtype, p.shard.global_shape, 0};
+          Result<uint64_t> bytes = TensorView{nullptr, spec.dtype, spec.shape}.NumBytes();
+          if (!bytes.ok()) {
+            connected = Status::ProtocolError("tensor '", p.spec.name, "' is a shard of '",
+                                              spec.name, "', whose global shape ",
+                                              ShapeString(spec.shape), " has no byte size");
+            break;
+          }
+          spec.nbytes = *bytes;
+        }
         auto seen = std::find_if(specs.begin(), specs.end(),
-                                 [&](const TensorSpec& s) { return s.name == p.spec.name; });
+                                 [&](const TensorSpec& s) { return s.name == spec.name; });
         if (seen == specs.end()) {
-          specs.push_back(p.spec);
+          specs.push_back(std::move(spec));
           from.push_back(source.name);
-        } else if (seen->dtype != p.spec.dtype || seen->shape != p.spec.shape) {
+        } else if (seen->dtype != spec.dtype || seen->shape != spec.shape) {
           connected = Status::InvalidArgument(
-              "tensor '", p.spec.name, "': ", from[seen - specs.begin()], " publishes ",
+              "tensor '", spec.name, "': ", from[seen - specs.begin()], " publishes ",
               DTypeName(seen->dtype), " ", ShapeString(seen->shape), ", ", source.name,
-              " publishes ", DTypeName(p.spec.dtype), " ", ShapeString(p.spec.shape));
+              " publishes ", DTypeName(spec.dtype), " ", ShapeString(spec.shape));
           break;
         }
       }

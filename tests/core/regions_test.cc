@@ -181,6 +181,22 @@ TEST_P(Regions, UncoveredAndDoublyWrittenRangesAreListedInOneErrorAndNothingMove
   EXPECT_TRUE(engine.Untouched(&why)) << why;
 }
 
+// A sharded trainer looks like the model it holds together: its global tensors, each once.
+TEST_P(Regions, PublishedManifestListsTheGlobalTensorsOfShardedPublishers) {
+  model_ = {{"w", DType::kBFloat16, {5, 12}}, {"norm", DType::kFloat32, {3}}};
+  StartFsdp(2);  // rows [0, 2) and [2, 5) of w: uneven shards
+  PublishAll(1);
+  SubscriberOptions o;
+  for (TrainerRank& t : trainers_) o.endpoints.push_back(t.publisher->endpoint());
+  ASSERT_OK_AND_ASSIGN(auto sub, Subscriber::Create(o));
+  ASSERT_OK_AND_ASSIGN(Manifest m, sub->PublishedManifest());
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m.tensors()[0].name, "w");
+  EXPECT_EQ(m.tensors()[0].shape, (std::vector<int64_t>{5, 12}));
+  EXPECT_EQ(m.tensors()[0].nbytes, 120u);
+  EXPECT_EQ(m.tensors()[1].shape, (std::vector<int64_t>{3}));
+}
+
 // Tied destinations (one tensor under two names) are written once, through the first name.
 TEST_P(Regions, TiedDestinationsAreWrittenOnceThroughTheirOriginal) {
   StartFsdp(2);

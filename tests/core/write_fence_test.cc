@@ -69,7 +69,7 @@ class WriteFence : public ::testing::TestWithParam<testing::TransportMode> {
     return true;
   }
 
-  const std::chrono::milliseconds timeout_{testing::kUnderSanitizer ? 2000 : 500};
+  const std::chrono::milliseconds timeout_{testing::kUnderSanitizer ? 1000 : 500};
   int64_t elements_ = 0;
   std::unique_ptr<Publisher> pub_;
   float* w_ = nullptr;
@@ -103,14 +103,26 @@ TEST_P(WriteFence, BeginWriteWaitsForAReaderAndTheReaderGetsTheVersionItAskedFor
   EXPECT_TRUE(Holds(3));
 }
 
+// A revoked tcp read keeps sending what the trainer now writes (its result is discarded: the
+// subscriber gets the revocation instead of the step's end). ThreadSanitizer sees that send, in
+// this process, as a race on every write, and slows each to a crawl: the tcp rows skip under it
+// (the shm rows, and every row under ASan, run).
+#define WS_SKIP_TCP_REVOCATION_UNDER_TSAN()                                                  \
+  do {                                                                                       \
+    if (GetParam().tcp && testing::kUnderThreadSanitizer) {                                  \
+      GTEST_SKIP() << "tcp revocation races by design with the trainer's write (see above)"; \
+    }                                                                                        \
+  } while (0)
+
 TEST_P(WriteFence, AStalledReaderIsRevokedWithinTheDeadlineAndCommitsNothing) {
+  WS_SKIP_TCP_REVOCATION_UNDER_TSAN();
   // Over tcp the publisher streams from its arena itself: a tensor larger than the loopback
   // socket buffers keeps that send (and its pin) open while the subscriber is held.
   Start(timeout_, GetParam().tcp ? (40 << 20) / 4 : 1 << 16);
   ASSERT_OK(Write(1));
   ASSERT_OK(sub_->Update());
   ASSERT_OK(Write(2));
-  const int hold_ms = testing::kUnderSanitizer ? 8000 : 2500;
+  const int hold_ms = testing::kUnderSanitizer ? 4000 : 2500;
   FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, hold_ms, 1);
   auto update = std::async(std::launch::async, [&] { return sub_->Update(); });
   ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
@@ -140,6 +152,7 @@ TEST_P(WriteFence, AStalledReaderIsRevokedWithinTheDeadlineAndCommitsNothing) {
 // A reader slower than the publisher's timeout keeps its version as long as it waits itself,
 // while the publisher needs nothing of it; once Publish needs its slot, it loses it (revoked).
 TEST_P(WriteFence, ASlowReaderKeepsItsVersionUntilThePublisherNeedsTheSlot) {
+  WS_SKIP_TCP_REVOCATION_UNDER_TSAN();
   Start(timeout_, GetParam().tcp ? (40 << 20) / 4 : 1 << 16, /*registered=*/true);
   ASSERT_OK(Write(1));
   ASSERT_OK(sub_->Update());

@@ -31,6 +31,20 @@ inline constexpr bool kUnderSanitizer = false;
 inline constexpr bool kUnderSanitizer = false;
 #endif
 
+// ThreadSanitizer alone: it sees the publisher's own socket send of memory the trainer writes
+// (a revoked read, by design) as a race, and its slow path on every such write takes minutes.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kUnderThreadSanitizer = true;
+#else
+inline constexpr bool kUnderThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderThreadSanitizer = false;
+#endif
+
 // A unique endpoint name per test (pid + counter), in a per-test-run socket dir.
 std::string UniqueEndpoint(const std::string& stem);
 
