@@ -417,7 +417,14 @@ int main(int argc, char** argv) {
   }
   if (a.role == "publisher") return RunPublisher(a);
   if (auto s = ws::cuda::CudaAvailable(); !s.ok()) Die("CUDA", s);
-  if (ws::cuda::DeviceCount() < 2) a.dst = a.src;
+  if (ws::cuda::DeviceCount() < 2) {
+    // One GPU: every row runs on it, except nccl, which cannot put two ranks on one device.
+    a.dst = a.src;
+    if (a.nccl && a.Row("nccl")) {
+      std::fprintf(stderr, "gpu_update: nccl row skipped: it needs 2 CUDA devices, found 1\n");
+    }
+    a.nccl = false;
+  }
   if (a.Row("peer")) PeerCopyLimit(a);
   if (a.Row("model")) Measure(a, a.scale, "model", /*tcp=*/false);
   if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);

@@ -46,7 +46,7 @@ Result<UniqueId> NewUniqueId();
 struct Watch {
   int control_fd = -1;                          // peer closed it (or it broke) → PeerLost
   const std::atomic<bool>* stopping = nullptr;  // set → Cancelled (the server is closing)
-  std::string_view peer;                        // names the peer in errors
+  std::string peer;  // names the peer in errors (owned: callers built it from temporaries)
 };
 
 // One contiguous device byte range of a prepared transfer.

@@ -502,6 +502,17 @@ Status CopyQueue::EnqueueBatch(void* const* dsts, const void* const* srcs, const
   return Status::Ok();
 }
 
+Status CopyQueue::EnqueueBatch(const CopyBatch& batch) {
+  WS_RETURN_IF_ERROR(EnqueueBatch(batch.dsts().data(), batch.srcs().data(), batch.sizes().data(),
+                                  batch.sizes().size()));
+  for (const StridedCopy& g : batch.strided()) {
+    WS_CUDART(cudaMemcpy2DAsync(g.dst, g.dst_pitch, g.src, g.src_pitch, g.width, g.height,
+                                cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)),
+              "cudaMemcpy2DAsync");
+  }
+  return Status::Ok();
+}
+
 Status CopyQueue::Wait(const util::Deadline& deadline) {
   WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)),
             "cudaEventRecord");

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/copy_batch.h"
 #include "util/deadline.h"
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
@@ -91,27 +92,6 @@ class ImportedAllocation {
   int owner_device_ = -1;
 };
 
-// A prepared batch of copies (destinations, sources, sizes), built once per transfer handle and
-// submitted every step in one call (CopyQueue::EnqueueBatch): the one copy-batch type of the GPU
-// paths and the GPU store.
-struct CopyBatch {
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
-  void Add(void* dst, const void* src, size_t bytes) {
-    dsts.push_back(dst);
-    srcs.push_back(src);
-    sizes.push_back(bytes);
-  }
-  size_t size() const { return sizes.size(); }
-  bool empty() const { return sizes.empty(); }
-  void Clear() {
-    dsts.clear();
-    srcs.clear();
-    sizes.clear();
-  }
-};
-
 // Asynchronous copies on one non-blocking stream of `device`, completion by an event, waited for
 // with a deadline (the host polls the event, so a stuck copy is a Timeout, not a hang).
 class CopyQueue {
@@ -128,10 +108,9 @@ class CopyQueue {
   // arrays are the caller's, prepared once). Falls back to one call per copy where unsupported.
   Status EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
                       size_t count);
-  Status EnqueueBatch(const CopyBatch& batch) {
-    if (batch.empty()) return Status::Ok();
-    return EnqueueBatch(batch.dsts.data(), batch.srcs.data(), batch.sizes.data(), batch.size());
-  }
+  // A prepared batch: its singles in one EnqueueBatch call, then one cudaMemcpy2DAsync per
+  // strided copy.
+  Status EnqueueBatch(const CopyBatch& batch);
   // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
   Status Wait(const util::Deadline& deadline);
   // Makes `waiting_stream` (any device's) wait, on the GPU, for everything enqueued here so far.

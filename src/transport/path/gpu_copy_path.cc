@@ -115,7 +115,7 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
         if (!status.ok()) break;
         continue;
       }
-      batch.copies.Add(receiver_.Received(t), src, t.nbytes);
+      batch.copies.Add(receiver_.Received(t), src, t.nbytes, t.destination);
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
   }
@@ -129,8 +129,9 @@ Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
   Batch& b = slot_batches_[begin.slot];
   cuda::CopyQueue& queue = receiver_.queue();
   WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
-  // A tensor is contiguous on both sides: one copy-engine transfer per tensor, all submitted at
-  // once (first, so they overlap the conversions on the publisher's GPU).
+  // A planned tensor is contiguous on both sides: one copy-engine transfer per tensor (the rows
+  // of a region cut as one 2-D transfer, cuda/copy_batch.h), all submitted at once (first, so
+  // they overlap the conversions on the publisher's GPU).
   WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies));
   if (source_device_ >= 0 && !b.conversions.empty()) {
     // On the publisher's GPU: read its memory locally, write the converted bytes across the

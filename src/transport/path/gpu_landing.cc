@@ -72,7 +72,7 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0 || t.transform != plan::Transform::kCopy) continue;
       commit_.Add(destinations_[t.destination] + t.dst_offset,
-                  shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes);
+                  shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes, t.destination);
     }
   }
   digest_launches_.clear();

@@ -53,7 +53,7 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
       if (t.nbytes == 0) continue;
       slot_batches_[k].Add(host_.ReceivedTensor(t),
                            slot + welcome.tensors[t.publisher_index].offset + t.src_offset,
-                           t.nbytes);
+                           t.nbytes, t.destination);
     }
   }
   return Status::Ok();

@@ -62,7 +62,8 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
       const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
       slot_batches_[k].Add(
           receiver_.Received(t),
-          (p.region == wire::Region::kSlot ? slot : direct) + p.offset + t.src_offset, t.nbytes);
+          (p.region == wire::Region::kSlot ? slot : direct) + p.offset + t.src_offset, t.nbytes,
+          t.destination);
     }
   }
   uint32_t digests = 0;

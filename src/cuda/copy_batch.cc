@@ -1,0 +1,88 @@
+#include "cuda/copy_batch.h"
+
+namespace weightsync::cuda {
+namespace {
+
+uintptr_t Address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// The pitch from `from` to `to` if it is a valid row step for rows of `width` bytes, else 0.
+size_t RowStep(const void* from, const void* to, size_t width) {
+  if (Address(to) <= Address(from)) return 0;
+  const size_t step = Address(to) - Address(from);
+  return step >= width && step <= CopyBatch::kMaxPitch ? step : 0;
+}
+
+}  // namespace
+
+void CopyBatch::Add(void* dst, const void* src, size_t bytes, uint64_t span) {
+  if (bytes == 0) return;
+  const bool same_span = !empty() && span == last_span_;
+  last_span_ = span;
+  if (!same_span) {
+    strided_open_ = false;
+    trail_ = 0;
+  }
+  if (strided_open_) {
+    StridedCopy& g = strided_.back();
+    if (bytes == g.width && Address(dst) == Address(g.dst) + g.height * g.dst_pitch &&
+        Address(src) == Address(g.src) + g.height * g.src_pitch) {
+      ++g.height;
+      return;
+    }
+    strided_open_ = false;
+  }
+  dsts_.push_back(dst);
+  srcs_.push_back(src);
+  sizes_.push_back(bytes);
+  if (trail_ >= 2 && ContinuesTrail()) {
+    ++trail_;
+  } else if (trail_ >= 1 && sizes_[sizes_.size() - 2] == bytes) {
+    // A new progression may start at the previous single.
+    const size_t n = sizes_.size();
+    trail_dst_pitch_ = RowStep(dsts_[n - 2], dst, bytes);
+    trail_src_pitch_ = RowStep(srcs_[n - 2], src, bytes);
+    trail_ = trail_dst_pitch_ != 0 && trail_src_pitch_ != 0 ? 2 : 1;
+  } else {
+    trail_ = 1;
+  }
+  if (trail_ < kMinRows) return;
+  const size_t first = sizes_.size() - trail_;
+  strided_.push_back(
+      {dsts_[first], srcs_[first], trail_dst_pitch_, trail_src_pitch_, bytes, trail_});
+  dsts_.resize(first);
+  srcs_.resize(first);
+  sizes_.resize(first);
+  strided_open_ = true;
+  trail_ = 0;
+}
+
+bool CopyBatch::ContinuesTrail() const {
+  const size_t n = sizes_.size();
+  return sizes_[n - 1] == sizes_[n - 2] &&
+         Address(dsts_[n - 1]) == Address(dsts_[n - 2]) + trail_dst_pitch_ &&
+         Address(srcs_[n - 1]) == Address(srcs_[n - 2]) + trail_src_pitch_;
+}
+
+size_t CopyBatch::copies() const {
+  size_t n = sizes_.size();
+  for (const StridedCopy& g : strided_) n += g.height;
+  return n;
+}
+
+uint64_t CopyBatch::bytes() const {
+  uint64_t n = 0;
+  for (size_t s : sizes_) n += s;
+  for (const StridedCopy& g : strided_) n += uint64_t{g.width} * g.height;
+  return n;
+}
+
+void CopyBatch::Clear() {
+  dsts_.clear();
+  srcs_.clear();
+  sizes_.clear();
+  strided_.clear();
+  strided_open_ = false;
+  trail_ = 0;
+}
+
+}  // namespace weightsync::cuda

@@ -1,0 +1,72 @@
+// A prepared batch of copies (destination, source, size), built once per transfer handle and
+// submitted every step in one go (CopyQueue::EnqueueBatch): the one copy-batch type of the GPU
+// paths and the GPU store. Host code, no CUDA headers.
+//
+// Why it coalesces: a region plan (plan/region_plan.h) turns a row-parallel cut into one run per
+// row — a 7B model's TP-2 engine rank receives about 200,000 runs of a few KiB per step. One
+// copy-engine descriptor per run costs ~2 µs each, far more than the bytes. Runs of equal size at
+// constant strides on both sides are kept as one StridedCopy (cudaMemcpy2DAsync: the copy engine
+// walks the rows itself), recognised as they are added, so no caller has to know about rows.
+// The copies of one batch must not overlap each other's destinations (true of every plan), since
+// singles and strided copies are not submitted in the order they were added. A 2-D copy must lie
+// in one allocation on each side (cudaMemcpy2DAsync refuses a span across two cudaMalloc blocks,
+// e.g. small tensors the caching allocator placed at a regular stride), so only copies the caller
+// gave the same `span` id are combined.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace weightsync::cuda {
+
+// `height` rows of `width` bytes; row r goes from src + r * src_pitch to dst + r * dst_pitch.
+struct StridedCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t dst_pitch = 0;
+  size_t src_pitch = 0;
+  size_t width = 0;
+  size_t height = 0;
+};
+
+class CopyBatch {
+ public:
+  // Rows that must line up before they become one StridedCopy: below it, a 2-D copy saves less
+  // than the extra call costs (the singles already go out in one submission).
+  static constexpr size_t kMinRows = 4;
+  // cudaMemcpy2D's pitch limit (cudaDevAttrMaxPitch is 2^31 - 1 on every GPU we know of).
+  static constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+
+  // Zero-byte copies are dropped. `span`: the caller's promise that all copies with this id have
+  // their destinations in one allocation and their sources in one allocation (the GPU paths pass
+  // the destination tensor's index: their sources are one arena, staging or shadow buffer).
+  void Add(void* dst, const void* src, size_t bytes, uint64_t span);
+
+  // Copies submitted one by one (in one cudaMemcpyBatchAsync).
+  const std::vector<void*>& dsts() const { return dsts_; }
+  const std::vector<const void*>& srcs() const { return srcs_; }
+  const std::vector<size_t>& sizes() const { return sizes_; }
+  const std::vector<StridedCopy>& strided() const { return strided_; }
+
+  size_t copies() const;  // every copy added (a strided copy counts its rows); zero-byte ones not
+  uint64_t bytes() const;
+  bool empty() const { return sizes_.empty() && strided_.empty(); }
+  void Clear();
+
+ private:
+  // Whether the last two singles step by the same strides as the trailing run so far.
+  bool ContinuesTrail() const;
+
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+  std::vector<StridedCopy> strided_;
+  uint64_t last_span_ = 0;     // of the last copy added
+  bool strided_open_ = false;  // the last copy added extended strided_.back()
+  size_t trail_ = 0;           // trailing singles that form one progression
+  size_t trail_dst_pitch_ = 0;
+  size_t trail_src_pitch_ = 0;
+};
+
+}  // namespace weightsync::cuda
