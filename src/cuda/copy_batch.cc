@@ -63,6 +63,27 @@ bool CopyBatch::ContinuesTrail() const {
          Address(srcs_[n - 1]) == Address(srcs_[n - 2]) + trail_src_pitch_;
 }
 
+std::vector<SingleCopy> CopyBatch::TakeSinglesBelow(size_t below_bytes) {
+  std::vector<SingleCopy> taken;
+  size_t kept = 0;
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] < below_bytes) {
+      taken.push_back({dsts_[i], srcs_[i], sizes_[i]});
+      continue;
+    }
+    dsts_[kept] = dsts_[i];
+    srcs_[kept] = srcs_[i];
+    sizes_[kept] = sizes_[i];
+    ++kept;
+  }
+  dsts_.resize(kept);
+  srcs_.resize(kept);
+  sizes_.resize(kept);
+  strided_open_ = false;
+  trail_ = 0;
+  return taken;
+}
+
 size_t CopyBatch::copies() const {
   size_t n = sizes_.size();
   for (const StridedCopy& g : strided_) n += g.height;

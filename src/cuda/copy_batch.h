@@ -30,6 +30,12 @@ struct StridedCopy {
   size_t height = 0;
 };
 
+struct SingleCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 class CopyBatch {
  public:
   // Rows that must line up before they become one StridedCopy: below it, a 2-D copy saves less
@@ -48,6 +54,11 @@ class CopyBatch {
   const std::vector<const void*>& srcs() const { return srcs_; }
   const std::vector<size_t>& sizes() const { return sizes_; }
   const std::vector<StridedCopy>& strided() const { return strided_; }
+
+  // Removes the singles of fewer than `below_bytes` bytes and returns them (in order), for a
+  // caller that submits them another way (one copy kernel, cuda/kernels.h). Call once the batch is
+  // complete: nothing added later continues a run begun before.
+  std::vector<SingleCopy> TakeSinglesBelow(size_t below_bytes);
 
   size_t copies() const;  // every copy added (a strided copy counts its rows); zero-byte ones not
   uint64_t bytes() const;

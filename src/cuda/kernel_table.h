@@ -26,6 +26,7 @@ enum class KernelId : uint8_t {
   kDigestChunks,          // one hash per 64 KiB chunk of a byte range
   kDigestCombine,         // chunk hashes -> the range's 64-bit digest
   kCopy,                  // bytes, 16-byte vectors where src and dst allow
+  kCopyGroup,             // many copies (a device table of them) in one launch
   kArgProbe,              // writes back its 18 typed scalars: checks the argument ABI on a device
   kCount,
 };
@@ -74,6 +75,14 @@ struct CopyArgs {
 };
 inline constexpr ArgType kCopySignature[] = {ArgType::Pointer(), ArgType::Pointer(),
                                              ArgType::Scalar(DType::kUInt64)};
+
+// copy, grouped: (const CopyGroupJob* jobs, uint32 count) — the job table lives in device memory
+// (kernels.h); one block copies one job at a time.
+struct CopyGroupArgs {
+  static constexpr size_t kJobs = 0, kCount = 1;
+};
+inline constexpr ArgType kCopyGroupSignature[] = {ArgType::Pointer(),
+                                                  ArgType::Scalar(DType::kUInt32)};
 
 // arg probe: (uint64* out, then one scalar of each of the 18 dtypes in wire-code order).
 // out[k] receives scalar k's bytes zero-extended to 64 bits (k = wire code - 1); out[18] counts
@@ -125,6 +134,7 @@ inline constexpr KernelInfo kKernels[kKernelCount] = {
     {KernelId::kDigestChunks, "digest_chunks", kDigestChunksSignature},
     {KernelId::kDigestCombine, "digest_combine", kDigestCombineSignature},
     {KernelId::kCopy, "copy", kCopySignature},
+    {KernelId::kCopyGroup, "copy_group", kCopyGroupSignature},
     {KernelId::kArgProbe, "arg_probe", kArgProbeSignature},
 };
 

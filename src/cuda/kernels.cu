@@ -348,10 +348,10 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 // ---- copy --------------------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads)
-    CopyKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, uint64_t bytes) {
-  const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+// Thread `tid` of `stride` cooperating threads' share of copying `bytes` from src to dst.
+__device__ __forceinline__ void CopyShare(const uint8_t* __restrict__ src,
+                                          uint8_t* __restrict__ dst, uint64_t bytes, uint64_t tid,
+                                          uint64_t stride) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(src), d = reinterpret_cast<uintptr_t>(dst);
   if (((s ^ d) & 15) != 0) {  // no common 16-byte alignment: bytes
     for (uint64_t i = tid; i < bytes; i += stride) dst[i] = src[i];
@@ -372,6 +372,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (; v < vectors; v += stride) d4[v] = s4[v];
   for (uint64_t i = head + vectors * 16 + tid; i < bytes; i += stride) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CopyKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, uint64_t bytes) {
+  CopyShare(src, dst, bytes, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+            uint64_t(gridDim.x) * blockDim.x);
+}
+
+// Block b copies jobs b, b + grid, ...: each job by the whole block.
+__global__ void __launch_bounds__(kThreads)
+    CopyGroupKernel(const CopyGroupJob* __restrict__ jobs, uint32_t count) {
+  for (uint32_t j = blockIdx.x; j < count; j += gridDim.x) {
+    const CopyGroupJob job = jobs[j];
+    CopyShare(static_cast<const uint8_t*>(job.src), static_cast<uint8_t*>(job.dst), job.bytes,
+              threadIdx.x, blockDim.x);
+  }
 }
 
 // ---- argument probe ------------------------------------------------------------------------
@@ -426,6 +442,7 @@ static_assert(KernelMatchesSignature(&QuantizeFp8GroupKernel, kQuantizeFp8GroupS
 static_assert(KernelMatchesSignature(&DigestChunksKernel, kDigestChunksSignature));
 static_assert(KernelMatchesSignature(&DigestCombineKernel, kDigestCombineSignature));
 static_assert(KernelMatchesSignature(&CopyKernel, kCopySignature));
+static_assert(KernelMatchesSignature(&CopyGroupKernel, kCopyGroupSignature));
 static_assert(KernelMatchesSignature(&ArgProbeKernel, kArgProbeSignature));
 
 // The host stub of each kernel, by KernelId.
@@ -455,6 +472,8 @@ const void* KernelFunction(KernelId id) {
       return reinterpret_cast<const void*>(&DigestCombineKernel);
     case KernelId::kCopy:
       return reinterpret_cast<const void*>(&CopyKernel);
+    case KernelId::kCopyGroup:
+      return reinterpret_cast<const void*>(&CopyGroupKernel);
     case KernelId::kArgProbe:
       return reinterpret_cast<const void*>(&ArgProbeKernel);
     case KernelId::kCount:
@@ -653,6 +672,49 @@ Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes,
   launch.args().Set(CopyArgs::kDst, dst);
   launch.args().Set(CopyArgs::kBytes, bytes);
   return Result<PreparedLaunch>(std::move(launch));
+}
+
+Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
+                                           StreamHandle stream) {
+  WS_RETURN_IF_ERROR(CudaAvailable());
+  PreparedCopyGroup group;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const SingleCopy& c = copies[i];
+    if (c.bytes == 0) continue;
+    const std::string which = "copy " + std::to_string(i);
+    WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", which + " source", c.src, c.bytes));
+    WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", which + " destination", c.dst, c.bytes));
+    for (uint64_t at = 0; at < c.bytes; at += kCopyGroupChunkBytes) {
+      group.jobs_.push_back({static_cast<const uint8_t*>(c.src) + at,
+                             static_cast<uint8_t*>(c.dst) + at,
+                             std::min(kCopyGroupChunkBytes, c.bytes - at)});
+    }
+    group.bytes_ += c.bytes;
+  }
+  if (group.jobs_.empty()) return Result<PreparedCopyGroup>(std::move(group));
+  if (group.jobs_.size() > UINT32_MAX) {
+    return Status::InvalidArgument("copy_group: ", group.jobs_.size(), " jobs, at most ",
+                                   UINT32_MAX);
+  }
+  WS_ASSIGN_OR_RETURN(group.table_,
+                      DeviceBuffer::Allocate(group.jobs_.size() * sizeof(CopyGroupJob)));
+  WS_RETURN_IF_ERROR(CopyToDevice(group.table_.data(), group.jobs_.data(),
+                                  group.jobs_.size() * sizeof(CopyGroupJob)));
+  // As many blocks as stay resident at once (each loops over its share of the jobs).
+  int per_sm = 0;
+  WS_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, CopyGroupKernel, kThreads, 0),
+      "occupancy of copy_group");
+  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(group.jobs_.size(), 1, std::max(per_sm, 1)));
+  WS_ASSIGN_OR_RETURN(group.launch_, Make(KernelId::kCopyGroup, grid, kThreads, stream));
+  group.launch_.args().Set(CopyGroupArgs::kJobs, group.table_.data());
+  group.launch_.args().Set(CopyGroupArgs::kCount, uint32_t(group.jobs_.size()));
+  return Result<PreparedCopyGroup>(std::move(group));
+}
+
+Status PreparedCopyGroup::Launch() {
+  if (jobs_.empty()) return Status::Ok();
+  return launch_.Launch();
 }
 
 Result<PreparedLaunch> PrepareArgProbe(uint64_t* out, StreamHandle stream) {

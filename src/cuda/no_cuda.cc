@@ -54,6 +54,10 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
   return NoCuda();
 }
 Status PreparedFp8Group::Launch() { return NoCuda(); }
+Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy>, StreamHandle) {
+  return NoCuda();
+}
+Status PreparedCopyGroup::Launch() { return NoCuda(); }
 Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t, uint64_t*,
                                      StreamHandle) {
   return NoCuda();

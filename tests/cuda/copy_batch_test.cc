@@ -146,6 +146,25 @@ TEST(CopyBatch, AStrideChangeMidRunStartsANewRunAtThePreviousRow) {
   EXPECT_EQ(b.sizes().size(), 2u);
 }
 
+TEST(CopyBatch, TakingTheSmallSinglesLeavesTheRestInOrder) {
+  CopyBatch b;
+  b.Add(D(0x1000), S(0x9000), 100, 0);
+  b.Add(D(0x2000), S(0xA000), 5000, 1);
+  for (uintptr_t r = 0; r < 8; ++r) b.Add(D(0x10000 + r * 64), S(0x20000 + r * 128), 64, 2);
+  b.Add(D(0x3000), S(0xB000), 10, 3);
+  b.Add(D(0x4000), S(0xC000), 6000, 4);
+  const std::vector<SingleCopy> small = b.TakeSinglesBelow(1000);
+  ASSERT_EQ(small.size(), 2u);
+  EXPECT_EQ(A(small[0].dst), 0x1000u);
+  EXPECT_EQ(small[0].bytes, 100u);
+  EXPECT_EQ(A(small[1].src), 0xB000u);
+  ASSERT_EQ(b.sizes().size(), 2u);  // the large singles, in order
+  EXPECT_EQ(b.sizes()[0], 5000u);
+  EXPECT_EQ(b.sizes()[1], 6000u);
+  EXPECT_EQ(b.strided().size(), 1u);  // strided copies stay whatever their row size
+  EXPECT_EQ(b.copies(), 10u);
+}
+
 // Random mixes of runs, breaks and zero-byte copies: the batch performs exactly the non-empty
 // copies it was given, each once, and its byte count is theirs.
 TEST(CopyBatch, ExpandsToExactlyTheCopiesAdded) {

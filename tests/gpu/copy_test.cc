@@ -116,5 +116,56 @@ TEST(GpuCopyTest, AStridedBatchLandsEveryRowAndNothingBetween) {
   ASSERT_OK(pinned->Close());
 }
 
+// One launch for many copies: odd sizes and alignments, a zero-byte copy, and copies above the
+// chunk size (split into jobs that different blocks copy) land exactly; the gaps stay untouched.
+TEST(GpuCopyTest, ACopyGroupMovesEveryCopyExactlyInOneLaunch) {
+  WS_SKIP_WITHOUT_GPU();
+  constexpr uint64_t kBytes = 8 << 20;
+  std::vector<uint8_t> src(kBytes);
+  std::mt19937 rng(5);
+  for (auto& b : src) b = uint8_t(rng());
+  Result<DeviceBuffer> d_src = Upload(src);
+  ASSERT_OK(d_src);
+  Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kBytes);
+  ASSERT_OK(d_dst);
+  ASSERT_OK(MemsetDevice(d_dst->data(), 0xEE, kBytes));
+  std::vector<uint8_t> want(kBytes, 0xEE);
+  std::vector<SingleCopy> copies;
+  uint64_t at_src = 3, at_dst = 0, moved = 0;
+  const std::initializer_list<uint64_t> sizes = {
+      1, 128, 0, 4095, 16, kCopyGroupChunkBytes + 17, 2 * kCopyGroupChunkBytes, 77, 339};
+  for (uint64_t bytes : sizes) {
+    copies.push_back({d_dst->as<uint8_t>() + at_dst, d_src->as<uint8_t>() + at_src, bytes});
+    std::copy_n(src.begin() + at_src, bytes, want.begin() + at_dst);
+    moved += bytes;
+    at_src += bytes + 5;
+    at_dst += bytes + 9 + (bytes % 3);  // gaps between destinations, alignments varying
+  }
+  Result<CopyQueue> queue = CopyQueue::Create(0);
+  ASSERT_OK(queue);
+  Result<PreparedCopyGroup> group = PrepareCopyGroup(copies, queue->stream());
+  ASSERT_OK(group);
+  EXPECT_EQ(group->bytes(), moved);
+  // 6 small copies, the 1 MiB + 17 one in two jobs, the 2 MiB one in two; the empty one dropped.
+  EXPECT_EQ(group->jobs(), 10u);
+  ASSERT_OK(group->Launch());
+  ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
+  Result<std::vector<uint8_t>> out = Download<uint8_t>(d_dst->data(), kBytes);
+  ASSERT_OK(out);
+  for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ((*out)[i], want[i]) << "byte " << i;
+  ASSERT_OK(queue->Close());
+}
+
+TEST(GpuCopyTest, ACopyGroupNamesTheCopyWhoseMemoryTheDeviceCannotReach) {
+  WS_SKIP_WITHOUT_GPU();
+  Result<DeviceBuffer> d = DeviceBuffer::Allocate(256);
+  ASSERT_OK(d);
+  std::vector<uint8_t> host(64);
+  const std::vector<SingleCopy> copies = {{d->as<uint8_t>() + 128, d->as<uint8_t>(), 64},
+                                          {d->as<uint8_t>(), host.data(), 64}};
+  Result<PreparedCopyGroup> group = PrepareCopyGroup(copies, nullptr);
+  ASSERT_STATUS_IS(kInvalidArgument, group, "copy_group: copy 1 source pointer");
+}
+
 }  // namespace
 }  // namespace weightsync::cuda

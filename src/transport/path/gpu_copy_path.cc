@@ -118,6 +118,15 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
       batch.copies.Add(receiver_.Received(t), src, t.nbytes, t.destination);
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
+    if (status.ok() && arena_.owner_device() == receiver_.device()) {
+      Result<cuda::PreparedCopyGroup> group = cuda::PrepareCopyGroup(
+          batch.copies.TakeSinglesBelow(cuda::kCopyGroupBelowBytes), receiver_.queue().stream());
+      if (group.ok()) {
+        batch.small_copies = std::move(*group);
+      } else {
+        status = group.status().WithContext("cuda-ipc: the small copies' launch");
+      }
+    }
   }
   if (!status.ok()) slot_batches_.clear();  // job tables freed on the device they were made on
   status.Update(cuda::SetDevice(receiver_.device()));
@@ -133,6 +142,7 @@ Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
   // of a region cut as one 2-D transfer, cuda/copy_batch.h), all submitted at once (first, so
   // they overlap the conversions on the publisher's GPU).
   WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies));
+  WS_RETURN_IF_ERROR(b.small_copies.Launch());
   if (source_device_ >= 0 && !b.conversions.empty()) {
     // On the publisher's GPU: read its memory locally, write the converted bytes across the
     // link, hash what was converted while the step is pinned; this device's stream waits for it
@@ -179,6 +189,10 @@ Status GpuCopyPath::Release() {
 std::string GpuCopyPath::Describe() const {
   std::string text = ", GPU arena from cuda:" + std::to_string(welcome_device_) +
                      " into cuda:" + std::to_string(receiver_.device());
+  if (!slot_batches_.empty() && !slot_batches_[0].small_copies.empty()) {
+    text +=
+        ", " + std::to_string(slot_batches_[0].small_copies.jobs()) + " copy jobs in one launch";
+  }
   if (conversions_ == 0) return text;
   const int at = source_device_ >= 0 ? source_device_ : receiver_.device();
   return text + "; " + std::to_string(conversions_) + " conversions on cuda:" + std::to_string(at) +

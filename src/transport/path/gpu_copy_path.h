@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
 #include "transport/path/data_path.h"
@@ -48,8 +49,11 @@ class GpuCopyPath final : public DataPath {
   // Prepared per slot: the copy batch, every unconverted planned tensor's (dst, src, size), and,
   // in place, the conversion launches reading the slot straight from the publisher's GPU over
   // the peer link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once).
+  // On one GPU (the publisher's arena on the destinations' device) the small copies go out as
+  // one copy-group launch (small_copies, cuda::kCopyGroupBelowBytes).
   struct Batch {
     cuda::CopyBatch copies;
+    cuda::PreparedCopyGroup small_copies;
     Conversions conversions;
     const uint8_t* base = nullptr;
   };

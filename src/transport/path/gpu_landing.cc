@@ -75,6 +75,9 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
                   shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes, t.destination);
     }
   }
+  WS_ASSIGN_OR_RETURN(commit_small_,
+                      cuda::PrepareCopyGroup(commit_.TakeSinglesBelow(cuda::kCopyGroupBelowBytes),
+                                             queue_.stream()));
   digest_launches_.clear();
   digest_launches_.reserve(plan->segments.size());
   uint64_t chunk_at = 0;
@@ -227,9 +230,10 @@ Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
 }
 
 Status GpuLanding::Commit(const util::Deadline& deadline) {
-  if (commit_.empty() && conversions_.empty()) return Status::Ok();
+  if (commit_.empty() && commit_small_.empty() && conversions_.empty()) return Status::Ok();
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_));
+  WS_RETURN_IF_ERROR(commit_small_.Launch());
   WS_RETURN_IF_ERROR(conversions_.Launch());
   return queue_.Wait(deadline);
 }
@@ -241,6 +245,7 @@ Status GpuLanding::Release() {
   result.Update(queue_.Drain());
   // Reverse order of creation.
   conversions_.Clear();
+  commit_small_ = cuda::PreparedCopyGroup();
   digest_launches_.clear();
   result.Update(digests_device_.Close());
   result.Update(chunk_hashes_.Close());

@@ -94,6 +94,8 @@ class GpuLanding {
   std::vector<cuda::PreparedDigest> digest_launches_;  // one per plan segment
   std::vector<uint64_t> digests_host_;
   cuda::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
+  // ... of which the small ones, in one launch (all on this device: cuda::kCopyGroupBelowBytes).
+  cuda::PreparedCopyGroup commit_small_;
   // Prepared conversions (casts, one grouped fp8 launch) from where the published bytes land.
   Conversions conversions_;
 };
