@@ -11,6 +11,10 @@
 #                                                 ws_gpu_update, the bench's `cpp` row)
 #   scripts/python_gpu_test.sh bench [args]       build, then bench/python_gpu_update.py (builds
 #                                                 ws_gpu_update too if it is missing)
+#   WHEEL=.whl/weightsync-…-cp312-…whl scripts/python_gpu_test.sh test
+#                                                 the same with a built wheel (make wheel; carry
+#                                                 .whl) installed instead of building from source:
+#                                                 the portable wheel's GPU run (issue 17)
 #   scripts/python_gpu_test.sh regions [args]     build, then bench/regions_update.py --device
 #                                                 cuda (FSDP-4 into TP-2 on one GPU, regions vs
 #                                                 gathering; default --scale 1 --steps 5)
@@ -51,7 +55,24 @@ say() { echo "python_gpu_test: $*"; }
 # timeout with a stack dump: SIGABRT lets faulthandler print every thread, SIGKILL follows.
 bounded() { local s=$1; shift; timeout --signal=ABRT --kill-after=15 "$s" "$@"; }
 
+# A built wheel instead of a source build (WHEEL=path): installed with no dependencies and no
+# index into $SITE, and the tests must import it from there (never python/weightsync).
+install_wheel() {
+  say "installing $WHEEL into $SITE (log: $OUT/build.log)"
+  "$PYTHON" -m pip install --no-deps --no-index --upgrade --target "$SITE" "$WHEEL" \
+    > "$OUT/build.log" 2>&1 || { tail -5 "$OUT/build.log"; return 1; }
+  local from
+  from=$("$PYTHON" -c 'import weightsync, os; print(os.path.dirname(weightsync.__file__))') ||
+    return 1
+  case "$from" in
+    "$SITE"/*) say "weightsync imports from $from" ;;
+    *) say "weightsync imports from $from, not the wheel in $SITE"; return 1 ;;
+  esac
+  "$PYTHON" -c 'import weightsync; print(weightsync.cuda_status())' | tee -a "$OUT/env.txt"
+}
+
 build() {
+  if [ -n "${WHEEL:-}" ]; then install_wheel; return $?; fi
   {
     nvidia-smi -L; nvcc --version | tail -1; cmake --version | head -1; "${CXX:-g++}" --version |
       head -1; "$PYTHON" --version
