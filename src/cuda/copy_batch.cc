@@ -63,14 +63,18 @@ bool CopyBatch::ContinuesTrail() const {
          Address(srcs_[n - 1]) == Address(srcs_[n - 2]) + trail_src_pitch_;
 }
 
-std::vector<SingleCopy> CopyBatch::TakeSinglesBelow(size_t below_bytes) {
-  std::vector<SingleCopy> taken;
+std::vector<SingleCopy> CopyBatch::SinglesBelow(size_t below_bytes) const {
+  std::vector<SingleCopy> small;
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] < below_bytes) small.push_back({dsts_[i], srcs_[i], sizes_[i]});
+  }
+  return small;
+}
+
+void CopyBatch::DropSinglesBelow(size_t below_bytes) {
   size_t kept = 0;
   for (size_t i = 0; i < sizes_.size(); ++i) {
-    if (sizes_[i] < below_bytes) {
-      taken.push_back({dsts_[i], srcs_[i], sizes_[i]});
-      continue;
-    }
+    if (sizes_[i] < below_bytes) continue;
     dsts_[kept] = dsts_[i];
     srcs_[kept] = srcs_[i];
     sizes_[kept] = sizes_[i];
@@ -81,7 +85,6 @@ std::vector<SingleCopy> CopyBatch::TakeSinglesBelow(size_t below_bytes) {
   sizes_.resize(kept);
   strided_open_ = false;
   trail_ = 0;
-  return taken;
 }
 
 size_t CopyBatch::copies() const {

@@ -55,10 +55,12 @@ class CopyBatch {
   const std::vector<size_t>& sizes() const { return sizes_; }
   const std::vector<StridedCopy>& strided() const { return strided_; }
 
-  // Removes the singles of fewer than `below_bytes` bytes and returns them (in order), for a
-  // caller that submits them another way (one copy kernel, cuda/kernels.h). Call once the batch is
-  // complete: nothing added later continues a run begun before.
-  std::vector<SingleCopy> TakeSinglesBelow(size_t below_bytes);
+  // The singles of fewer than `below_bytes` bytes (in order), for a caller that would submit
+  // them another way (one copy kernel, cuda/kernels.h); DropSinglesBelow removes them once that
+  // way is prepared, so a failed preparation leaves the batch whole. Call both once the batch is
+  // complete: after a drop, nothing added continues a run begun before it.
+  std::vector<SingleCopy> SinglesBelow(size_t below_bytes) const;
+  void DropSinglesBelow(size_t below_bytes);
 
   size_t copies() const;  // every copy added (a strided copy counts its rows); zero-byte ones not
   uint64_t bytes() const;

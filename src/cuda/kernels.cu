@@ -520,6 +520,33 @@ Status CheckDevicePointer(std::string_view kernel, std::string_view what, const 
   return Status::Ok();
 }
 
+// A copy group reads and writes with this device's SMs: memory of another GPU (or host memory,
+// even mapped) stays with the copy engines, so only this device's memory is accepted.
+Status CheckOnThisDevice(std::string_view what, const void* p, uint64_t bytes) {
+  WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", what, p, bytes));
+  cudaPointerAttributes attr{};
+  WS_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, p), "copy_group: inspecting ", what,
+                          " pointer ", p);
+  int device = -1;
+  WS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  if (attr.type != cudaMemoryTypeDevice || attr.device != device) {
+    return Status::InvalidArgument("copy_group: ", what, " pointer ", p,
+                                   " is not memory of cuda:", device, " (memory type ",
+                                   int(attr.type), ", device ", attr.device, ")");
+  }
+  return Status::Ok();
+}
+
+// A job table's upload, ordered before the launches on `stream` that read it: a cudaMemcpy from
+// pageable memory may return before its DMA lands, and the legacy stream it runs on does not
+// order a non-blocking one. `jobs` stays alive with the prepared group that owns it.
+Status UploadJobTable(void* table, const void* jobs, size_t bytes, StreamHandle stream) {
+  WS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table, jobs, bytes, cudaMemcpyHostToDevice,
+                                          static_cast<cudaStream_t>(stream)),
+                          "uploading a job table of ", bytes, " bytes");
+  return Status::Ok();
+}
+
 // An fp8 quantization's shape and pointers (input, output, scales reachable for their sizes);
 // its number of 128x128 blocks, 0 for an empty matrix.
 Result<uint64_t> CheckFp8Tensor(std::string_view kernel, const Fp8GroupTensor& t) {
@@ -596,8 +623,8 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
   if (group.jobs_.empty()) return Result<PreparedFp8Group>(std::move(group));
   WS_ASSIGN_OR_RETURN(group.table_,
                       DeviceBuffer::Allocate(group.jobs_.size() * sizeof(Fp8GroupJob)));
-  WS_RETURN_IF_ERROR(CopyToDevice(group.table_.data(), group.jobs_.data(),
-                                  group.jobs_.size() * sizeof(Fp8GroupJob)));
+  WS_RETURN_IF_ERROR(UploadJobTable(group.table_.data(), group.jobs_.data(),
+                                    group.jobs_.size() * sizeof(Fp8GroupJob), stream));
   // As many blocks as stay resident at once (every one loops over its share of the tiles).
   int per_sm = 0;
   WS_CUDA_RETURN_IF_ERROR(
@@ -681,9 +708,11 @@ Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
   for (size_t i = 0; i < copies.size(); ++i) {
     const SingleCopy& c = copies[i];
     if (c.bytes == 0) continue;
-    const std::string which = "copy " + std::to_string(i);
-    WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", which + " source", c.src, c.bytes));
-    WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", which + " destination", c.dst, c.bytes));
+    for (auto [what, p] : {std::pair<const char*, const void*>{"source", c.src},
+                           std::pair<const char*, const void*>{"destination", c.dst}}) {
+      Status on_device = CheckOnThisDevice(what, p, c.bytes);
+      if (!on_device.ok()) return on_device.WithContext("copy " + std::to_string(i));
+    }
     for (uint64_t at = 0; at < c.bytes; at += kCopyGroupChunkBytes) {
       group.jobs_.push_back({static_cast<const uint8_t*>(c.src) + at,
                              static_cast<uint8_t*>(c.dst) + at,
@@ -698,8 +727,8 @@ Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
   }
   WS_ASSIGN_OR_RETURN(group.table_,
                       DeviceBuffer::Allocate(group.jobs_.size() * sizeof(CopyGroupJob)));
-  WS_RETURN_IF_ERROR(CopyToDevice(group.table_.data(), group.jobs_.data(),
-                                  group.jobs_.size() * sizeof(CopyGroupJob)));
+  WS_RETURN_IF_ERROR(UploadJobTable(group.table_.data(), group.jobs_.data(),
+                                    group.jobs_.size() * sizeof(CopyGroupJob), stream));
   // As many blocks as stay resident at once (each loops over its share of the jobs).
   int per_sm = 0;
   WS_CUDA_RETURN_IF_ERROR(
@@ -709,6 +738,13 @@ Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
   WS_ASSIGN_OR_RETURN(group.launch_, Make(KernelId::kCopyGroup, grid, kThreads, stream));
   group.launch_.args().Set(CopyGroupArgs::kJobs, group.table_.data());
   group.launch_.args().Set(CopyGroupArgs::kCount, uint32_t(group.jobs_.size()));
+  return Result<PreparedCopyGroup>(std::move(group));
+}
+
+Result<PreparedCopyGroup> SplitOffSmallCopies(CopyBatch& batch, StreamHandle stream) {
+  WS_ASSIGN_OR_RETURN(PreparedCopyGroup group,
+                      PrepareCopyGroup(batch.SinglesBelow(kCopyGroupBelowBytes), stream));
+  batch.DropSinglesBelow(kCopyGroupBelowBytes);
   return Result<PreparedCopyGroup>(std::move(group));
 }
 

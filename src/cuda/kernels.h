@@ -152,7 +152,7 @@ struct CopyGroupJob {
   uint64_t bytes;
 };
 inline constexpr uint64_t kCopyGroupChunkBytes = uint64_t{1} << 20;
-// Which copies of a prepared batch on one GPU go to a copy group (CopyBatch::TakeSinglesBelow):
+// Which copies of a prepared batch on one GPU go to a copy group (SplitOffSmallCopies):
 // those under 16 MiB, where ~5 us per runtime copy costs about as much as moving the bytes at
 // HBM speed. Larger ones, and every copy between GPUs or to or from host memory, stay with
 // cudaMemcpyBatchAsync and the copy engines.
@@ -175,6 +175,10 @@ class PreparedCopyGroup {
 // Zero-byte copies are left out. Every pointer must be device memory (or memory the device can
 // reach) for its bytes: InvalidArgument names the copy otherwise. Allocates the table once.
 Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies, StreamHandle stream);
+// Moves `batch`'s singles under kCopyGroupBelowBytes into one copy group on `stream` (the current
+// device's). When that cannot be prepared (memory of another device, no memory for the table) the
+// batch keeps every copy for the copy engines and the error says why: not fatal, log it.
+Result<PreparedCopyGroup> SplitOffSmallCopies(CopyBatch& batch, StreamHandle stream);
 
 // ---- argument probe ----------------------------------------------------------------------------
 // One thread writes its 18 scalar arguments' bytes, zero-extended, to out[0..17] and increments

@@ -57,6 +57,7 @@ Status PreparedFp8Group::Launch() { return NoCuda(); }
 Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy>, StreamHandle) {
   return NoCuda();
 }
+Result<PreparedCopyGroup> SplitOffSmallCopies(CopyBatch&, StreamHandle) { return NoCuda(); }
 Status PreparedCopyGroup::Launch() { return NoCuda(); }
 Result<PreparedDigest> PrepareDigest(const void*, uint64_t, uint64_t*, uint64_t, uint64_t*,
                                      StreamHandle) {

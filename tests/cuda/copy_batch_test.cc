@@ -146,23 +146,85 @@ TEST(CopyBatch, AStrideChangeMidRunStartsANewRunAtThePreviousRow) {
   EXPECT_EQ(b.sizes().size(), 2u);
 }
 
-TEST(CopyBatch, TakingTheSmallSinglesLeavesTheRestInOrder) {
+TEST(CopyBatch, TheSmallSinglesAreListedThenDroppedLeavingTheRestInOrder) {
   CopyBatch b;
   b.Add(D(0x1000), S(0x9000), 100, 0);
   b.Add(D(0x2000), S(0xA000), 5000, 1);
   for (uintptr_t r = 0; r < 8; ++r) b.Add(D(0x10000 + r * 64), S(0x20000 + r * 128), 64, 2);
   b.Add(D(0x3000), S(0xB000), 10, 3);
   b.Add(D(0x4000), S(0xC000), 6000, 4);
-  const std::vector<SingleCopy> small = b.TakeSinglesBelow(1000);
+  const std::vector<SingleCopy> small = b.SinglesBelow(1000);
   ASSERT_EQ(small.size(), 2u);
   EXPECT_EQ(A(small[0].dst), 0x1000u);
   EXPECT_EQ(small[0].bytes, 100u);
   EXPECT_EQ(A(small[1].src), 0xB000u);
+  EXPECT_EQ(b.sizes().size(), 4u);  // listing takes nothing away
+  b.DropSinglesBelow(1000);
   ASSERT_EQ(b.sizes().size(), 2u);  // the large singles, in order
   EXPECT_EQ(b.sizes()[0], 5000u);
   EXPECT_EQ(b.sizes()[1], 6000u);
   EXPECT_EQ(b.strided().size(), 1u);  // strided copies stay whatever their row size
   EXPECT_EQ(b.copies(), 10u);
+}
+
+// After a drop the singles left are no run: copies added later start afresh (a trail counted
+// before the drop would point at singles that are gone).
+TEST(CopyBatch, NothingAddedAfterADropContinuesARunBegunBeforeIt) {
+  CopyBatch b;
+  for (uintptr_t r = 0; r < 3; ++r) b.Add(D(r * 100), S(r * 200), 100, 0);  // a trail of 3
+  b.DropSinglesBelow(50);                                                   // drops nothing
+  b.Add(D(300), S(600), 100, 0);  // would be the 4th row of that trail
+  EXPECT_TRUE(b.strided().empty());
+  EXPECT_EQ(b.sizes().size(), 4u);
+}
+
+// An open strided copy grows only by a row that matches it in width, destination step and source
+// step; a row that matches two of the three starts over as a single.
+TEST(CopyBatch, AStridedCopyGrowsOnlyByARowMatchingWidthAndBothSteps) {
+  struct Case {
+    const char* what;
+    uintptr_t dst, src;
+    size_t bytes;
+  };
+  // Rows 0..4 are dst 1000 + 100 r, src 5000 + 300 r, 100 bytes: the next row is 1500 / 6500.
+  for (const Case& c :
+       {Case{"other width", 1500, 6500, 99}, Case{"other dst step", 1504, 6500, 100},
+        Case{"other src step", 1500, 6504, 100}}) {
+    SCOPED_TRACE(c.what);
+    CopyBatch b;
+    for (uintptr_t r = 0; r < 5; ++r) b.Add(D(1000 + r * 100), S(5000 + r * 300), 100, 0);
+    ASSERT_EQ(b.strided().size(), 1u);
+    b.Add(D(c.dst), S(c.src), c.bytes, 0);
+    EXPECT_EQ(b.strided()[0].height, 5u);
+    EXPECT_EQ(b.sizes().size(), 1u);
+    EXPECT_EQ(b.copies(), 6u);
+  }
+  CopyBatch b;
+  for (uintptr_t r = 0; r < 6; ++r) b.Add(D(1000 + r * 100), S(5000 + r * 300), 100, 0);
+  EXPECT_EQ(b.strided()[0].height, 6u);
+}
+
+// Before a run reaches kMinRows, a row of another size or destination step ends it too.
+TEST(CopyBatch, ATrailBreaksOnAnotherSizeOrDestinationStep) {
+  {
+    CopyBatch b;
+    b.Add(D(0), S(0), 100, 0);
+    b.Add(D(100), S(200), 100, 0);
+    b.Add(D(200), S(400), 100, 0);
+    b.Add(D(300), S(600), 50, 0);  // other size: the trail is over
+    b.Add(D(350), S(650), 50, 0);
+    EXPECT_TRUE(b.strided().empty());
+    EXPECT_EQ(b.sizes().size(), 5u);
+  }
+  {
+    CopyBatch b;
+    b.Add(D(0), S(0), 100, 0);
+    b.Add(D(100), S(200), 100, 0);
+    b.Add(D(200), S(400), 100, 0);
+    b.Add(D(304), S(600), 100, 0);  // same source step, other destination step
+    EXPECT_TRUE(b.strided().empty());
+    EXPECT_EQ(b.sizes().size(), 4u);
+  }
 }
 
 // Random mixes of runs, breaks and zero-byte copies: the batch performs exactly the non-empty
@@ -185,8 +247,14 @@ TEST(CopyBatch, ExpandsToExactlyTheCopiesAdded) {
         if (width > 0) want.emplace_back(dst + r * dpitch, src + r * spitch, width);
         want_bytes += width;
       }
-      dst += rows * (dpitch + 1) + rng() % 2 * 1000;
-      src += rows * (spitch + 1) + rng() % 2 * 1000;
+      if (rng() % 4 == 0) {
+        // The next group starts exactly where this one's next row would be.
+        dst += rows * dpitch;
+        src += rows * spitch;
+      } else {
+        dst += rows * (dpitch + 1) + rng() % 2 * 1000;
+        src += rows * (spitch + 1) + rng() % 2 * 1000;
+      }
     }
     std::sort(want.begin(), want.end());
     ASSERT_EQ(Expand(b), want) << "trial " << trial;

@@ -164,7 +164,39 @@ TEST(GpuCopyTest, ACopyGroupNamesTheCopyWhoseMemoryTheDeviceCannotReach) {
   const std::vector<SingleCopy> copies = {{d->as<uint8_t>() + 128, d->as<uint8_t>(), 64},
                                           {d->as<uint8_t>(), host.data(), 64}};
   Result<PreparedCopyGroup> group = PrepareCopyGroup(copies, nullptr);
-  ASSERT_STATUS_IS(kInvalidArgument, group, "copy_group: copy 1 source pointer");
+  ASSERT_STATUS_IS(kInvalidArgument, group, "copy 1: copy_group: source pointer");
+}
+
+// More jobs than blocks: every block goes round its share several times.
+TEST(GpuCopyTest, ACopyGroupWithMoreJobsThanBlocksMovesThemAll) {
+  WS_SKIP_WITHOUT_GPU();
+  constexpr uint64_t kCopies = 20000, kEach = 24;
+  std::vector<uint8_t> src(kCopies * kEach);
+  std::mt19937 rng(9);
+  for (auto& b : src) b = uint8_t(rng());
+  Result<DeviceBuffer> d_src = Upload(src);
+  ASSERT_OK(d_src);
+  Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kCopies * 2 * kEach);
+  ASSERT_OK(d_dst);
+  ASSERT_OK(MemsetDevice(d_dst->data(), 0xEE, kCopies * 2 * kEach));
+  std::vector<SingleCopy> copies;
+  std::vector<uint8_t> want(kCopies * 2 * kEach, 0xEE);
+  for (uint64_t i = 0; i < kCopies; ++i) {  // copy i lands at slot (i * 7919) % kCopies, spread
+    const uint64_t to = ((i * 7919) % kCopies) * 2 * kEach;
+    copies.push_back({d_dst->as<uint8_t>() + to, d_src->as<uint8_t>() + i * kEach, kEach});
+    std::copy_n(src.begin() + i * kEach, kEach, want.begin() + to);
+  }
+  Result<CopyQueue> queue = CopyQueue::Create(0);
+  ASSERT_OK(queue);
+  Result<PreparedCopyGroup> group = PrepareCopyGroup(copies, queue->stream());
+  ASSERT_OK(group);
+  ASSERT_EQ(group->jobs(), kCopies);
+  ASSERT_OK(group->Launch());
+  ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
+  Result<std::vector<uint8_t>> out = Download<uint8_t>(d_dst->data(), want.size());
+  ASSERT_OK(out);
+  for (uint64_t i = 0; i < want.size(); ++i) ASSERT_EQ((*out)[i], want[i]) << "byte " << i;
+  ASSERT_OK(queue->Close());
 }
 
 }  // namespace

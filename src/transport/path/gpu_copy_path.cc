@@ -119,12 +119,16 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
     if (status.ok() && arena_.owner_device() == receiver_.device()) {
-      Result<cuda::PreparedCopyGroup> group = cuda::PrepareCopyGroup(
-          batch.copies.TakeSinglesBelow(cuda::kCopyGroupBelowBytes), receiver_.queue().stream());
+      // On the arena's own GPU: the small copies in one launch, prepared there (conversions may
+      // have made another device current above).
+      status = cuda::SetDevice(receiver_.device());
+      if (!status.ok()) break;
+      Result<cuda::PreparedCopyGroup> group =
+          cuda::SplitOffSmallCopies(batch.copies, receiver_.queue().stream());
       if (group.ok()) {
         batch.small_copies = std::move(*group);
       } else {
-        status = group.status().WithContext("cuda-ipc: the small copies' launch");
+        WS_LOG(INFO, "cuda-ipc") << "small copies stay with the copy engines: " << group.status();
       }
     }
   }

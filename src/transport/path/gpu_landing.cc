@@ -75,9 +75,12 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
                   shadow_.as<uint8_t>() + t.shadow_offset, t.nbytes, t.destination);
     }
   }
-  WS_ASSIGN_OR_RETURN(commit_small_,
-                      cuda::PrepareCopyGroup(commit_.TakeSinglesBelow(cuda::kCopyGroupBelowBytes),
-                                             queue_.stream()));
+  if (Result<cuda::PreparedCopyGroup> group = cuda::SplitOffSmallCopies(commit_, queue_.stream());
+      group.ok()) {
+    commit_small_ = std::move(*group);
+  } else {
+    WS_LOG(INFO, "cuda") << "small commit copies stay with the copy engines: " << group.status();
+  }
   digest_launches_.clear();
   digest_launches_.reserve(plan->segments.size());
   uint64_t chunk_at = 0;

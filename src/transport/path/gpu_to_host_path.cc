@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "cuda/device.h"
@@ -60,13 +61,24 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
 }
 
 Status GpuToHostPath::Pin() {
-  // Where the bytes land, page-aligned and merged: cudaHostRegister refuses a page twice.
+  // Where the bytes land, page-aligned and merged: cudaHostRegister refuses a page twice. One
+  // range per destination from its first landing byte to its last, gaps included: a region cut's
+  // rows into a destination are one 2-D copy (cuda/copy_batch.h), which must find its whole span
+  // pinned in one registration, not rows pinned apart with pageable gaps between them.
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  std::map<uint32_t, std::pair<uintptr_t, uintptr_t>> per_destination;
   for (const plan::PlannedTensor& t : plan_->tensors) {
     if (t.nbytes == 0) continue;
     const auto begin = reinterpret_cast<uintptr_t>(host_.ReceivedTensor(t));
-    ranges.emplace_back(begin / page * page, (begin + t.nbytes + page - 1) / page * page);
+    auto [it, fresh] = per_destination.try_emplace(t.destination, begin, begin + t.nbytes);
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, begin);
+      it->second.second = std::max(it->second.second, begin + t.nbytes);
+    }
+  }
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  for (const auto& [index, r] : per_destination) {
+    ranges.emplace_back(r.first / page * page, (r.second + page - 1) / page * page);
   }
   std::sort(ranges.begin(), ranges.end());
   std::vector<std::pair<uintptr_t, uintptr_t>> merged;
