@@ -522,28 +522,15 @@ Status CheckDevicePointer(std::string_view kernel, std::string_view what, const 
 
 // A copy group reads and writes with this device's SMs: memory of another GPU (or host memory,
 // even mapped) stays with the copy engines, so only this device's memory is accepted.
-Status CheckOnThisDevice(std::string_view what, const void* p, uint64_t bytes) {
-  WS_RETURN_IF_ERROR(CheckDevicePointer("copy_group", what, p, bytes));
+Status CheckOnThisDevice(std::string_view what, const void* p, int device) {
   cudaPointerAttributes attr{};
   WS_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, p), "copy_group: inspecting ", what,
                           " pointer ", p);
-  int device = -1;
-  WS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
   if (attr.type != cudaMemoryTypeDevice || attr.device != device) {
     return Status::InvalidArgument("copy_group: ", what, " pointer ", p,
                                    " is not memory of cuda:", device, " (memory type ",
                                    int(attr.type), ", device ", attr.device, ")");
   }
-  return Status::Ok();
-}
-
-// A job table's upload, ordered before the launches on `stream` that read it: a cudaMemcpy from
-// pageable memory may return before its DMA lands, and the legacy stream it runs on does not
-// order a non-blocking one. `jobs` stays alive with the prepared group that owns it.
-Status UploadJobTable(void* table, const void* jobs, size_t bytes, StreamHandle stream) {
-  WS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table, jobs, bytes, cudaMemcpyHostToDevice,
-                                          static_cast<cudaStream_t>(stream)),
-                          "uploading a job table of ", bytes, " bytes");
   return Status::Ok();
 }
 
@@ -566,6 +553,34 @@ Result<uint64_t> CheckFp8Tensor(std::string_view kernel, const Fp8GroupTensor& t
 Result<PreparedLaunch> Make(KernelId id, uint32_t grid, uint32_t block, StreamHandle stream) {
   return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1}, Dim3{block, 1, 1},
                                 0, stream);
+}
+
+// A grouped kernel's launch over `jobs`: the table in device memory (*table), uploaded on
+// `stream`, the one its launches use (a cudaMemcpy from pageable memory may return before its DMA
+// lands, and the legacy stream it runs on does not order a non-blocking one; `jobs` lives with
+// the group that owns the table); as many blocks as stay resident at once, each looping over its
+// share of `work` items. Arguments 0 and 1 of every grouped kernel: the table and the job count.
+template <typename Job>
+Result<PreparedLaunch> PrepareGroupLaunch(KernelId id, const std::vector<Job>& jobs, uint64_t work,
+                                          StreamHandle stream, DeviceBuffer* table) {
+  const std::string_view name = Kernel(id).name;
+  if (jobs.size() > UINT32_MAX) {
+    return Status::InvalidArgument(name, ": ", jobs.size(), " jobs, at most ", UINT32_MAX);
+  }
+  const size_t bytes = jobs.size() * sizeof(Job);
+  WS_ASSIGN_OR_RETURN(*table, DeviceBuffer::Allocate(bytes));
+  WS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table->data(), jobs.data(), bytes, cudaMemcpyHostToDevice,
+                                          static_cast<cudaStream_t>(stream)),
+                          "uploading the job table of ", name);
+  int per_sm = 0;
+  WS_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KernelFunction(id), kThreads, 0),
+      "occupancy of ", name);
+  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(work, 1, std::max(per_sm, 1)));
+  WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
+  launch.args().Set(0, table->data());
+  launch.args().Set(1, uint32_t(jobs.size()));
+  return Result<PreparedLaunch>(std::move(launch));
 }
 
 uint64_t ElementBytes(DType d) { return Info(d).bits / 8; }
@@ -621,19 +636,8 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
     tiles += n;
   }
   if (group.jobs_.empty()) return Result<PreparedFp8Group>(std::move(group));
-  WS_ASSIGN_OR_RETURN(group.table_,
-                      DeviceBuffer::Allocate(group.jobs_.size() * sizeof(Fp8GroupJob)));
-  WS_RETURN_IF_ERROR(UploadJobTable(group.table_.data(), group.jobs_.data(),
-                                    group.jobs_.size() * sizeof(Fp8GroupJob), stream));
-  // As many blocks as stay resident at once (every one loops over its share of the tiles).
-  int per_sm = 0;
-  WS_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantizeFp8GroupKernel, kThreads, 0),
-      "occupancy of ", name);
-  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(tiles, 1, std::max(per_sm, 1)));
-  WS_ASSIGN_OR_RETURN(group.launch_, Make(KernelId::kQuantizeFp8Group, grid, kThreads, stream));
-  group.launch_.args().Set(QuantizeFp8GroupArgs::kJobs, group.table_.data());
-  group.launch_.args().Set(QuantizeFp8GroupArgs::kCount, uint32_t(group.jobs_.size()));
+  WS_ASSIGN_OR_RETURN(group.launch_, PrepareGroupLaunch(KernelId::kQuantizeFp8Group, group.jobs_,
+                                                        tiles, stream, &group.table_));
   group.launch_.args().Set(QuantizeFp8GroupArgs::kTiles, tiles);
   group.tiles_ = tiles;
   return Result<PreparedFp8Group>(std::move(group));
@@ -704,13 +708,15 @@ Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes,
 Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
                                            StreamHandle stream) {
   WS_RETURN_IF_ERROR(CudaAvailable());
+  int device = -1;
+  WS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
   PreparedCopyGroup group;
   for (size_t i = 0; i < copies.size(); ++i) {
     const SingleCopy& c = copies[i];
     if (c.bytes == 0) continue;
     for (auto [what, p] : {std::pair<const char*, const void*>{"source", c.src},
                            std::pair<const char*, const void*>{"destination", c.dst}}) {
-      Status on_device = CheckOnThisDevice(what, p, c.bytes);
+      Status on_device = CheckOnThisDevice(what, p, device);
       if (!on_device.ok()) return on_device.WithContext("copy " + std::to_string(i));
     }
     for (uint64_t at = 0; at < c.bytes; at += kCopyGroupChunkBytes) {
@@ -721,23 +727,8 @@ Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy> copies,
     group.bytes_ += c.bytes;
   }
   if (group.jobs_.empty()) return Result<PreparedCopyGroup>(std::move(group));
-  if (group.jobs_.size() > UINT32_MAX) {
-    return Status::InvalidArgument("copy_group: ", group.jobs_.size(), " jobs, at most ",
-                                   UINT32_MAX);
-  }
-  WS_ASSIGN_OR_RETURN(group.table_,
-                      DeviceBuffer::Allocate(group.jobs_.size() * sizeof(CopyGroupJob)));
-  WS_RETURN_IF_ERROR(UploadJobTable(group.table_.data(), group.jobs_.data(),
-                                    group.jobs_.size() * sizeof(CopyGroupJob), stream));
-  // As many blocks as stay resident at once (each loops over its share of the jobs).
-  int per_sm = 0;
-  WS_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, CopyGroupKernel, kThreads, 0),
-      "occupancy of copy_group");
-  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(group.jobs_.size(), 1, std::max(per_sm, 1)));
-  WS_ASSIGN_OR_RETURN(group.launch_, Make(KernelId::kCopyGroup, grid, kThreads, stream));
-  group.launch_.args().Set(CopyGroupArgs::kJobs, group.table_.data());
-  group.launch_.args().Set(CopyGroupArgs::kCount, uint32_t(group.jobs_.size()));
+  WS_ASSIGN_OR_RETURN(group.launch_, PrepareGroupLaunch(KernelId::kCopyGroup, group.jobs_,
+                                                        group.jobs_.size(), stream, &group.table_));
   return Result<PreparedCopyGroup>(std::move(group));
 }
 

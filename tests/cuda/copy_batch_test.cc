@@ -11,6 +11,8 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/kernels.h"
+
 namespace weightsync::cuda {
 namespace {
 
@@ -225,6 +227,21 @@ TEST(CopyBatch, ATrailBreaksOnAnotherSizeOrDestinationStep) {
     EXPECT_TRUE(b.strided().empty());
     EXPECT_EQ(b.sizes().size(), 4u);
   }
+}
+
+// A copy group that cannot be prepared (here: addresses no device owns, on any machine; without
+// a GPU, no device at all) leaves every copy in the batch, for the copy engines.
+TEST(CopyBatch, ASmallCopyGroupThatCannotBePreparedLeavesTheBatchWhole) {
+  CopyBatch b;
+  b.Add(D(0x1000), S(0x9000), 100, 0);
+  b.Add(D(0x2000), S(0xA000), kCopyGroupBelowBytes, 1);
+  for (uintptr_t r = 0; r < 8; ++r) b.Add(D(0x10000 + r * 64), S(0x20000 + r * 128), 64, 2);
+  Result<PreparedCopyGroup> group = SplitOffSmallCopies(b, nullptr);
+  EXPECT_FALSE(group.ok());
+  EXPECT_EQ(b.sizes().size(), 2u);
+  EXPECT_EQ(b.strided().size(), 1u);
+  EXPECT_EQ(b.copies(), 10u);
+  EXPECT_EQ(b.bytes(), 100u + kCopyGroupBelowBytes + 8 * 64);
 }
 
 // Random mixes of runs, breaks and zero-byte copies: the batch performs exactly the non-empty

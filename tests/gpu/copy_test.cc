@@ -18,12 +18,27 @@ namespace {
 using testing::Download;
 using testing::Upload;
 
+std::vector<uint8_t> RandomBytes(size_t n, unsigned seed) {
+  std::vector<uint8_t> bytes(n);
+  std::mt19937 rng(seed);
+  for (auto& b : bytes) b = uint8_t(rng());
+  return bytes;
+}
+
+// Runs `group` on `queue` and checks the `want.size()` device bytes at `dst` against `want`.
+void ExpectGroupLands(PreparedCopyGroup& group, CopyQueue& queue, const void* dst,
+                      const std::vector<uint8_t>& want) {
+  ASSERT_OK(group.Launch());
+  ASSERT_OK(queue.Wait(util::Deadline(std::chrono::seconds(30))));
+  Result<std::vector<uint8_t>> out = Download<uint8_t>(dst, want.size());
+  ASSERT_OK(out);
+  for (uint64_t i = 0; i < want.size(); ++i) ASSERT_EQ((*out)[i], want[i]) << "byte " << i;
+}
+
 TEST(GpuCopyTest, ExactBytesAtEveryAlignment) {
   WS_SKIP_WITHOUT_GPU();
   constexpr uint64_t kMax = (1 << 20) + 64;
-  std::vector<uint8_t> src(kMax);
-  std::mt19937 rng(1);
-  for (auto& b : src) b = uint8_t(rng());
+  const std::vector<uint8_t> src = RandomBytes(kMax, 1);
   Result<DeviceBuffer> d_src = Upload(src);
   ASSERT_OK(d_src);
   Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kMax);
@@ -65,9 +80,7 @@ TEST(GpuCopyTest, AStridedBatchLandsEveryRowAndNothingBetween) {
   WS_SKIP_WITHOUT_GPU();
   constexpr size_t kRows = 300, kSrcPitch = 4096, kWidth = 2048 - 8, kDstPitch = 2048 + 24;
   constexpr size_t kDstBytes = kRows * kDstPitch + 4096;
-  std::vector<uint8_t> src(kRows * kSrcPitch);
-  std::mt19937 rng(3);
-  for (auto& b : src) b = uint8_t(rng());
+  const std::vector<uint8_t> src = RandomBytes(kRows * kSrcPitch, 3);
   Result<DeviceBuffer> d_src = Upload(src);
   ASSERT_OK(d_src);
   Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kDstBytes);
@@ -121,9 +134,7 @@ TEST(GpuCopyTest, AStridedBatchLandsEveryRowAndNothingBetween) {
 TEST(GpuCopyTest, ACopyGroupMovesEveryCopyExactlyInOneLaunch) {
   WS_SKIP_WITHOUT_GPU();
   constexpr uint64_t kBytes = 8 << 20;
-  std::vector<uint8_t> src(kBytes);
-  std::mt19937 rng(5);
-  for (auto& b : src) b = uint8_t(rng());
+  const std::vector<uint8_t> src = RandomBytes(kBytes, 5);
   Result<DeviceBuffer> d_src = Upload(src);
   ASSERT_OK(d_src);
   Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kBytes);
@@ -148,11 +159,7 @@ TEST(GpuCopyTest, ACopyGroupMovesEveryCopyExactlyInOneLaunch) {
   EXPECT_EQ(group->bytes(), moved);
   // 6 small copies, the 1 MiB + 17 one in two jobs, the 2 MiB one in two; the empty one dropped.
   EXPECT_EQ(group->jobs(), 10u);
-  ASSERT_OK(group->Launch());
-  ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
-  Result<std::vector<uint8_t>> out = Download<uint8_t>(d_dst->data(), kBytes);
-  ASSERT_OK(out);
-  for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ((*out)[i], want[i]) << "byte " << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectGroupLands(*group, *queue, d_dst->data(), want));
   ASSERT_OK(queue->Close());
 }
 
@@ -171,9 +178,7 @@ TEST(GpuCopyTest, ACopyGroupNamesTheCopyWhoseMemoryTheDeviceCannotReach) {
 TEST(GpuCopyTest, ACopyGroupWithMoreJobsThanBlocksMovesThemAll) {
   WS_SKIP_WITHOUT_GPU();
   constexpr uint64_t kCopies = 20000, kEach = 24;
-  std::vector<uint8_t> src(kCopies * kEach);
-  std::mt19937 rng(9);
-  for (auto& b : src) b = uint8_t(rng());
+  const std::vector<uint8_t> src = RandomBytes(kCopies * kEach, 9);
   Result<DeviceBuffer> d_src = Upload(src);
   ASSERT_OK(d_src);
   Result<DeviceBuffer> d_dst = DeviceBuffer::Allocate(kCopies * 2 * kEach);
@@ -191,11 +196,7 @@ TEST(GpuCopyTest, ACopyGroupWithMoreJobsThanBlocksMovesThemAll) {
   Result<PreparedCopyGroup> group = PrepareCopyGroup(copies, queue->stream());
   ASSERT_OK(group);
   ASSERT_EQ(group->jobs(), kCopies);
-  ASSERT_OK(group->Launch());
-  ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
-  Result<std::vector<uint8_t>> out = Download<uint8_t>(d_dst->data(), want.size());
-  ASSERT_OK(out);
-  for (uint64_t i = 0; i < want.size(); ++i) ASSERT_EQ((*out)[i], want[i]) << "byte " << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectGroupLands(*group, *queue, d_dst->data(), want));
   ASSERT_OK(queue->Close());
 }
 

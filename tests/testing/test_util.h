@@ -17,33 +17,29 @@
 
 namespace weightsync::testing {
 
-// Sanitizer builds run 5–15× slower (and abort on a refused mmap by design): deadlines that a
-// test must meet scale with it, and tests of address-space limits skip.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kUnderSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kUnderSanitizer = true;
+// Which sanitizer this build runs under (GCC defines __SANITIZE_*__, clang has __has_feature).
+#if defined(__has_feature)
+#define WS_TEST_HAS_FEATURE(x) __has_feature(x)
 #else
-inline constexpr bool kUnderSanitizer = false;
+#define WS_TEST_HAS_FEATURE(x) 0
 #endif
+// kUnderThreadSanitizer: TSan sees the publisher's own socket send of memory the trainer
+// writes (a revoked read, by design) as a race, and its slow path on every such write takes
+// minutes.
+#if defined(__SANITIZE_THREAD__) || WS_TEST_HAS_FEATURE(thread_sanitizer)
+inline constexpr bool kUnderThreadSanitizer = true;
 #else
-inline constexpr bool kUnderSanitizer = false;
+inline constexpr bool kUnderThreadSanitizer = false;
+#endif
+#if defined(__SANITIZE_ADDRESS__) || WS_TEST_HAS_FEATURE(address_sanitizer)
+inline constexpr bool kUnderAddressSanitizer = true;
+#else
+inline constexpr bool kUnderAddressSanitizer = false;
 #endif
 
-// ThreadSanitizer alone: it sees the publisher's own socket send of memory the trainer writes
-// (a revoked read, by design) as a race, and its slow path on every such write takes minutes.
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kUnderThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kUnderThreadSanitizer = true;
-#else
-inline constexpr bool kUnderThreadSanitizer = false;
-#endif
-#else
-inline constexpr bool kUnderThreadSanitizer = false;
-#endif
+// Sanitizer builds run 5–15× slower (and abort on a refused mmap by design): deadlines that a
+// test must meet scale with it, and tests of address-space limits skip.
+inline constexpr bool kUnderSanitizer = kUnderThreadSanitizer || kUnderAddressSanitizer;
 
 // A unique endpoint name per test (pid + counter), in a per-test-run socket dir.
 std::string UniqueEndpoint(const std::string& stem);
