@@ -71,8 +71,7 @@ Status GpuCopyPath::PrepareSourceGpu(const plan::Plan& plan,
   // Only what the conversions write must be writable from there (copies stay on this device).
   for (uint32_t k : plan.converted) {
     const plan::PlannedTensor& t = plan.tensors[k];
-    for (uint32_t index : {t.destination, t.scale_destination}) {
-      if (index == plan::kNoDestination) continue;
+    for (uint32_t index : WrittenDestinations(plan, t)) {
       const plan::Destination& d = destinations[index];
       if (d.data == nullptr || d.spec.nbytes == 0) continue;
       WS_ASSIGN_OR_RETURN(bool writable, cuda::DeviceCanWrite(owner, d.data, d.spec.nbytes));
@@ -106,11 +105,8 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
       const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset + t.src_offset;
       if (direct && t.transform != plan::Transform::kCopy) {
         status = batch.conversions
-                     .Add(t, src, destinations[t.destination].data,
-                          t.transform == plan::Transform::kQuantizeFp8
-                              ? destinations[t.scale_destination].data
-                              : nullptr,
-                          destinations[t.destination].spec.name, conversion_stream)
+                     .Add(*plan, t, src, receiver_.destination_bases(), receiver_.names(),
+                          conversion_stream)
                      .WithContext("cuda-ipc");
         if (!status.ok()) break;
         continue;
@@ -153,11 +149,11 @@ Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
     // all (on the GPU) before the step counts as copied.
     cuda::ScopedDevice restore;
     WS_RETURN_IF_ERROR(cuda::SetDevice(source_device_));
-    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    WS_RETURN_IF_ERROR(b.conversions.Launch(source_queue_));
     if (verify) WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));
     WS_RETURN_IF_ERROR(source_queue_.SignalTo(queue.stream()));
   } else {
-    WS_RETURN_IF_ERROR(b.conversions.Launch());
+    WS_RETURN_IF_ERROR(b.conversions.Launch(queue));
     // The publisher unpins the slot once it hears the copy is done: hash what was read from it now.
     if (verify && !b.conversions.empty()) {
       WS_RETURN_IF_ERROR(receiver_.HashConvertedSource(b.base));

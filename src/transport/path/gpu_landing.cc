@@ -31,16 +31,6 @@ Result<int> GpuLanding::DestinationDevice(const std::vector<plan::Destination>& 
 Status GpuLanding::Prepare(const plan::Plan* plan,
                            const std::vector<plan::Destination>& destinations, UpdateMode mode,
                            int device, const uint8_t* converted_source) {
-  if (!plan->extracts.empty()) {
-    return Status::NotSupported(
-        "verifying regions that read parts of publisher digest segments is not built into the "
-        "GPU landing yet (verify=false, or regions of whole digest segments, work)");
-  }
-  if (plan->regions && !plan->converted.empty()) {
-    return Status::NotSupported(
-        "casting regions (convert_dtypes) is not built into the GPU landing yet: register "
-        "destinations of the published dtype");
-  }
   plan_ = plan;
   device_ = device;
   converted_source_ = mode == UpdateMode::kInPlace ? converted_source : nullptr;
@@ -118,23 +108,50 @@ void GpuLanding::SetConvertedDigestStream(cuda::StreamHandle stream) {
   }
 }
 
-Status Conversions::Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
-                        std::string_view name, cuda::StreamHandle stream) {
-  if (t.transform == plan::Transform::kQuantizeFp8) {
-    fp8_tensors_.push_back(cuda::Fp8GroupTensor{
-        src, dst, scale_dst, t.rows, t.cols,
-        t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32});
-    return Status::Ok();
-  }
-  Result<cuda::PreparedLaunch> launch =
-      cuda::PrepareCast(t.from, t.to, src, dst, t.elements, stream);
+Status Conversions::AddCast(DType from, DType to, const uint8_t* src, uint8_t* dst,
+                            uint64_t elements, std::string_view what, std::string_view name,
+                            cuda::StreamHandle stream) {
+  Result<cuda::PreparedLaunch> launch = cuda::PrepareCast(from, to, src, dst, elements, stream);
   if (!launch.ok()) {
-    return launch.status().WithContext("preparing the " +
-                                       std::string(plan::TransformName(t.transform)) + " of '" +
+    return launch.status().WithContext("preparing the " + std::string(what) + " of '" +
                                        std::string(name) + "'");
   }
   casts_.push_back(std::move(launch).value());
   return Status::Ok();
+}
+
+Status Conversions::Add(const plan::Plan& plan, const plan::PlannedTensor& t, const uint8_t* src,
+                        std::span<uint8_t* const> destinations,
+                        std::span<const std::string> names, cuda::StreamHandle stream) {
+  switch (t.transform) {
+    case plan::Transform::kCopy:
+      return Status::Internal("conversions: '", names[t.destination], "' needs no conversion");
+    case plan::Transform::kQuantizeFp8:
+      fp8_tensors_.push_back(cuda::Fp8GroupTensor{
+          src, destinations[t.destination], destinations[t.scale_destination], t.rows, t.cols,
+          t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32});
+      return Status::Ok();
+    case plan::Transform::kCast:
+      // Regions: a run of the destination (dst_offset); whole tensors: all of it (offset 0).
+      return AddCast(t.from, t.to, src, destinations[t.destination] + t.dst_offset, t.elements,
+                     "cast", names[t.destination], stream);
+    case plan::Transform::kExtract:
+      for (uint32_t e = 0; e < t.extract_count; ++e) {
+        const plan::Extract& piece = plan.extracts[t.first_extract + e];
+        uint8_t* into = destinations[piece.destination] + piece.dst_offset;
+        if (piece.to == t.from) {
+          copies_.Add(into, src + piece.offset, piece.bytes, piece.destination);
+          continue;
+        }
+        const uint64_t elements = piece.bytes / (Info(t.from).bits / 8);
+        if (elements == 0) continue;
+        WS_RETURN_IF_ERROR(AddCast(t.from, piece.to, src + piece.offset, into, elements,
+                                   "cast (a piece of a verified segment)",
+                                   names[piece.destination], stream));
+      }
+      return Status::Ok();
+  }
+  return Status::Internal("conversions: unknown transform");
 }
 
 Status Conversions::Finish(cuda::StreamHandle stream) {
@@ -148,7 +165,8 @@ Status Conversions::Finish(cuda::StreamHandle stream) {
   return Status::Ok();
 }
 
-Status Conversions::Launch() {
+Status Conversions::Launch(cuda::CopyQueue& queue) {
+  if (!copies_.empty()) WS_RETURN_IF_ERROR(queue.EnqueueBatch(copies_));
   for (cuda::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
   return fp8_.Launch();
 }
@@ -157,6 +175,20 @@ void Conversions::Clear() {
   casts_.clear();
   fp8_tensors_.clear();
   fp8_ = cuda::PreparedFp8Group();
+  copies_.Clear();
+}
+
+std::vector<uint32_t> WrittenDestinations(const plan::Plan& plan, const plan::PlannedTensor& t) {
+  std::vector<uint32_t> out;
+  if (t.transform == plan::Transform::kExtract) {
+    for (uint32_t e = 0; e < t.extract_count; ++e) {
+      out.push_back(plan.extracts[t.first_extract + e].destination);
+    }
+    return out;
+  }
+  out.push_back(t.destination);
+  if (t.scale_destination != plan::kNoDestination) out.push_back(t.scale_destination);
+  return out;
 }
 
 // Launches built once over fixed pointers (where the published bytes land → the destination):
@@ -165,11 +197,9 @@ Status GpuLanding::PrepareConversions() {
   conversions_.Clear();
   for (uint32_t k : plan_->converted) {
     const plan::PlannedTensor& t = plan_->tensors[k];
-    if (t.elements == 0) continue;
-    WS_RETURN_IF_ERROR(conversions_.Add(
-        t, Received(t), destinations_[t.destination],
-        t.transform == plan::Transform::kQuantizeFp8 ? destinations_[t.scale_destination] : nullptr,
-        names_[t.destination], queue_.stream()));
+    if (t.nbytes == 0) continue;
+    WS_RETURN_IF_ERROR(
+        conversions_.Add(*plan_, t, Received(t), destinations_, names_, queue_.stream()));
   }
   return conversions_.Finish(queue_.stream());
 }
@@ -237,7 +267,7 @@ Status GpuLanding::Commit(const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_));
   WS_RETURN_IF_ERROR(commit_small_.Launch());
-  WS_RETURN_IF_ERROR(conversions_.Launch());
+  WS_RETURN_IF_ERROR(conversions_.Launch(queue_));
   return queue_.Wait(deadline);
 }
 

@@ -23,24 +23,40 @@
 
 namespace weightsync::transport::path {
 
-// A step's conversions, prepared once over fixed pointers: one cast launch per cast tensor and one
-// grouped launch (cuda::PrepareQuantizeFp8Group) for every fp8 tensor, so the quantization runs as
-// a single grid and no tensor waits for the previous one's tail.
+// A step's conversions, prepared once over fixed pointers: one cast launch per cast tensor (or
+// cast piece), one grouped launch (cuda::PrepareQuantizeFp8Group) for every fp8 tensor, so the
+// quantization runs as a single grid and no tensor waits for the previous one's tail, and one copy
+// batch for the same-dtype pieces of kExtract tensors (a verified digest segment the subscriber
+// wants only part of, or scattered over several destinations: plan.h).
 class Conversions {
  public:
-  // Adds planned tensor `t` (a cast or an fp8 quantization) reading `src`; `name` labels errors.
-  Status Add(const plan::PlannedTensor& t, const void* src, void* dst, void* scale_dst,
-             std::string_view name, cuda::StreamHandle stream);
+  // Adds planned tensor `t` of `plan` (a cast, an fp8 quantization or a kExtract) reading `src`
+  // (where its published bytes are). `destinations`: every destination's base address by plan
+  // index; `names` (same indices) label errors. A cast or kExtract writes at its dst_offset.
+  Status Add(const plan::Plan& plan, const plan::PlannedTensor& t, const uint8_t* src,
+             std::span<uint8_t* const> destinations, std::span<const std::string> names,
+             cuda::StreamHandle stream);
   Status Finish(cuda::StreamHandle stream);  // prepares the grouped fp8 launch
-  Status Launch();
-  bool empty() const { return casts_.empty() && fp8_.empty() && fp8_tensors_.empty(); }
+  // Submits everything on `queue` (whose stream the launches were prepared on).
+  Status Launch(cuda::CopyQueue& queue);
+  bool empty() const {
+    return casts_.empty() && fp8_.empty() && fp8_tensors_.empty() && copies_.empty();
+  }
   void Clear();
 
  private:
+  Status AddCast(DType from, DType to, const uint8_t* src, uint8_t* dst, uint64_t elements,
+                 std::string_view what, std::string_view name, cuda::StreamHandle stream);
+
   std::vector<cuda::PreparedLaunch> casts_;
   std::vector<cuda::Fp8GroupTensor> fp8_tensors_;
   cuda::PreparedFp8Group fp8_;
+  cuda::CopyBatch copies_;  // kExtract pieces of the published dtype
 };
+
+// Every destination index planned tensor `t` writes (its destination, an fp8 scale destination,
+// a kExtract's pieces' destinations), in plan order; duplicates possible.
+std::vector<uint32_t> WrittenDestinations(const plan::Plan& plan, const plan::PlannedTensor& t);
 
 class GpuLanding {
  public:
@@ -75,6 +91,9 @@ class GpuLanding {
   // Staged: staging → destinations. Both modes: the prepared conversion launches.
   Status Commit(const util::Deadline& deadline);
   int device() const { return device_; }
+  // Every destination's base address and name, by plan destination index.
+  std::span<uint8_t* const> destination_bases() const { return destinations_; }
+  std::span<const std::string> names() const { return names_; }
   uint64_t staging_bytes() const { return shadow_.size(); }
   Status Release();  // digests, staging, stream
 
@@ -96,7 +115,8 @@ class GpuLanding {
   cuda::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
   // ... of which the small ones, in one launch (all on this device: cuda::kCopyGroupBelowBytes).
   cuda::PreparedCopyGroup commit_small_;
-  // Prepared conversions (casts, one grouped fp8 launch) from where the published bytes land.
+  // Prepared conversions (casts, one grouped fp8 launch, kExtract pieces) from where the
+  // published bytes land.
   Conversions conversions_;
 };
 
