@@ -64,6 +64,13 @@ struct PublisherOptions {
   // ≥ 0: this publisher resumes `lineage` from that step (the checkpoint it restored); steps it
   // publishes must be greater. Requires `lineage`. -1: a fresh start.
   int64_t resume_from_step = -1;
+  // CUDA tensors, local:// endpoints: the registered tensors ARE the published version — no GPU
+  // arena, no copy; subscribers on this host read the trainer's memory (cuda-ipc, each CUDA
+  // allocation the tensors live in exported once by IPC handle). As with Allocate()d host
+  // tensors, Publish(step) only hashes, and the trainer must call BeginWrite() before changing
+  // the tensors (it waits for readers, revoking any past `timeout`). Tensors must come from
+  // cudaMalloc memory (PyTorch's default allocator; not expandable segments).
+  bool zero_copy = false;
 };
 
 // What a subscriber does when a publisher's session changes (it restarted, or another publisher

@@ -163,8 +163,9 @@ void BindPublisher(nb::module_& m) {
           "__init__",
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
-             int64_t resume_from_step) {
+             int64_t resume_from_step, bool zero_copy) {
             PublisherOptions o;
+            o.zero_copy = zero_copy;
             o.lineage = Utf8Arg(lineage, "lineage");
             o.resume_from_step = resume_from_step;
             o.endpoint = Utf8Arg(endpoint, "endpoint");
@@ -183,16 +184,21 @@ void BindPublisher(nb::module_& m) {
           },
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
           "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
-          "resume_from_step"_a = -1,
+          "resume_from_step"_a = -1, "zero_copy"_a = false,
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
                   "segment_bytes: int = 8388608, copy_threads: int = 0, max_connections: int = "
-                  "64, lineage: str = '', resume_from_step: int = -1) -> None"),
+                  "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False) "
+                  "-> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
           "random one per start). resume_from_step: the step of `lineage` this trainer resumed\n"
           "from (its checkpoint); it publishes later steps only. Subscribers tell versions apart\n"
-          "by (lineage, publisher session, step), so a restart is never taken for up to date.")
+          "by (lineage, publisher session, step), so a restart is never taken for up to date.\n"
+          "zero_copy (CUDA tensors, local:// only): the registered tensors are the published\n"
+          "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
+          "call begin_write() before the optimizer changes them (PyTorch's default allocator;\n"
+          "expandable segments have no CUDA IPC handles).")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

@@ -5,6 +5,7 @@
 
 prints `ready ENDPOINT` once the tensors are registered, then answers one line per command:
     publish STEP      fill every tensor with _gpu_data.content(..., STEP) and publish  -> ok STEP
+                      (--zero-copy: begin_write() first, as a zero-copy trainer must)
     again STEP        publish STEP without changing the tensors (soak loops)          -> ok STEP
     stream STEP       torch only: write STEP's contents on a side stream behind ~0.1 s of GPU
                       work and publish(STEP, stream=side) at once                      -> ok STEP
@@ -169,12 +170,15 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=120.0, help="watchdog per command, seconds")
     ap.add_argument("--publisher-timeout", type=float, default=30.0)
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="Publisher(zero_copy=True); each publish begins with begin_write()")
     args = ap.parse_args()
     faulthandler.enable()
     faulthandler.dump_traceback_later(args.timeout, exit=True)  # start-up
     spec = [(n, d, tuple(s), k) for n, d, s, k in json.loads(args.spec)]
     tensors = FRAMEWORKS[args.framework](spec, args.device)
-    with weightsync.Publisher(args.endpoint, timeout=args.publisher_timeout) as pub:
+    with weightsync.Publisher(args.endpoint, timeout=args.publisher_timeout,
+                              zero_copy=args.zero_copy) as pub:
         tensors.register(pub)
         print("ready", pub.endpoint, flush=True)
         faulthandler.cancel_dump_traceback_later()
@@ -195,6 +199,8 @@ def main():
             contents = {name: content(i, dtype, shape, kind, args.seed, step)
                         for i, (name, dtype, shape, kind) in enumerate(spec)}
             if cmd == "publish":
+                if args.zero_copy:
+                    pub.begin_write()  # subscribers read these very tensors
                 for name, c in contents.items():
                     tensors.fill(name, c)
                 tensors.publish(pub, step)

@@ -64,7 +64,7 @@ class ChildPublisher:
     """_gpu_child.py in its own process; every answer is awaited with a deadline."""
 
     def __init__(self, endpoint, spec, device=GPU, framework=None, seed=0, timeout=120,
-                 env=None):
+                 env=None, zero_copy=False):
         self.spec, self.seed, self.timeout = spec, seed, timeout
         # Host tensors from NumPy (starts in a fraction of torch's import time); CUDA: torch.
         framework = framework or ("numpy" if device == "cpu" else "torch")
@@ -72,7 +72,7 @@ class ChildPublisher:
         self.proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", CHILD, "--endpoint", endpoint, "--device",
              device, "--framework", framework, "--spec", json.dumps(spec), "--seed", str(seed),
-             "--timeout", str(timeout)],
+             "--timeout", str(timeout)] + (["--zero-copy"] if zero_copy else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
         self.pid = self.proc.pid
         self.buf = b""
@@ -239,6 +239,24 @@ def test_torch_round_trip(endpoint, device, mode):
                 assert stats.path == ("shm" if device == "cpu" else "cuda-ipc"), stats
                 assert_same(dst.bytes(), pub.expected(step), f"step {step}")
             assert sub.weights_valid and sub.committed_step == 3
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_zero_copy_torch_round_trip(endpoint, mode):
+    """A zero-copy publisher of torch tensors (the caching allocator packs several into one
+    cudaMalloc segment): its tensors are read where they are, bit-exact and verified."""
+    need(GPU)
+    with ChildPublisher(endpoint, SPEC, GPU, zero_copy=True) as pub:
+        dst = TorchDestinations(SPEC, GPU)
+        with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:
+            dst.register(sub)
+            for step in (1, 2, 3):
+                pub.publish(step)
+                stats = sub.update(step)
+                assert stats.step == step and stats.verified
+                assert stats.path == "cuda-ipc-zero-copy", stats
+                assert_same(dst.bytes(), pub.expected(step), f"step {step}")
 
 
 @pytest.mark.parametrize("device", ON)

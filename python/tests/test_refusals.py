@@ -212,3 +212,13 @@ def test_failed_subscriber_allocate_leaves_nothing_behind(endpoint, framework):
         sub.allocate("w", "float32", (2, 3), framework=framework)
         (name, w), = sub.receive()  # strict policy: any leftover name would be a mismatch
         assert name == "w" and np.asarray(w).tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+# ---- zero-copy publishing: CUDA tensors, on this host ------------------------------------------
+
+def test_zero_copy_is_refused_over_tcp_and_for_host_tensors(endpoint):
+    with pytest.raises(weightsync.InvalidArgument, match=r"zero_copy.*local://"):
+        weightsync.Publisher("tcp://127.0.0.1:0", zero_copy=True)
+    with weightsync.Publisher(endpoint, zero_copy=True) as pub:
+        with pytest.raises(weightsync.InvalidArgument, match=r"tensor 'w' is on cpu.*zero_copy"):
+            pub.register({"w": np.zeros(4, np.float32)})

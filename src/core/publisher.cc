@@ -168,6 +168,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   impl->welcome.lineage = options.lineage.empty() ? RandomLineage() : options.lineage;
   impl->welcome.resumed_from = options.resume_from_step;
   WS_ASSIGN_OR_RETURN(impl->endpoint, transport::link::ParseEndpoint(options.endpoint));
+  if (options.zero_copy && impl->endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
+    return Status::InvalidArgument(
+        "PublisherOptions.zero_copy with endpoint '", options.endpoint,
+        "': zero-copy subscribers open this process's GPU memory by CUDA IPC handle, on this "
+        "host only: use a local:// endpoint (or publish without zero_copy over tcp)");
+  }
   WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
   transport::link::ServerOptions server_options;
   server_options.max_connections = options.max_connections;
@@ -211,6 +217,11 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   }
   if (device >= 0 && d.has_direct) {
     return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
+  }
+  if (d.options.zero_copy && device < 0 && !tensors.empty()) {
+    return Status::InvalidArgument("tensor '", tensors[0].name, "' is on cpu: a zero_copy ",
+                                   "publisher publishes CUDA tensors where they are (host tensors ",
+                                   "are zero-copy through Allocate(), without zero_copy)");
   }
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
@@ -267,6 +278,10 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
   }
+  if (d.options.zero_copy) {
+    return Status::FailedPrecondition("Allocate() on a zero_copy publisher: register CUDA "
+                                      "tensors, which are published where they are");
+  }
   if (d.cuda_device >= 0) {
     return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:", d.cuda_device,
                                 "): arena-allocated GPU tensors are not supported "
@@ -288,7 +303,12 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
 // layout. A failed Freeze keeps nothing it built, so a retried Publish freezes again from
 // scratch and copies each tensor once.
 Status Publisher::Impl::Freeze() {
-  if (cuda_device >= 0 && !store) {
+  if (options.zero_copy && !store) {
+    // The tensors are the version: shared by every slot, fenced by BeginWrite like Allocate()d
+    // ones.
+    WS_ASSIGN_OR_RETURN(store, transport::store::NewZeroCopyGpuStore(cuda_device));
+    has_direct = true;
+  } else if (cuda_device >= 0 && !store) {
     WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuStore(cuda_device));
   } else if (!store) {
     store = std::move(host_store);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cuda/ipc.h"
 #include "cuda/vmm.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
@@ -312,6 +313,20 @@ Result<bool> DeviceCanWrite(int device, const void* ptr, uint64_t bytes) {
   WS_ASSIGN_OR_RETURN(bool head, DeviceCanWriteByte(device, first));
   if (!head || bytes == 1) return head;
   return DeviceCanWriteByte(device, first + bytes - 1);
+}
+
+// Declared in ipc.h; here for the driver entry points.
+Result<AllocationRange> AllocationOf(const void* p) {
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  const auto at = reinterpret_cast<CUdeviceptr>(p);
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  WS_CU(d.PointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at),
+        "cuPointerGetAttribute(RANGE_START_ADDR)");
+  WS_CU(d.PointerGetAttribute(&bytes, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at),
+        "cuPointerGetAttribute(RANGE_SIZE)");
+  return AllocationRange{reinterpret_cast<const uint8_t*>(base), bytes};
 }
 
 Status MemInfo(size_t* free_bytes, size_t* total_bytes) {

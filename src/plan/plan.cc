@@ -102,6 +102,38 @@ Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_
   return Status::Ok();
 }
 
+// A kCudaIpc store's allocations: sorted, disjoint, inside the direct region, and every direct
+// tensor inside one of them; other stores have none.
+Status CheckAllocations(const wire::Welcome& welcome) {
+  if (welcome.arena_kind != wire::ArenaKind::kCudaIpc) {
+    if (welcome.allocations.empty()) return Status::Ok();
+    return Status::ProtocolError("welcome: ", welcome.allocations.size(),
+                                 " CUDA IPC allocations in a store of another kind");
+  }
+  uint64_t end = 0;
+  for (size_t i = 0; i < welcome.allocations.size(); ++i) {
+    const wire::GpuAllocation& a = welcome.allocations[i];
+    if (a.offset < end) {
+      return Status::ProtocolError("welcome: allocation ", i, " at ", a.offset,
+                                   " overlaps or precedes the one before it (ending at ", end,
+                                   ")");
+    }
+    WS_RETURN_IF_ERROR(CheckRange("allocation " + std::to_string(i), a.offset, a.bytes,
+                                  welcome.direct_bytes, "direct region size"));
+    end = a.offset + a.bytes;
+  }
+  for (const wire::TensorPlacement& p : welcome.tensors) {
+    if (p.spec.nbytes == 0) continue;
+    if (p.region != wire::Region::kDirect ||
+        AllocationHolding(welcome, p.offset, p.spec.nbytes) < 0) {
+      return Status::ProtocolError("welcome: tensor '", p.spec.name, "' [", p.offset, ", ",
+                                   p.offset + p.spec.nbytes,
+                                   ") lies in none of the publisher's CUDA allocations");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateLayout(const wire::Welcome& welcome) {
@@ -180,7 +212,18 @@ Status ValidateLayout(const wire::Welcome& welcome) {
                                    " bytes than the limit ", wire::kMaxDigests);
     }
   }
-  return Status::Ok();
+  return CheckAllocations(welcome);
+}
+
+int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes) {
+  const auto& all = welcome.allocations;
+  // The last allocation starting at or before `offset` (they are sorted and disjoint).
+  auto it = std::upper_bound(all.begin(), all.end(), offset,
+                             [](uint64_t at, const wire::GpuAllocation& a) { return at < a.offset; });
+  if (it == all.begin()) return -1;
+  --it;
+  if (offset - it->offset > it->bytes || bytes > it->bytes - (offset - it->offset)) return -1;
+  return it - all.begin();
 }
 
 Status CheckVerifiable(const Plan& plan, int64_t step) {

@@ -136,6 +136,10 @@ struct Plan {
 // the field and both values.
 Status ValidateLayout(const wire::Welcome& welcome);
 
+// kCudaIpc stores: the index of the publisher allocation holding [offset, offset + bytes) of the
+// direct region, or -1 (ValidateLayout checked that every tensor has one).
+int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes);
+
 // FailedPrecondition unless every segment of `plan` is a whole publisher digest segment (a region
 // plan built without verification may read parts of them): what every Verify checks first. The
 // subscriber prepares a verifiable plan before it asks for verification, so this is a bug guard.

@@ -39,6 +39,10 @@ constexpr PathEntry kPaths[] = {
     {"cuda-ipc", "GPU store -> one CUDA device: copy-engine batches from the imported store",
      &Serves<LinkKind::kUnix, ArenaKind::kCudaMem, DestinationKind::kCuda>,
      &Make<path::GpuCopyPath>},
+    {"cuda-ipc-zero-copy", "zero-copy GPU tensors -> one CUDA device: copy-engine batches from the "
+     "publisher's own allocations, opened by IPC handle",
+     &Serves<LinkKind::kUnix, ArenaKind::kCudaIpc, DestinationKind::kCuda>,
+     &Make<path::GpuCopyPath>},
     {"tcp", "host store -> host memory: the bytes stream on the connection into place",
      &Serves<LinkKind::kTcp, ArenaKind::kHostMemfd, DestinationKind::kHost>,
      &Make<path::TcpReadPath>},
@@ -47,9 +51,14 @@ constexpr PathEntry kPaths[] = {
 };
 
 std::string StoreText(const wire::Welcome& welcome) {
-  return welcome.arena_kind == ArenaKind::kCudaMem
-             ? "GPU memory (cuda:" + std::to_string(welcome.device) + ")"
-             : std::string("host memory");
+  switch (welcome.arena_kind) {
+    case ArenaKind::kCudaMem:
+      return "GPU memory (cuda:" + std::to_string(welcome.device) + ")";
+    case ArenaKind::kCudaIpc:
+      return "its own GPU tensors (zero-copy, cuda:" + std::to_string(welcome.device) + ")";
+    default:
+      return "host memory";
+  }
 }
 
 // "destination 'w' is on cpu", or for a mix the first destination of each kind.

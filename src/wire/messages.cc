@@ -1,6 +1,7 @@
 #include "wire/messages.h"
 
 #include <charconv>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -302,6 +303,17 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
     for (int64_t dim : t.shard.global_shape) w.I64(dim);
     for (int64_t offset : t.shard.offset) w.I64(offset);
   }
+  if (m.arena_kind != ArenaKind::kCudaIpc) return;
+  w.U32(static_cast<uint32_t>(m.allocations.size()));
+  for (const GpuAllocation& a : m.allocations) {
+    w.U64(a.offset);
+    w.U64(a.bytes);
+    for (size_t i = 0; i < a.ipc_handle.size(); i += 8) {
+      uint64_t word;
+      std::memcpy(&word, a.ipc_handle.data() + i, 8);
+      w.U64(word);
+    }
+  }
 }
 
 Status Decode(std::span<const uint8_t> payload, Welcome* m) {
@@ -322,9 +334,9 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
     return Status::ProtocolError(kWelcomeWhat, ": segment_bytes 0, expected > 0");
   }
   WS_ASSIGN_OR_RETURN(uint8_t arena_kind, r.U8("arena_kind"));
-  if (arena_kind > static_cast<uint8_t>(ArenaKind::kNone)) {
+  if (arena_kind > static_cast<uint8_t>(ArenaKind::kCudaIpc)) {
     return Status::ProtocolError(kWelcomeWhat, ": unknown arena_kind ", int(arena_kind),
-                                 ", expected 0..2");
+                                 ", expected 0..3");
   }
   m->arena_kind = static_cast<ArenaKind>(arena_kind);
   WS_ASSIGN_OR_RETURN(uint32_t device, r.U32("device"));
@@ -360,6 +372,19 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
     if (!inserted) {
       return Status::ProtocolError(kWelcomeWhat, ": tensor ", i, " ", Quote(t.spec.name),
                                    " duplicates the name of tensor ", it->second);
+    }
+  }
+  m->allocations.clear();
+  if (m->arena_kind == ArenaKind::kCudaIpc) {
+    WS_ASSIGN_OR_RETURN(uint32_t n, r.Count("allocation count", kMaxAllocations, 80));
+    m->allocations.resize(n);
+    for (GpuAllocation& a : m->allocations) {
+      WS_ASSIGN_OR_RETURN(a.offset, r.U64("allocation offset"));
+      WS_ASSIGN_OR_RETURN(a.bytes, r.U64("allocation bytes"));
+      for (size_t i = 0; i < a.ipc_handle.size(); i += 8) {
+        WS_ASSIGN_OR_RETURN(uint64_t word, r.U64("allocation ipc_handle"));
+        std::memcpy(a.ipc_handle.data() + i, &word, 8);
+      }
     }
   }
   return r.ExpectEnd();

@@ -4,6 +4,7 @@
 // own state (offsets against the mapped arena, steps against its committed step).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -55,7 +56,18 @@ enum class ArenaKind : uint8_t {
   kHostMemfd = 0,  // host memory: a sealed memfd (fd passed with the frame)
   kCudaMem = 1,    // GPU memory: a cuMem allocation exported as a POSIX fd (fd passed)
   kNone = 2,       // nothing to map (tcp: bytes arrive on the connection)
+  // GPU memory: the publisher's own CUDA allocations (zero-copy), each a CUDA IPC handle in
+  // Welcome::allocations; no fd. The direct region is a virtual range in which every allocation
+  // has its place, so tensors are placed by one offset as in an arena.
+  kCudaIpc = 3,
 };
+// One publisher allocation of a kCudaIpc store: `bytes` at `offset` of the direct region.
+struct GpuAllocation {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::array<uint8_t, 64> ipc_handle{};  // cudaIpcMemHandle_t: a bearer secret, never logged
+};
+inline constexpr uint32_t kMaxAllocations = 1u << 20;
 // How segment digests are computed (the subscriber must verify with the same function).
 enum class DigestKind : uint8_t {
   kXxh3 = 0,   // XXH3_64bits of the segment's bytes
@@ -84,6 +96,8 @@ struct Welcome {
   int32_t device = -1;  // kCudaMem: the publisher's CUDA device ordinal
   DigestKind digest_kind = DigestKind::kXxh3;
   std::vector<TensorPlacement> tensors;  // ≤ kMaxTensors
+  // kCudaIpc only (empty otherwise): by offset, disjoint, inside the direct region.
+  std::vector<GpuAllocation> allocations;
 };
 inline constexpr uint32_t kMaxSlots = 64;
 

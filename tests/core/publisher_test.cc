@@ -57,6 +57,27 @@ TEST(PublisherAllocate, AFailedAllocateLeavesNothingBehind) {
   EXPECT_EQ((*p)->manifest().total_bytes(), 64u);
 }
 
+// Zero-copy publishes CUDA tensors where they are, to subscribers on this host: every other use
+// is refused up front, saying what to do instead (the GPU round trips are tests/gpu/zero_copy_test.cc
+// and the conformance suite's cuda-ipc-zero-copy rows).
+TEST(PublisherZeroCopy, IsRefusedOverTcpForHostTensorsAndForAllocate) {
+  PublisherOptions tcp;
+  tcp.endpoint = "tcp://127.0.0.1:0";
+  tcp.zero_copy = true;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(tcp), "zero_copy",
+                   "use a local:// endpoint");
+  PublisherOptions local;
+  local.endpoint = testing::UniqueEndpoint("zerocopy");
+  local.zero_copy = true;
+  ASSERT_OK_AND_ASSIGN(auto p, Publisher::Create(local));
+  std::vector<float> host(4);
+  EXPECT_STATUS_IS(kInvalidArgument, p->Register({{"w", {host.data(), DType::kFloat32, {4}}}}),
+                   "tensor 'w' is on cpu", "zero_copy");
+  EXPECT_EQ(p->manifest().size(), 0u) << "a refused Register leaves nothing behind";
+  EXPECT_STATUS_IS(kFailedPrecondition, p->Allocate("a", DType::kFloat32, {4}),
+                   "Allocate() on a zero_copy publisher");
+}
+
 // The engine-side loop `for name in published_manifest(): allocate(name)` of a 100k-tensor MoE
 // model, on both sides. Rebuilding the whole manifest per call made this quadratic (~25 min from
 // Python); linear it takes about a second. The bound only tells O(n) from O(n^2).

@@ -7,8 +7,15 @@
 //   ws_gpu_publisher ENDPOINT fsdp RANK RANKS DEVICE [SCALE]
 // FSDP rank RANK of RANKS of the layer model (testing/regions.h): every tensor a region (rows) of
 // its global tensor, on DEVICE.
+// With WS_TEST_ZERO_COPY=1 in the environment the publisher is zero-copy
+// (PublisherOptions::zero_copy): its tensors are packed several to a cudaMalloc allocation (two
+// allocations, as PyTorch's caching allocator carves its segments), and each publish begins with
+// BeginWrite(), as a trainer's optimizer step must. WS_TEST_TIMEOUT_MS overrides the publisher's
+// timeout (5000 ms): how long a BeginWrite waits for readers before revoking their reads.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -36,22 +43,63 @@ ws::Status PublishFromAnotherDevice(ws::Publisher& publisher, int device, int64_
   return ws::Status::Ok();
 }
 
+std::chrono::milliseconds Timeout() {
+  const char* v = std::getenv("WS_TEST_TIMEOUT_MS");
+  return std::chrono::milliseconds(v != nullptr ? std::atoi(v) : 5000);
+}
+
+bool ZeroCopy() {
+  const char* v = std::getenv("WS_TEST_ZERO_COPY");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Device memory of `device` for each of `host` (same shapes, dtypes and regions) and the views of
-// it to register.
+// it to register: one allocation per tensor, or (zero-copy) the tensors packed at 256-byte
+// boundaries into two allocations.
 ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device,
                     std::vector<ws::cuda::DeviceBuffer>* buffers,
-                    std::vector<ws::NamedTensor>* views) {
-  for (const ws::NamedTensor& t : host) {
+                    std::vector<ws::NamedTensor>* views, std::vector<uint8_t*>* data) {
+  const bool packed = ZeroCopy();
+  const size_t half = (host.size() + 1) / 2;
+  std::vector<uint64_t> offsets;
+  uint64_t used[2] = {0, 0};
+  for (size_t i = 0; i < host.size(); ++i) {
+    WS_ASSIGN_OR_RETURN(uint64_t bytes, host[i].view.NumBytes());
+    uint64_t& at = used[i < half ? 0 : 1];
+    offsets.push_back(at);
+    at += (bytes + 255) / 256 * 256;
+  }
+  if (packed) {
+    for (uint64_t bytes : used) {
+      WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
+                          ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+      buffers->push_back(std::move(buffer));
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    const ws::NamedTensor& t = host[i];
     WS_ASSIGN_OR_RETURN(uint64_t bytes, t.view.NumBytes());
-    WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
-                        ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+    uint8_t* where = nullptr;
+    if (packed) {
+      where = (*buffers)[i < half ? 0 : 1].as<uint8_t>() + offsets[i];
+    } else {
+      WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
+                          ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+      where = buffer.as<uint8_t>();
+      buffers->push_back(std::move(buffer));
+    }
     ws::NamedTensor view = t;
-    view.view.data = buffer.data();
+    view.view.data = where;
     view.view.device = {ws::Device::Kind::kCUDA, device};
     views->push_back(view);
-    buffers->push_back(std::move(buffer));
+    data->push_back(where);
   }
   return ws::Status::Ok();
+}
+
+// A zero-copy trainer may change its tensors only once no subscriber reads them.
+ws::Status BeforeWriting(ws::Publisher& publisher) {
+  return ZeroCopy() ? publisher.BeginWrite() : ws::Status::Ok();
 }
 
 // One trainer rank of a sharded model on `device`: the host pattern uploaded before each publish.
@@ -62,7 +110,10 @@ int ServeFsdpRank(ws::PublisherOptions options, int rank, int ranks, int device,
   for (ws::testing::RegionTensor& t : trainer.tensors) host.push_back(t.View());
   std::vector<ws::cuda::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
-  if (ws::Status s = OnDevice(host, device, &buffers, &on_device); !s.ok()) return SetUpFailed(s);
+  std::vector<uint8_t*> data;
+  if (ws::Status s = OnDevice(host, device, &buffers, &on_device, &data); !s.ok()) {
+    return SetUpFailed(s);
+  }
   auto publisher = ws::Publisher::Create(options);
   if (!publisher.ok()) return SetUpFailed(publisher.status());
   if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) return SetUpFailed(s);
@@ -71,13 +122,13 @@ int ServeFsdpRank(ws::PublisherOptions options, int rank, int ranks, int device,
   loop.On("publish", [&](std::istream& args) {
     int64_t step = 0;
     if (!(args >> step)) return std::string("error publish needs a step");
-    ws::Status s;
+    ws::Status s = BeforeWriting(**publisher);
     for (size_t i = 0; i < trainer.tensors.size() && s.ok(); ++i) {
       ws::testing::RegionTensor& t = trainer.tensors[i];
       ws::RegionPart part = t.parts[0];
       part.at.clear();
       ws::testing::FillPart(*trainer.globals[i], step, part, t.shape, t.storage.data());
-      s = ws::cuda::CopyToDevice(buffers[i].data(), t.storage.data(), t.nbytes());
+      s = ws::cuda::CopyToDevice(data[i], t.storage.data(), t.nbytes());
     }
     if (s.ok()) s = PublishFromAnotherDevice(**publisher, device, step);
     return ws::testing::Answer(s, "ok " + std::to_string(step));
@@ -92,7 +143,8 @@ int main(int argc, char** argv) {
     if (ws::Status s = ws::cuda::SetDevice(device); !s.ok()) return SetUpFailed(s);
     ws::PublisherOptions options;
     options.endpoint = argv[1];
-    options.timeout = std::chrono::milliseconds(5000);
+    options.timeout = Timeout();
+    options.zero_copy = ZeroCopy();
     return ServeFsdpRank(options, std::atoi(argv[3]), std::atoi(argv[4]), device,
                          argc > 6 ? std::atoi(argv[6]) : 1);
   }
@@ -105,7 +157,8 @@ int main(int argc, char** argv) {
   if (ws::Status s = ws::cuda::SetDevice(device); !s.ok()) return SetUpFailed(s);
   ws::PublisherOptions options;
   options.endpoint = argv[1];
-  options.timeout = std::chrono::milliseconds(5000);
+  options.timeout = Timeout();
+  options.zero_copy = ZeroCopy();
   if (argc > 5) options.slots = std::atoi(argv[5]);
   int shard = 0, shards = 1;
   if (argc > 6 && std::sscanf(argv[6], "%d/%d", &shard, &shards) != 2) shards = 1;
@@ -119,7 +172,10 @@ int main(int argc, char** argv) {
   }
   std::vector<ws::cuda::DeviceBuffer> buffers;
   std::vector<ws::NamedTensor> on_device;
-  if (ws::Status s = OnDevice(host, device, &buffers, &on_device); !s.ok()) return SetUpFailed(s);
+  std::vector<uint8_t*> data;
+  if (ws::Status s = OnDevice(host, device, &buffers, &on_device, &data); !s.ok()) {
+    return SetUpFailed(s);
+  }
   auto publisher = ws::Publisher::Create(options);
   if (!publisher.ok()) return SetUpFailed(publisher.status());
   if (ws::Status s = (*publisher)->Register(on_device); !s.ok()) return SetUpFailed(s);
@@ -128,10 +184,10 @@ int main(int argc, char** argv) {
   loop.On("publish", [&](std::istream& args) {
     int64_t step = 0;
     if (!(args >> step)) return std::string("error publish needs a step");
-    model.Fill(step);
-    ws::Status s;
+    ws::Status s = BeforeWriting(**publisher);
+    if (s.ok()) model.Fill(step);
     for (size_t i = 0; i < host.size() && s.ok(); ++i) {
-      s = ws::cuda::CopyToDevice(buffers[i].data(), host[i].view.data, *host[i].view.NumBytes());
+      s = ws::cuda::CopyToDevice(data[i], host[i].view.data, *host[i].view.NumBytes());
     }
     if (s.ok()) s = PublishFromAnotherDevice(**publisher, device, step);
     return ws::testing::Answer(s, "ok " + std::to_string(step));

@@ -294,6 +294,63 @@ TEST(ValidateLayoutTest, RejectsMoreDigestsThanStepEndCarries) {
   EXPECT_TRUE(s2.ok()) << s2;
 }
 
+// A zero-copy publisher's layout: its tensors in a direct region where each of its CUDA
+// allocations has a range (two allocations, a gap between them).
+wire::Welcome ZeroCopyWelcome() {
+  wire::Welcome w = WelcomeBuilder(4096)
+                        .Add(Raw("a0", 1000), wire::Region::kDirect)
+                        .Add(Raw("a1", 3000), wire::Region::kDirect)
+                        .Add(Raw("empty", 0), wire::Region::kDirect)
+                        .Build(2);
+  w.arena_kind = wire::ArenaKind::kCudaIpc;
+  w.slot_bytes = 0;
+  w.tensors[1].offset = 8192;  // the second allocation
+  w.tensors[2].offset = 0;
+  w.direct_bytes = w.arena_bytes = 8192 + 4096;
+  w.allocations = {{0, 4096, {}}, {8192, 4096, {}}};
+  return w;
+}
+
+TEST(ValidateLayoutTest, AcceptsZeroCopyAllocationsAndFindsEachTensorsAllocation) {
+  const wire::Welcome w = ZeroCopyWelcome();
+  Status s = ValidateLayout(w);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(AllocationHolding(w, 0, 1000), 0);
+  EXPECT_EQ(AllocationHolding(w, 8192, 3000), 1);
+  EXPECT_EQ(AllocationHolding(w, 8192 + 4095, 1), 1);
+  EXPECT_EQ(AllocationHolding(w, 4000, 200), -1) << "past the end of allocation 0";
+  EXPECT_EQ(AllocationHolding(w, 5000, 1), -1) << "in the gap";
+  EXPECT_EQ(AllocationHolding(w, 8192 + 4096, 1), -1) << "past the last allocation";
+}
+
+TEST(ValidateLayoutTest, RejectsZeroCopyAllocationsThatOverlapOrLeaveATensorOut) {
+  wire::Welcome overlap = ZeroCopyWelcome();
+  overlap.allocations[1].offset = 4000;
+  overlap.tensors[1].offset = 4000;
+  Status s = ValidateLayout(overlap);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "allocation 1 at 4000 overlaps");
+
+  wire::Welcome outside = ZeroCopyWelcome();
+  outside.allocations[1].bytes = 8192;  // past the direct region
+  s = ValidateLayout(outside);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "allocation 1");
+  EXPECT_CONTAINS(s.message(), "exceeds direct region size");
+
+  wire::Welcome stray = ZeroCopyWelcome();
+  stray.tensors[1].offset = 4096;  // in the gap between the allocations
+  s = ValidateLayout(stray);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "tensor 'a1' [4096, 7096) lies in none");
+
+  wire::Welcome arena = ValidWelcome();
+  arena.allocations = {{0, 16, {}}};
+  s = ValidateLayout(arena);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "CUDA IPC allocations in a store of another kind");
+}
+
 // ---------------------------------------------------------------------------------------------
 // BuildPlan: matching
 

@@ -54,6 +54,7 @@ struct PathRow {
   bool cuda_destinations;  // the destinations are CUDA tensors (cuda:1 when there is one)
   bool tcp;                // tcp://127.0.0.1, authenticated; else local://
   UpdateMode mode;
+  bool zero_copy = false;  // a zero-copy GPU publisher (PublisherOptions::zero_copy)
 
   bool staged() const { return mode == UpdateMode::kStaged; }
   bool nccl() const { return tcp && gpu_store; }
@@ -79,6 +80,7 @@ inline std::vector<PathRow> GpuRows() {
   return InBothModes({{"host-to-gpu", false, true, false, {}},
                       {"gpu-to-host", true, false, false, {}},
                       {"cuda-ipc", true, true, false, {}},
+                      {"cuda-ipc-zero-copy", true, true, false, {}, true},
                       {"nccl", true, true, true, {}}});
 }
 
@@ -155,6 +157,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
     if (row.gpu_store) args.push_back("0");  // the publisher's device
     std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
     if (row.tcp) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
+    if (row.zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
     publisher_ = std::make_unique<testing::PublisherProcess>(
         row.gpu_store ? "gpu_publisher" : "publisher", std::move(args), std::move(env));
     ASSERT_NO_FATAL_FAILURE(publisher_->Start(row.tcp ? std::string("tcp://127.0.0.1:0")

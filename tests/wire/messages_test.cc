@@ -72,6 +72,12 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
     EXPECT_EQ(a.tensors[i].sharded, b.tensors[i].sharded);
     EXPECT_EQ(a.tensors[i].shard, b.tensors[i].shard);
   }
+  ASSERT_EQ(a.allocations.size(), b.allocations.size());
+  for (size_t i = 0; i < a.allocations.size(); ++i) {
+    EXPECT_EQ(a.allocations[i].offset, b.allocations[i].offset) << "allocation " << i;
+    EXPECT_EQ(a.allocations[i].bytes, b.allocations[i].bytes) << "allocation " << i;
+    EXPECT_EQ(a.allocations[i].ipc_handle, b.allocations[i].ipc_handle) << "allocation " << i;
+  }
 }
 
 Welcome BaseWelcome() {
@@ -355,6 +361,32 @@ TEST(WireWelcomeTest, RoundTripNoTensorsAndGeometryLimits) {
   EXPECT_EQ(out.slot_count, 0u);
 }
 
+// A zero-copy publisher's Welcome carries its CUDA allocations, every handle byte intact; no other
+// store kind encodes any (the field is absent from their bytes).
+TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
+  Welcome in = WelcomeWith(3);
+  in.arena_kind = ArenaKind::kCudaIpc;
+  for (int i = 0; i < 3; ++i) {
+    GpuAllocation a;
+    a.offset = uint64_t(i) << 32;
+    a.bytes = (1ull << 31) + i;
+    for (size_t b = 0; b < a.ipc_handle.size(); ++b) a.ipc_handle[b] = uint8_t(b * 7 + i);
+    in.allocations.push_back(a);
+  }
+  const std::vector<uint8_t> bytes = EncodeOf(in);
+  Welcome out;
+  ASSERT_OK(Decode(bytes, &out));
+  ExpectSameWelcome(in, out);
+  ExpectEveryPrefixRejected<Welcome>(bytes);
+  ExpectTrailingByteRejected<Welcome>(bytes);
+
+  Welcome arena = in;
+  arena.arena_kind = ArenaKind::kCudaMem;
+  ASSERT_OK(Decode(EncodeOf(arena), &out));
+  EXPECT_TRUE(out.allocations.empty());
+  EXPECT_EQ(EncodeOf(arena).size() + 4 + 3 * 80, bytes.size());
+}
+
 TEST(WireWelcomeTest, DecodeReplacesPreviousContents) {
   Welcome out = WelcomeWith(50);
   const Welcome in = WelcomeWith(3);
@@ -618,8 +650,9 @@ TEST(WireWelcomeTest, GeometryLimits) {
       IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: slot_count 65 exceeds limit 64"}));
   raw.slot_count = 1;
   raw.segment_bytes = 1;
-  raw.arena_kind = 3;
-  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown arena_kind 3"}));
+  raw.arena_kind = 4;
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
+                              {"welcome: unknown arena_kind 4", "expected 0..3"}));
   raw.arena_kind = 0;
   raw.digest_kind = 2;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown digest_kind 2"}));

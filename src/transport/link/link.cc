@@ -56,7 +56,8 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   const bool fd_expected = kind_ == LinkKind::kUnix;
   WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline,
                                              fd_expected ? &store_fd_ : nullptr));
-  if (fd_expected && !store_fd_.valid()) {
+  // A zero-copy publisher's memory travels as CUDA IPC handles in the Welcome instead.
+  if (fd_expected && !store_fd_.valid() && welcome_.arena_kind != wire::ArenaKind::kCudaIpc) {
     return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));

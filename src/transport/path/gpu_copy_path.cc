@@ -1,5 +1,6 @@
 #include "transport/path/gpu_copy_path.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "util/fail_point.h"
@@ -19,19 +20,26 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   const bool on_publisher_gpu = ctx.options->convert_on_publisher_gpu;
   welcome_device_ = welcome.device;
   WS_ASSIGN_OR_RETURN(int device, GpuLanding::DestinationDevice(destinations, "cuda-ipc"));
-  if (welcome.direct_bytes > 0) {
-    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+  zero_copy_ = welcome.arena_kind == wire::ArenaKind::kCudaIpc;
+  if (zero_copy_) {
+    WS_RETURN_IF_ERROR(OpenAllocations(welcome, device));
+  } else {
+    if (welcome.direct_bytes > 0) {
+      return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
+    }
+    util::UniqueFd arena_fd = std::move(*ctx.store_fd);
+    WS_ASSIGN_OR_RETURN(
+        arena_, cuda::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, device));
+    WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
   }
-  util::UniqueFd arena_fd = std::move(*ctx.store_fd);
-  WS_ASSIGN_OR_RETURN(
-      arena_, cuda::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, device));
-  WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
   auto slot_base = [&](uint32_t k) -> const uint8_t* {
-    return arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
+    return zero_copy_ ? nullptr
+                      : arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
   };
   conversions_ = plan->converted.size();
-  // In place, converted tensors are converted straight out of the publisher's arena.
-  const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty();
+  // In place, converted tensors are converted straight out of the publisher's arena (zero-copy:
+  // they land first; the publisher's allocations have no one base to address segments from).
+  const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty() && !zero_copy_;
   WS_RETURN_IF_ERROR(
       receiver_.Prepare(plan, destinations, mode, device, direct ? slot_base(0) : nullptr));
   // Where the conversions run (in place only): on the publisher's GPU when asked and possible,
@@ -95,14 +103,17 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
   WS_RETURN_IF_ERROR(cuda::SetDevice(at_source ? source_device_ : receiver_.device()));
   slot_batches_.clear();
-  slot_batches_.resize(welcome.slot_count);
+  // Zero-copy: every version is the same memory, so one batch serves all.
+  slot_batches_.resize(zero_copy_ ? 1 : welcome.slot_count);
   Status status;
-  for (uint32_t k = 0; k < welcome.slot_count && status.ok(); ++k) {
+  for (uint32_t k = 0; k < slot_batches_.size() && status.ok(); ++k) {
     Batch& batch = slot_batches_[k];
     batch.base = slot_base(k);
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
-      const uint8_t* src = batch.base + welcome.tensors[t.publisher_index].offset + t.src_offset;
+      const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
+      const uint8_t* src = zero_copy_ ? ZeroCopySource(welcome, offset, t.nbytes)
+                                      : batch.base + offset;
       if (direct && t.transform != plan::Transform::kCopy) {
         status = batch.conversions
                      .Add(*plan, t, src, receiver_.destination_bases(), receiver_.names(),
@@ -114,7 +125,8 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
       batch.copies.Add(receiver_.Received(t), src, t.nbytes, t.destination);
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
-    if (status.ok() && arena_.owner_device() == receiver_.device()) {
+    // Zero-copy: tried whatever the publisher's device (a group refuses memory of another one).
+    if (status.ok() && (zero_copy_ || arena_.owner_device() == receiver_.device())) {
       // On the arena's own GPU: the small copies in one launch, prepared there (conversions may
       // have made another device current above).
       status = cuda::SetDevice(receiver_.device());
@@ -135,7 +147,11 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
 
 Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
                          const util::Deadline& deadline) {
-  Batch& b = slot_batches_[begin.slot];
+  if (!zero_copy_ && begin.slot >= slot_batches_.size()) {
+    return Status::ProtocolError("cuda-ipc: step ", begin.step, " in slot ", begin.slot, " of ",
+                                 slot_batches_.size());
+  }
+  Batch& b = slot_batches_[zero_copy_ ? 0 : begin.slot];
   cuda::CopyQueue& queue = receiver_.queue();
   WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   // A planned tensor is contiguous on both sides: one copy-engine transfer per tensor (the rows
@@ -183,12 +199,48 @@ Status GpuCopyPath::Release() {
   slot_batches_.clear();
   result.Update(receiver_.Release());
   result.Update(arena_.Close());
+  for (cuda::IpcMapping& m : allocations_) result.Update(m.Close());
+  allocations_.clear();
+  allocation_offsets_.clear();
   return result;
 }
 
+Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
+  allocations_.clear();
+  allocation_offsets_.clear();
+  allocations_.reserve(welcome.allocations.size());
+  for (size_t i = 0; i < welcome.allocations.size(); ++i) {
+    const wire::GpuAllocation& a = welcome.allocations[i];
+    cuda::IpcHandle handle;
+    std::copy(a.ipc_handle.begin(), a.ipc_handle.end(), handle.begin());
+    Result<cuda::IpcMapping> m = cuda::IpcMapping::Open(handle, device);
+    if (!m.ok()) {
+      return m.status().WithContext("cuda-ipc: opening the publisher's allocation " +
+                                    std::to_string(i) + " of " +
+                                    std::to_string(welcome.allocations.size()) + " (" +
+                                    std::to_string(a.bytes) + " bytes)");
+    }
+    allocations_.push_back(std::move(m).value());
+    allocation_offsets_.push_back(a.offset);
+  }
+  return Status::Ok();
+}
+
+const uint8_t* GpuCopyPath::ZeroCopySource(const wire::Welcome& welcome, uint64_t offset,
+                                           uint64_t bytes) const {
+  // ValidateLayout placed every tensor inside one allocation, so a run of one is inside it too.
+  const int64_t k = plan::AllocationHolding(welcome, offset, bytes);
+  return allocations_[k].data() + (offset - allocation_offsets_[k]);
+}
+
 std::string GpuCopyPath::Describe() const {
-  std::string text = ", GPU arena from cuda:" + std::to_string(welcome_device_) +
-                     " into cuda:" + std::to_string(receiver_.device());
+  std::string text =
+      zero_copy_ ? ", zero-copy from " + std::to_string(allocations_.size()) +
+                       " allocation(s) of the publisher's tensors on cuda:" +
+                       std::to_string(welcome_device_) + " into cuda:" +
+                       std::to_string(receiver_.device())
+                 : ", GPU arena from cuda:" + std::to_string(welcome_device_) + " into cuda:" +
+                       std::to_string(receiver_.device());
   if (!slot_batches_.empty() && !slot_batches_[0].small_copies.empty()) {
     text +=
         ", " + std::to_string(slot_batches_[0].small_copies.jobs()) + " copy jobs in one launch";

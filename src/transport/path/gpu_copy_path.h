@@ -1,7 +1,9 @@
 // GpuCopyPath (cuda-ipc): a publisher's GPU store on this host into CUDA destinations — the
 // store imported once from its POSIX fd and mapped for the destinations' device, and per slot the
 // prepared batch of copies (one per planned tensor) into a GpuLanding; in place, conversions read
-// the publisher's bytes directly (optionally on its own GPU).
+// the publisher's bytes directly (optionally on its own GPU). For a zero-copy publisher
+// (cuda-ipc-zero-copy) the "store" is its own allocations, each opened once by IPC handle, and
+// one batch reads every version (they are the same memory).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/ipc.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
@@ -43,6 +46,10 @@ class GpuCopyPath final : public DataPath {
 
  private:
   cuda::ImportedAllocation arena_;
+  // Zero-copy: the publisher's allocations, opened, and where each starts in its direct region.
+  bool zero_copy_ = false;
+  std::vector<cuda::IpcMapping> allocations_;
+  std::vector<uint64_t> allocation_offsets_;
   GpuLanding receiver_;
   int welcome_device_ = -1;  // the publisher's device, in its numbering (for the log)
   size_t conversions_ = 0;
@@ -62,6 +69,10 @@ class GpuCopyPath final : public DataPath {
   int source_device_ = -1;
   cuda::CopyQueue source_queue_;
 
+  Status OpenAllocations(const wire::Welcome& welcome, int device);
+  // Where [offset, offset + bytes) of a zero-copy publisher's direct region is mapped here.
+  const uint8_t* ZeroCopySource(const wire::Welcome& welcome, uint64_t offset,
+                                uint64_t bytes) const;
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,

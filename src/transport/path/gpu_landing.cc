@@ -223,9 +223,16 @@ Status GpuLanding::MaybeInjectBitFlip() {
       plan_->segments.empty()) {
     return Status::Ok();
   }
-  const plan::Segment& s = plan_->segments[plan_->segments.size() / 2];
-  // Never flip the publisher's own bytes (a segment converted straight from its arena).
-  if (s.bytes == 0 || (s.converted && converted_source_ != nullptr)) return Status::Ok();
+  // The middle segment, or the next one after it (wrapping) whose bytes landed here: never the
+  // publisher's own bytes (a segment converted straight from its arena).
+  const size_t n = plan_->segments.size();
+  const plan::Segment* chosen = nullptr;
+  for (size_t k = 0; k < n && chosen == nullptr; ++k) {
+    const plan::Segment& c = plan_->segments[(n / 2 + k) % n];
+    if (c.bytes > 0 && !(c.converted && converted_source_ != nullptr)) chosen = &c;
+  }
+  if (chosen == nullptr) return Status::Ok();
+  const plan::Segment& s = *chosen;
   uint8_t* where = Received(s);
   uint8_t byte = 0;
   WS_RETURN_IF_ERROR(cuda::CopyToHost(&byte, where + s.bytes / 2, 1));

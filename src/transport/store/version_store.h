@@ -82,5 +82,8 @@ class VersionStore {
 Result<std::unique_ptr<VersionStore>> NewHostStore(const std::string& name);
 // The GPU store on `device`: a cuMem arena allocated at Freeze.
 Result<std::unique_ptr<VersionStore>> NewGpuStore(int device);
+// The zero-copy GPU store on `device` (gpu_zero_copy_store.cc): the registered tensors themselves,
+// exported by CUDA IPC handle; nothing copied.
+Result<std::unique_ptr<VersionStore>> NewZeroCopyGpuStore(int device);
 
 }  // namespace weightsync::transport::store

@@ -1,0 +1,210 @@
+// Zero-copy GPU publishing (PublisherOptions::zero_copy, label gpu) beyond the conformance suite's
+// cuda-ipc-zero-copy rows: a publisher process whose CUDA tensors are packed several to a
+// cudaMalloc allocation (two allocations) publishes them where they are; this process subscribes
+// into CUDA destinations on cuda:1 (cuda:0 with one GPU). The publisher adds no arena (GPU memory
+// measured around its first publish, against an arena publisher of the same model); its write is
+// fenced — held while a subscriber reads, so the reader gets exactly the version it asked for —
+// and a stalled reader is revoked within the publisher's timeout with its old weights intact
+// (staged); two subscribers in one process share the publisher's opened allocations.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/vmm.h"
+#include "gpu/gpu_test_util.h"
+#include "testing/publisher_process.h"
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::SyntheticModel;
+using util::FailAction;
+using util::FailPoints;
+
+constexpr int kTensors = 12;
+constexpr int64_t kElements = 1 << 20;  // about 40 MB a step
+constexpr int kPublisherTimeoutMs = 800;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class ZeroCopy : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override {
+    WS_SKIP_WITHOUT_GPU();
+    FailPoints::DisarmAll();
+    device_ = cuda::DeviceCount() > 1 ? 1 : 0;
+    ASSERT_OK(cuda::SetDevice(device_));
+    like_ = model_.Tensors();
+  }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  std::unique_ptr<testing::PublisherProcess> StartPublisher(bool zero_copy) {
+    std::vector<std::string> env = {"WS_TEST_TIMEOUT_MS=" + std::to_string(kPublisherTimeoutMs)};
+    if (zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
+    auto p = std::make_unique<testing::PublisherProcess>(
+        "gpu_publisher",
+        std::vector<std::string>{std::to_string(kTensors), std::to_string(kElements), "0"}, env);
+    p->Start(testing::UniqueEndpoint(zero_copy ? "zerocopy" : "arena"));
+    return p;
+  }
+  // Poisoned destinations on device_ and a verifying subscriber of `publisher` into them.
+  std::unique_ptr<Subscriber> Connect(const testing::PublisherProcess& publisher,
+                                      std::vector<NamedTensor>* dst,
+                                      std::vector<cuda::DeviceBuffer>* buffers) {
+    auto poisoned = cuda::testing::PoisonedDestinations(like_, device_, buffers);
+    EXPECT_OK(poisoned);
+    *dst = std::move(poisoned).value();
+    SubscriberOptions o;
+    o.endpoint = publisher.endpoint();
+    o.mode = GetParam();
+    o.verify = true;
+    o.timeout = std::chrono::milliseconds(10000);
+    return testing::NewSubscriber(o, *dst);
+  }
+  std::string Holds(const std::vector<NamedTensor>& dst, int64_t step) {
+    std::string why;
+    return cuda::testing::DestinationsHold(dst, like_, step, &why) ? "" : why;
+  }
+  // GPU memory in use on the publisher's device (cuda:0), in bytes.
+  int64_t UsedOnDeviceZero() {
+    cuda::ScopedDevice restore;
+    EXPECT_OK(cuda::SetDevice(0));
+    size_t free_bytes = 0, total = 0;
+    EXPECT_OK(cuda::MemInfo(&free_bytes, &total));
+    return static_cast<int64_t>(total - free_bytes);
+  }
+
+  int device_ = 0;
+  SyntheticModel model_{kTensors, kElements};
+  std::vector<NamedTensor> like_;
+};
+
+// Each publisher's GPU memory is measured across its first publish (its store is made then); the
+// subscriber connects only afterwards.
+TEST_P(ZeroCopy, APublisherOfItsOwnTensorsAddsNoArenaAndDeliversEveryByte) {
+  auto arena = StartPublisher(/*zero_copy=*/false);
+  int64_t before = UsedOnDeviceZero();
+  ASSERT_NO_FATAL_FAILURE(arena->Publish(1));
+  const int64_t arena_extra = UsedOnDeviceZero() - before;
+  arena.reset();
+  auto zero = StartPublisher(/*zero_copy=*/true);
+  before = UsedOnDeviceZero();
+  ASSERT_NO_FATAL_FAILURE(zero->Publish(1));
+  const int64_t zero_extra = UsedOnDeviceZero() - before;
+  EXPECT_GE(arena_extra, static_cast<int64_t>(2 * model_.total_bytes()))
+      << "the arena publisher's two slots";
+  EXPECT_LE(zero_extra, 64ll << 20) << "zero-copy adds at most 64 MiB (digest scratch, stream)";
+
+  std::vector<NamedTensor> dst;
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto sub = Connect(*zero, &dst, &buffers);
+  for (int64_t step = 1; step <= 4; ++step) {
+    if (step > 1) {
+      ASSERT_NO_FATAL_FAILURE(zero->Publish(step));
+    }
+    ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+    EXPECT_EQ(stats.path, "cuda-ipc-zero-copy");
+    EXPECT_EQ(stats.step, step);
+    EXPECT_TRUE(stats.verified);
+    EXPECT_EQ(stats.bytes, model_.total_bytes());
+    EXPECT_EQ(Holds(dst, step), "") << "step " << step;
+  }
+}
+
+// The trainer's next write (BeginWrite in the publisher's publish) is held while this subscriber
+// reads step 2 in place in the trainer's memory: the subscriber verifies and holds step 2 exactly,
+// which it could not if the trainer had written step 3 meanwhile.
+TEST_P(ZeroCopy, TheTrainersWriteWaitsForTheReaderWhichGetsTheVersionItAskedFor) {
+  auto pub = StartPublisher(/*zero_copy=*/true);
+  std::vector<NamedTensor> dst;
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto sub = Connect(*pub, &dst, &buffers);
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, kPublisherTimeoutMs / 2, 1);
+  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  const auto t0 = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(3));  // BeginWrite, write, publish
+  const double publish_seconds = SecondsSince(t0);
+  ASSERT_OK_AND_ASSIGN(UpdateStats read, update.get());
+  EXPECT_EQ(read.step, 2);
+  EXPECT_TRUE(read.verified);
+  EXPECT_EQ(Holds(dst, 2), "") << "the write did not wait: the reader saw the trainer's next bytes";
+  EXPECT_GT(publish_seconds, 0.25 * kPublisherTimeoutMs / 1000.0) << "the write never waited";
+  ASSERT_OK_AND_ASSIGN(UpdateStats next, sub->Update());
+  EXPECT_EQ(next.step, 3);
+  EXPECT_EQ(Holds(dst, 3), "");
+}
+
+// A reader stalled past the publisher's timeout has its read revoked: the trainer writes on, the
+// reader gets a Timeout at the end of its step and commits nothing, and its next update lands.
+TEST_P(ZeroCopy, AStalledReaderIsRevokedAndCommitsNothing) {
+  auto pub = StartPublisher(/*zero_copy=*/true);
+  std::vector<NamedTensor> dst;
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto sub = Connect(*pub, &dst, &buffers);
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 3 * kPublisherTimeoutMs, 1);
+  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(3));  // revokes the stalled read, writes step 3
+  Result<UpdateStats> stalled = update.get();
+  ASSERT_FALSE(stalled.ok()) << "a revoked read was committed";
+  EXPECT_STATUS_IS(kTimeout, stalled, "the read of step 2 was revoked");
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(sub->weights_valid());
+    EXPECT_EQ(Holds(dst, 1), "") << "staged: the old weights stay";
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  ASSERT_OK_AND_ASSIGN(UpdateStats next, sub->Update());
+  EXPECT_EQ(next.step, 3);
+  EXPECT_EQ(Holds(dst, 3), "");
+}
+
+// CUDA opens a handle once per process: two subscribers here share each opened allocation, and
+// one closing leaves the other's mappings open.
+TEST_P(ZeroCopy, TwoSubscribersInOneProcessShareTheOpenedAllocations) {
+  auto pub = StartPublisher(/*zero_copy=*/true);
+  std::vector<NamedTensor> dst_a, dst_b;
+  std::vector<cuda::DeviceBuffer> buffers_a, buffers_b;
+  auto a = Connect(*pub, &dst_a, &buffers_a);
+  auto b = Connect(*pub, &dst_b, &buffers_b);
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_NO_FATAL_FAILURE(pub->Publish(step));
+    ASSERT_OK(a->Update());
+    ASSERT_OK(b->Update());
+    EXPECT_EQ(Holds(dst_a, step), "");
+    EXPECT_EQ(Holds(dst_b, step), "");
+  }
+  ASSERT_OK(a->Close());
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(3));
+  ASSERT_OK_AND_ASSIGN(UpdateStats stats, b->Update());
+  EXPECT_EQ(stats.step, 3);
+  EXPECT_FALSE(stats.handle_created) << "b's handle and mappings stay";
+  EXPECT_EQ(Holds(dst_b, 3), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ZeroCopy,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
+                         });
+
+}  // namespace
+}  // namespace weightsync
