@@ -4,7 +4,7 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
-//                 [--only peer,model,fp8,fp8dst,tiny,nccl,h2d,d2h]   (a subset of the rows)
+//                 [--only peer,model,zerocopy,fp8,fp8dst,tiny,nccl,many,h2d,d2h]   (rows to run)
 //                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
@@ -65,6 +65,8 @@ struct Args {
   bool fp8 = true;                 // also measure bf16 → fp8 conversion in flight (cuda-ipc)
   bool host = false;               // publisher role: host tensors (a shared-memory arena)
   bool host_destinations = false;  // the subscriber receives into host memory
+  bool zero_copy = false;          // the publisher is zero-copy (PublisherOptions::zero_copy)
+  int64_t many = 0;  // > 0: instead of the model, `many` bf16 tensors of 64 KiB (MoE experts)
   double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
   std::string only;         // empty: every row the flags above allow; else a comma-separated subset
   std::string endpoint;
@@ -81,6 +83,13 @@ void Die(const std::string& what, const ws::Status& s) {
 
 // The model's tensors; scale 0 keeps every name but shrinks each tensor to 64 elements.
 std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
+  if (a.many > 0) {
+    std::vector<ws::TensorSpec> out;
+    for (int64_t i = 0; i < a.many; ++i) {
+      out.push_back({"experts." + std::to_string(i), ws::DType::kBFloat16, {32768}, 65536});
+    }
+    return out;
+  }
   auto preset = ws::tools::FindPreset(a.model);
   if (!preset.ok()) Die("model", preset.status());
   auto scaled = ws::tools::ScaleConfig(*preset, scale > 0 ? scale : 1.0);
@@ -128,6 +137,7 @@ int RunPublisher(const Args& a) {
   ws::PublisherOptions o;
   o.endpoint = a.endpoint;
   o.timeout = std::chrono::milliseconds(60000);
+  o.zero_copy = a.zero_copy;
   auto pub = ws::Publisher::Create(o);
   if (!pub.ok()) Die("publisher", pub.status());
   if (auto s = (*pub)->Register(tensors); !s.ok()) Die("register", s);
@@ -136,9 +146,16 @@ int RunPublisher(const Args& a) {
   std::string cmd;
   int64_t step;
   while (std::cin >> cmd >> step) {
+    // A zero-copy trainer fences its next write (here: none; the tensors keep their bytes) on
+    // the readers of the last step; the wait is part of what publishing costs it.
+    const auto t0 = Clock::now();
+    if (a.zero_copy) {
+      if (auto s = (*pub)->BeginWrite(); !s.ok()) Die("begin_write", s);
+    }
     auto r = (*pub)->Publish(step);
     if (!r.ok()) Die("publish", r.status());
-    std::printf("ok %lld %.6f\n", static_cast<long long>(step), r->seconds);
+    std::printf("ok %lld %.6f\n", static_cast<long long>(step),
+                std::chrono::duration<double>(Clock::now() - t0).count());
     std::fflush(stdout);
   }
   return 0;
@@ -172,7 +189,11 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
                                    "--src",
                                    std::to_string(a.src),
                                    "--host",
-                                   a.host ? "1" : "0"};
+                                   a.host ? "1" : "0",
+                                   "--zero-copy",
+                                   a.zero_copy ? "1" : "0",
+                                   "--many",
+                                   std::to_string(a.many)};
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -241,6 +262,14 @@ std::vector<ws::TensorSpec> Fp8Specs(const std::vector<ws::TensorSpec>& publishe
   return out;
 }
 
+// Bytes in use on `device` (all processes: cudaMemGetInfo), or 0 where it cannot say.
+int64_t UsedGpuBytes(int device) {
+  ws::cuda::ScopedDevice restore;
+  size_t free_bytes = 0, total = 0;
+  if (!ws::cuda::SetDevice(device).ok() || !ws::cuda::MemInfo(&free_bytes, &total).ok()) return 0;
+  return static_cast<int64_t>(total - free_bytes);
+}
+
 // Updates `steps` times; prints the figures under `label`. `tcp`: the publisher listens on
 // tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc. `fp8`: the
 // destinations are fp8 (Fp8Specs) and the subscriber converts in flight, on the publisher's GPU
@@ -273,12 +302,18 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   auto sub = ws::Subscriber::Create(o);
   if (!sub.ok()) Die("subscriber", sub.status());
   if (auto s = (*sub)->Register(dst); !s.ok()) Die("register", s);
+  // GPU memory each side adds: the publisher's across its first publish (its store is made then),
+  // the subscriber's across its first update (staging, digests); both on one GPU when there is one.
+  const int64_t before_publish = UsedGpuBytes(a.src);
+  int64_t publisher_extra = 0, subscriber_extra = 0;
   std::vector<double> steady, copy, publish;
   double first = 0, first_prepare = 0;
   int64_t allocations = 0;
   uint64_t bytes = 0;
   for (int step = 1; step <= a.steps; ++step) {
     double pub_s = Publish(child, step);
+    if (step == 1) publisher_extra = UsedGpuBytes(a.src) - before_publish;
+    const int64_t before_update = step == 1 ? UsedGpuBytes(a.dst) : 0;
     int64_t before = g_allocations.load();
     auto t0 = Clock::now();
     auto stats = (*sub)->Update(step);
@@ -289,6 +324,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
     if (step == 1) {
       first = s;
       first_prepare = stats->prepare_seconds;
+      subscriber_extra = UsedGpuBytes(a.dst) - before_update;
     } else {
       steady.push_back(s);
       copy.push_back(stats->copy_seconds);
@@ -298,6 +334,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   }
   double med = Median(steady);
   const char* what = tcp                   ? "weightsync_nccl"
+                     : a.zero_copy         ? "weightsync_cuda_ipc_zero_copy"
                      : a.host              ? "weightsync_shm_to_gpu"
                      : a.host_destinations ? "weightsync_cuda_ipc_to_host"
                                            : "weightsync_cuda_ipc";
@@ -314,6 +351,8 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
                {"steady_GBps", Decimals(bytes / med / 1e9, 3)},
                {"copy_median_s", Decimals(Median(copy), 6)},
                {"publish_median_s", Decimals(Median(publish), 6)},
+               {"publisher_extra_gpu_bytes", publisher_extra},
+               {"subscriber_extra_gpu_bytes", subscriber_extra},
                {"heap_allocs_per_step",
                 Decimals(a.steps > 2 ? double(allocations) / (a.steps - 2) : 0.0, 3)}});
   std::fflush(stdout);
@@ -408,6 +447,10 @@ int main(int argc, char** argv) {
       a.only = v;
     else if (k == "--host")
       a.host = v == "1";
+    else if (k == "--many")
+      a.many = std::atoll(v.c_str());
+    else if (k == "--zero-copy")
+      a.zero_copy = v == "1";
     else if (k == "--h2d-scale")
       a.h2d_scale = std::atof(v.c_str());
     else {
@@ -427,6 +470,12 @@ int main(int argc, char** argv) {
   }
   if (a.Row("peer")) PeerCopyLimit(a);
   if (a.Row("model")) Measure(a, a.scale, "model", /*tcp=*/false);
+  if (a.Row("zerocopy")) {
+    // The same model from a zero-copy publisher: no GPU arena, nothing copied on publish.
+    Args zero = a;
+    zero.zero_copy = true;
+    Measure(zero, a.scale, "model", /*tcp=*/false);
+  }
   if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
   if (a.fp8 && a.Row("fp8dst")) {
     Measure(a, a.scale, "model_fp8_on_destination_gpu", /*tcp=*/false, /*fp8=*/true,
@@ -435,6 +484,12 @@ int main(int argc, char** argv) {
   // Same tensors, 128 bytes each: host overhead of a step.
   if (a.Row("tiny")) Measure(a, 0, "tiny", /*tcp=*/false);
   if (a.nccl && a.Row("nccl")) Measure(a, a.scale, "model", /*tcp=*/true);
+  if (a.Row("many")) {
+    // MoE-like: 100,000 expert tensors of 64 KiB (6.6 GB), the per-tensor cost of a step.
+    Args many = a;
+    many.many = 100000;
+    Measure(many, a.scale, "many_100k", /*tcp=*/false);
+  }
   if (a.Row("h2d")) {
     // A publisher of host tensors (shared memory) into the destination GPU: the copy engines read
     // the pinned arena.

@@ -28,16 +28,19 @@ def main():
     ap.add_argument("--json", default="gpu_update.json")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-staged", action="store_true")
+    ap.add_argument("--only", default="", help="rows of ws_gpu_update to run (its --only)")
     args = ap.parse_args()
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", WEIGHTSYNC_LOG_LEVEL="warn")
     exe = os.path.join(args.build, "bench", "ws_gpu_update")
     rows = []
-    rows += run_json_lines([exe, "--steps", args.steps, "--mode", "in_place"], env)
+    only = ["--only", args.only] if args.only else []
+    rows += run_json_lines([exe, "--steps", args.steps, "--mode", "in_place"] + only, env)
     if not args.skip_staged:
         rows += [dict(r, run="staged_verify") for r in
                  run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1",
-                                 "--nccl", "0", "--fp8", "0"], env)
-                 if r["what"] == "weightsync_cuda_ipc"]
+                                 "--nccl", "0", "--fp8", "0", "--only", "model,zerocopy,tiny"],
+                                env)
+                 if r["what"] in ("weightsync_cuda_ipc", "weightsync_cuda_ipc_zero_copy")]
     if not args.skip_torch:
         rows += run_json_lines([sys.executable, os.path.join(HERE, "torch_baselines.py")], env)
     with open(args.json, "w") as f:
@@ -50,11 +53,13 @@ def main():
         by[key] = r
     peer = by.get("peer_copy_limit")
     ws_in = by.get("weightsync_cuda_ipc/model")
+    ws_zero = by.get("weightsync_cuda_ipc_zero_copy/model")
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
     ws_nccl = by.get("weightsync_nccl/model")
     ws_fp8 = by.get("weightsync_cuda_ipc/model_fp8")
     ws_fp8_dst = by.get("weightsync_cuda_ipc/model_fp8_on_destination_gpu")
     tiny = by.get("weightsync_cuda_ipc/tiny")
+    many = by.get("weightsync_cuda_ipc/many_100k")
     torch = by.get("nccl_broadcast_7b_like")
     ipc = by.get("open_ipc_handles_other_process")
     torch_peer = by.get("peer_copy_gpu0_to_gpu1")
@@ -66,7 +71,7 @@ def main():
 
     def line(name, value, base_name=None, base=None, higher_better=False):
         ratio = ""
-        if base:
+        if base and (higher_better or value):
             ratio = f"{(value / base if higher_better else base / value):.2f}x"
         b = f"{base_name} {base:.4g}" if base is not None else ""
         print(f"{name:<52} {value:>12.4g}  {b:>28}  {ratio}")
@@ -77,6 +82,19 @@ def main():
         line("cuda-ipc steady ms, in_place", ws_in["steady_median_s"] * 1e3)
         line("cuda-ipc first update ms (prepare + copy)", ws_in["first_update_s"] * 1e3,
              "steady ms", ws_in["steady_median_s"] * 1e3)
+    if ws_zero and ws_in:
+        line("zero-copy steady ms, in_place (no arena)", ws_zero["steady_median_s"] * 1e3,
+             "arena steady ms", ws_in["steady_median_s"] * 1e3)
+        if peer:
+            line("zero-copy steady GB/s", ws_zero["steady_GBps"], "peer copy GB/s", peer["GBps"],
+                 higher_better=True)
+        line("zero-copy trainer-visible publish ms", ws_zero["publish_median_s"] * 1e3,
+             "arena publish ms", ws_in["publish_median_s"] * 1e3)
+        line("zero-copy extra GPU MiB on the trainer's GPU",
+             ws_zero["publisher_extra_gpu_bytes"] / 2**20, "arena MiB",
+             ws_in["publisher_extra_gpu_bytes"] / 2**20)
+        line("zero-copy extra GPU MiB on the engine's GPU",
+             ws_zero["subscriber_extra_gpu_bytes"] / 2**20)
     if ws_fp8 and ws_in:
         line("cuda-ipc bf16→fp8 in flight ms (publisher's GPU)", ws_fp8["steady_median_s"] * 1e3,
              "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
@@ -115,6 +133,12 @@ def main():
     if tiny:
         line("host overhead per step ms (339 tensors x 128 B)", tiny["steady_median_s"] * 1e3,
              "target ms", 1.0)
+    if many:
+        line("per-tensor cost µs (100,000 x 64 KiB, steady step / tensors)",
+             many["steady_median_s"] * 1e6 / many["tensors"], "target µs", 1.0)
+        if peer:
+            line("100,000 x 64 KiB steady GB/s", many["steady_GBps"], "peer copy GB/s",
+                 peer["GBps"], higher_better=True)
     if ws_in:
         line("heap allocations per steady step (subscriber)", ws_in["heap_allocs_per_step"])
     print(f"raw figures: {args.json}")

@@ -52,7 +52,8 @@ def parse_args(argv=None):
     ap.add_argument("--scale", type=float, default=0.1,
                     help="model scale (bench/model_shapes.py; 1 = 15.2 GB)")
     ap.add_argument("--steps", type=int, default=5, help="steady steps per row (after the first)")
-    ap.add_argument("--rows", default="regions,gather")
+    ap.add_argument("--rows", default="regions,gather",
+                    help="regions, gather, zero_copy (regions from zero-copy trainers; cuda)")
     ap.add_argument("--json", default="regions_update.json")
     return ap.parse_args(argv)
 
@@ -133,15 +134,17 @@ def _answer(conn, fn):
         raise
 
 
-def trainer(conn, endpoint, shapes, device, world, rank, whole):
-    """FSDP rank `rank` of `world` (whole=False), or the gathered trainer holding everything."""
+def trainer(conn, endpoint, shapes, device, world, rank, whole, zero_copy=False):
+    """FSDP rank `rank` of `world` (whole=False), or the gathered trainer holding everything.
+    zero_copy: the rank's own CUDA shards are published where they are (no arena copy); each
+    publish begins with begin_write(), as its optimizer step would."""
     import torch
 
     import weightsync
     from weightsync import regions as R
 
     dev = torch.device(device)
-    pub = weightsync.Publisher(endpoint, slots=1, timeout=TIMEOUT)
+    pub = weightsync.Publisher(endpoint, slots=1, timeout=TIMEOUT, zero_copy=zero_copy)
     if whole:
         full = {n: pattern(torch, n, s, dev) for n, s in shapes}
         tensors, reg = full, None
@@ -170,6 +173,8 @@ def trainer(conn, endpoint, shapes, device, world, rank, whole):
 
         def publish():
             t0 = time.perf_counter()
+            if zero_copy:
+                pub.begin_write()
             gather_s = 0.0
             if whole:
                 for n, t in tensors.items():
@@ -292,12 +297,13 @@ def run_row(args, row, shapes):
     ctx = mp.get_context("spawn")
     tag = f"{os.getpid()}-{row}"
     whole = row == "gather"
+    zero_copy = row == "zero_copy"  # regions, from zero-copy trainer ranks (cuda only)
     trainers = []
     try:
         ranks = 1 if whole else 4
         for r in range(ranks):
             trainers.append(Child(ctx, trainer, f"local://regions-bench-{tag}-{r}", shapes,
-                                  args.device, 4, r, whole))
+                                  args.device, 4, r, whole, zero_copy))
         endpoints = [t.ready("trainer") for t in trainers]
         engines = [Child(ctx, engine, endpoints, shapes, args.device, 2, r, whole)
                    for r in range(2)]
@@ -387,6 +393,10 @@ def main(argv=None):
     with open(args.json, "w") as f:
         json.dump({"device": args.device, "scale": args.scale, "model_bytes": model_bytes,
                    "tensors": len(shapes), "results": results}, f, indent=1)
+    if "zero_copy" in results and "gather" in results:
+        g, z = results["gather"], results["zero_copy"]
+        print(f"zero-copy regions vs gather: {z['seconds'] / g['seconds']:.2f}x the time per step "
+              f"(trainer {z['trainer_seconds'] * 1e3:.1f} vs {g['trainer_seconds'] * 1e3:.1f} ms)")
     bad = any(r["mismatched_destinations"] != [[], []] for r in results.values())
     return 1 if bad else 0
 

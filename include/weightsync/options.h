@@ -69,7 +69,8 @@ struct PublisherOptions {
   // allocation the tensors live in exported once by IPC handle). As with Allocate()d host
   // tensors, Publish(step) only hashes, and the trainer must call BeginWrite() before changing
   // the tensors (it waits for readers, revoking any past `timeout`). Tensors must come from
-  // cudaMalloc memory (PyTorch's default allocator; not expandable segments).
+  // cudaMalloc memory (PyTorch's default allocator; not expandable segments), and stay allocated
+  // until Close(): subscribers map them until their next update, sleep or close.
   bool zero_copy = false;
 };
 

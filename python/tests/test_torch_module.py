@@ -248,11 +248,12 @@ def _tiny_llama(seed, device):
     return transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16)
 
 
-def _llama_trainer(endpoint, device, ready, done):
+def _llama_trainer(endpoint, device, ready, done, zero_copy=False):
     model = _tiny_llama(1, device)
-    with weightsync.Publisher(endpoint) as pub:
+    with weightsync.Publisher(endpoint, zero_copy=zero_copy) as pub:
         publisher = wst.ModulePublisher(pub, model)
         for step in (1, 2, 3):
+            publisher.begin_write()  # zero-copy: the engine reads these very parameters
             train_step(model, step)
             publisher.publish(step)
             ready.put({n: t.detach().cpu().view(torch.uint8).numpy().tobytes()
@@ -260,15 +261,17 @@ def _llama_trainer(endpoint, device, ready, done):
             done.get(timeout=120)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_transformers_model_round_trip(endpoint, device):
+@pytest.mark.parametrize("device,zero_copy", [
+    ("cpu", False), pytest.param("cuda", False, marks=pytest.mark.gpu),
+    pytest.param("cuda", True, marks=pytest.mark.gpu)], ids=["cpu", "cuda", "cuda-zero-copy"])
+def test_transformers_model_round_trip(endpoint, device, zero_copy):
     """A Hugging Face Llama (tied embeddings, bf16) from a trainer process into an engine's own
-    module, in place, on `device` (cuda: cuda-ipc between the processes; the GPU machine runs
-    it, `pytest -m gpu`)."""
+    module, in place, on `device` (cuda: cuda-ipc between the processes, or zero-copy from the
+    trainer's own parameters; the GPU machine runs it, `pytest -m gpu`)."""
     engine = _tiny_llama(2, device)
     poison(engine)
     ready, done = SPAWN.Queue(), SPAWN.Queue()
-    with child_process(_llama_trainer, endpoint, device, ready, done), \
+    with child_process(_llama_trainer, endpoint, device, ready, done, zero_copy), \
             weightsync.Subscriber(endpoint, timeout=60, verify=True) as sub:
         for step in (1, 2, 3):
             want = ready.get(timeout=300)

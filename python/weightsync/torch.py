@@ -236,6 +236,13 @@ class ModulePublisher:
                 f"{len(missing)} tensor(s) published before are missing now: "
                 f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
 
+    def begin_write(self) -> None:
+        """Call before the optimizer changes the weights when the publisher is zero-copy
+        (`Publisher(zero_copy=True)`: subscribers read the parameters themselves): waits until
+        none reads them, as `Publisher.begin_write` does. Returns at once for a publisher that
+        copies (its subscribers read a snapshot)."""
+        self.publisher.begin_write()
+
     def publish(self, step: int, stream: Any = None) -> weightsync.PublishStats:
         """Gathers what needs gathering and publishes `step` (`Publisher.publish`)."""
         if self._entries is None:

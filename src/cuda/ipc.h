@@ -28,10 +28,12 @@ Result<AllocationRange> AllocationOf(const void* p);
 // error.
 Result<IpcHandle> ExportIpcHandle(const void* base);
 
-// A publisher's allocation opened in this process (cudaIpcOpenMemHandle, peer access enabled
-// lazily when it is another GPU's). CUDA refuses to open one handle twice in a process, so the
-// openings are shared and counted: every IpcMapping of the same handle (two subscribers of one
-// publisher in one process) holds the same mapping, closed when the last one is.
+// A publisher's allocation opened in this process for one device (cudaIpcOpenMemHandle from that
+// device's context, peer access enabled lazily when it is another GPU's). Openings are shared and
+// counted per (handle, device), as PyTorch does (older drivers refused a second open of one handle
+// in a context): every IpcMapping of the same handle on the same device (two subscribers of one
+// publisher in one process) holds the same mapping, closed from that device's context when the
+// last one is. Each reference counts as a mapping in the ledger.
 class IpcMapping {
  public:
   IpcMapping() = default;
@@ -47,6 +49,7 @@ class IpcMapping {
  private:
   uint8_t* data_ = nullptr;
   IpcHandle handle_{};
+  int device_ = -1;
 };
 
 }  // namespace weightsync::cuda

@@ -110,9 +110,15 @@ Status CheckAllocations(const wire::Welcome& welcome) {
     return Status::ProtocolError("welcome: ", welcome.allocations.size(),
                                  " CUDA IPC allocations in a store of another kind");
   }
+  // Every allocation holds a tensor: no more of them than tensors (each is opened at prepare).
+  if (welcome.allocations.size() > welcome.tensors.size()) {
+    return Status::ProtocolError("welcome: ", welcome.allocations.size(),
+                                 " CUDA IPC allocations for ", welcome.tensors.size(), " tensors");
+  }
   uint64_t end = 0;
   for (size_t i = 0; i < welcome.allocations.size(); ++i) {
     const wire::GpuAllocation& a = welcome.allocations[i];
+    if (a.bytes == 0) return Status::ProtocolError("welcome: allocation ", i, " is empty");
     if (a.offset < end) {
       return Status::ProtocolError("welcome: allocation ", i, " at ", a.offset,
                                    " overlaps or precedes the one before it (ending at ", end,

@@ -1,6 +1,6 @@
 // Regions into one GPU (label gpu): four FSDP trainer ranks — processes holding rows of every tensor
-// of the layer model on cuda:0 (cuda-ipc), or host publishers (host-to-gpu) — feed two TP engine
-// ranks (subscribers in this
+// of the layer model on cuda:0 (cuda-ipc; or zero-copy, publishing those rows where they are), or
+// host publishers (host-to-gpu) — feed two TP engine ranks (subscribers in this
 // process, destinations on cuda:0: fused qkv and gate_up, row-parallel o/down, experts EP-2); each
 // receives exactly its shard, bit-exact, staged and in place; verified (segments read in part are
 // received whole and their pieces copied or cast out at commit), with a flipped bit caught and
@@ -30,7 +30,10 @@ namespace {
 struct Layout {
   UpdateMode mode;
   bool host_publishers;
-  const char* path() const { return host_publishers ? "host-to-gpu" : "cuda-ipc"; }
+  bool zero_copy = false;  // GPU publishers publishing their own shards (PublisherOptions::zero_copy)
+  const char* path() const {
+    return host_publishers ? "host-to-gpu" : zero_copy ? "cuda-ipc-zero-copy" : "cuda-ipc";
+  }
 };
 
 class RegionsGpu : public ::testing::TestWithParam<Layout> {
@@ -49,8 +52,11 @@ class RegionsGpu : public ::testing::TestWithParam<Layout> {
         endpoints_.push_back(trainers_[r].publisher->endpoint());
         continue;
       }
+      std::vector<std::string> env;
+      if (GetParam().zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
       ranks_.emplace_back("gpu_publisher",
-                          std::vector<std::string>{"fsdp", std::to_string(r), "4", "0", "16"});
+                          std::vector<std::string>{"fsdp", std::to_string(r), "4", "0", "16"},
+                          env);
       ASSERT_NO_FATAL_FAILURE(ranks_[r].Start(testing::UniqueEndpoint("regions-gpu")));
       endpoints_.push_back(ranks_[r].endpoint());
     }
@@ -203,10 +209,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RegionsGpu,
                          ::testing::Values(Layout{UpdateMode::kStaged, false},
                                            Layout{UpdateMode::kInPlace, false},
                                            Layout{UpdateMode::kStaged, true},
-                                           Layout{UpdateMode::kInPlace, true}),
+                                           Layout{UpdateMode::kInPlace, true},
+                                           Layout{UpdateMode::kStaged, false, true},
+                                           Layout{UpdateMode::kInPlace, false, true}),
                          [](const auto& info) {
-                           return std::string(info.param.host_publishers ? "host_" : "gpu_") +
-                                  (info.param.mode == UpdateMode::kStaged ? "staged" : "in_place");
+                           const Layout& l = info.param;
+                           return std::string(l.host_publishers ? "host_"
+                                              : l.zero_copy     ? "zero_copy_"
+                                                                : "gpu_") +
+                                  (l.mode == UpdateMode::kStaged ? "staged" : "in_place");
                          });
 
 }  // namespace

@@ -5,7 +5,8 @@
 // measured around its first publish, against an arena publisher of the same model); its write is
 // fenced — held while a subscriber reads, so the reader gets exactly the version it asked for —
 // and a stalled reader is revoked within the publisher's timeout with its old weights intact
-// (staged); two subscribers in one process share the publisher's opened allocations.
+// (staged); two subscribers in one process share the publisher's opened allocations; memory it
+// cannot export is refused naming the tensor.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -198,6 +199,38 @@ TEST_P(ZeroCopy, TwoSubscribersInOneProcessShareTheOpenedAllocations) {
   EXPECT_EQ(stats.step, 3);
   EXPECT_FALSE(stats.handle_created) << "b's handle and mappings stay";
   EXPECT_EQ(Holds(dst_b, 3), "");
+}
+
+// What zero-copy cannot publish is refused at the first publish, naming the tensor: memory
+// without a CUDA IPC handle (a cuMem allocation, as PyTorch's expandable segments make), and a
+// view that runs past the end of its allocation.
+TEST(ZeroCopyRefusals, MemoryWithoutAnIpcHandleAndViewsPastTheirAllocationNameTheTensor) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  auto start = [](const std::string& stem) {
+    PublisherOptions o;
+    o.endpoint = testing::UniqueEndpoint(stem);
+    o.zero_copy = true;
+    return Publisher::Create(o);
+  };
+  ASSERT_OK_AND_ASSIGN(cuda::ExportedAllocation cumem,
+                       cuda::ExportedAllocation::Create(0, 2 << 20));
+  ASSERT_OK_AND_ASSIGN(auto a, start("zc-cumem"));
+  ASSERT_OK(a->Register({{"w", {cumem.data(), DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
+  // The code is the driver's (cudaIpcGetMemHandle's error); the text names the tensor and why.
+  Result<PublishStats> refused = a->Publish(1);
+  ASSERT_FALSE(refused.ok());
+  const std::string text = refused.status().ToString();
+  EXPECT_NE(text.find("exporting the CUDA allocation of tensor 'w'"), std::string::npos) << text;
+  EXPECT_NE(text.find("expandable segments"), std::string::npos) << text;
+  EXPECT_EQ(a->latest_step(), -1) << "nothing published";
+
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer small, cuda::DeviceBuffer::Allocate(4096));
+  ASSERT_OK_AND_ASSIGN(auto b, start("zc-past"));
+  ASSERT_OK(b->Register(
+      {{"v", {small.as<uint8_t>() + 2048, DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
+  EXPECT_STATUS_IS(kInvalidArgument, b->Publish(1),
+                   "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ZeroCopy,

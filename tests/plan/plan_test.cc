@@ -344,6 +344,32 @@ TEST(ValidateLayoutTest, RejectsZeroCopyAllocationsThatOverlapOrLeaveATensorOut)
   EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
   EXPECT_CONTAINS(s.message(), "tensor 'a1' [4096, 7096) lies in none");
 
+  wire::Welcome slot = ZeroCopyWelcome();
+  slot.tensors[0].region = wire::Region::kSlot;  // inside allocation 0, but not a direct tensor
+  slot.slot_bytes = 4096;                         // (a slot it fits in: the layout is otherwise valid)
+  slot.slots_offset = 0;
+  s = ValidateLayout(slot);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "tensor 'a0' [0, 1000) lies in none");
+
+  wire::Welcome empty = ZeroCopyWelcome();
+  empty.allocations[0].bytes = 0;
+  s = ValidateLayout(empty);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "allocation 0 is empty");
+
+  wire::Welcome wraps = ZeroCopyWelcome();
+  wraps.allocations[1].bytes = ~uint64_t{0} - 100;  // offset + bytes wraps around
+  s = ValidateLayout(wraps);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "overflows uint64");
+
+  wire::Welcome many = ZeroCopyWelcome();  // more allocations than tensors: each is opened
+  many.allocations = {{0, 1024, {}}, {1024, 1024, {}}, {2048, 1024, {}}, {8192, 4096, {}}};
+  s = ValidateLayout(many);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "4 CUDA IPC allocations for 3 tensors");
+
   wire::Welcome arena = ValidWelcome();
   arena.allocations = {{0, 16, {}}};
   s = ValidateLayout(arena);

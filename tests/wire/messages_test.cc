@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -379,6 +381,20 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   ExpectSameWelcome(in, out);
   ExpectEveryPrefixRejected<Welcome>(bytes);
   ExpectTrailingByteRejected<Welcome>(bytes);
+
+  // The allocation count is bounded twice before anything is allocated: by the limit, and by
+  // the bytes that follow it (80 each).
+  Welcome none = in;
+  none.allocations.clear();
+  std::vector<uint8_t> header = EncodeOf(none);  // ends with a count of 0
+  for (uint32_t count : {kMaxAllocations + 1, 1000u}) {
+    std::vector<uint8_t> hostile = header;
+    std::memcpy(hostile.data() + hostile.size() - 4, &count, 4);
+    EXPECT_TRUE(IsProtocolError(
+        Decode(hostile, &out),
+        {"allocation count " + std::to_string(count),
+         count > kMaxAllocations ? "exceeds limit" : "needs at least 80000 bytes"}));
+  }
 
   Welcome arena = in;
   arena.arena_kind = ArenaKind::kCudaMem;

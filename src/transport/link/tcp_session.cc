@@ -120,6 +120,12 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
 Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
   WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
   const wire::Welcome& welcome = *layout.first;
+  if (welcome.arena_kind == wire::ArenaKind::kCudaIpc) {
+    // Its CUDA IPC handles are bearer secrets of this host: never on a network connection
+    // (Publisher::Create refuses zero_copy over tcp; this is the last line).
+    return Status::FailedPrecondition(
+        "a zero-copy publisher serves subscribers on its own host only (local://)");
+  }
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
   WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));

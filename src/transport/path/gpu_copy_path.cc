@@ -40,6 +40,11 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   // In place, converted tensors are converted straight out of the publisher's arena (zero-copy:
   // they land first; the publisher's allocations have no one base to address segments from).
   const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty() && !zero_copy_;
+  if (zero_copy_ && on_publisher_gpu && !plan->converted.empty()) {
+    WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
+                             << " after landing: a zero-copy publisher's tensors are converted "
+                                "here, not on its GPU";
+  }
   WS_RETURN_IF_ERROR(
       receiver_.Prepare(plan, destinations, mode, device, direct ? slot_base(0) : nullptr));
   // Where the conversions run (in place only): on the publisher's GPU when asked and possible,
@@ -114,6 +119,12 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
       const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
       const uint8_t* src = zero_copy_ ? ZeroCopySource(welcome, offset, t.nbytes)
                                       : batch.base + offset;
+      // A copy batch folds rows of one span only: its sources must be one allocation (zero-copy:
+      // the publisher's allocation the run is in; else the arena) and its destinations one tensor.
+      const uint64_t span =
+          zero_copy_ ? uint64_t{t.destination} << 32 |
+                           static_cast<uint64_t>(plan::AllocationHolding(welcome, offset, t.nbytes))
+                     : t.destination;
       if (direct && t.transform != plan::Transform::kCopy) {
         status = batch.conversions
                      .Add(*plan, t, src, receiver_.destination_bases(), receiver_.names(),
@@ -122,7 +133,7 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
         if (!status.ok()) break;
         continue;
       }
-      batch.copies.Add(receiver_.Received(t), src, t.nbytes, t.destination);
+      batch.copies.Add(receiver_.Received(t), src, t.nbytes, span);
     }
     if (status.ok()) status = batch.conversions.Finish(conversion_stream).WithContext("cuda-ipc");
     // Zero-copy: tried whatever the publisher's device (a group refuses memory of another one).
@@ -219,6 +230,15 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
                                     std::to_string(i) + " of " +
                                     std::to_string(welcome.allocations.size()) + " (" +
                                     std::to_string(a.bytes) + " bytes)");
+    }
+    // The Welcome's size is the publisher's word; what was mapped is the driver's. A copy past
+    // the mapping would fault and take this process's CUDA context with it.
+    Result<cuda::AllocationRange> mapped = cuda::AllocationOf(m->data());
+    if (!mapped.ok() || mapped->base != m->data() || mapped->bytes < a.bytes) {
+      return Status::ProtocolError(
+          "cuda-ipc: the publisher's allocation ", i, " claims ", a.bytes, " bytes but ",
+          mapped.ok() ? std::to_string(mapped->bytes) + " are mapped"
+                      : "its mapping cannot be measured (" + mapped.status().ToString() + ")");
     }
     allocations_.push_back(std::move(m).value());
     allocation_offsets_.push_back(a.offset);

@@ -91,6 +91,7 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
 
 Status GpuLanding::HashConvertedSource(const uint8_t* base) {
   if (converted_source_ == nullptr) return Status::Ok();
+  if (base == nullptr) return Status::Internal("hashing converted bytes of no source");
   const bool moved = base != converted_source_;
   converted_source_ = base;
   for (size_t i = 0; i < plan_->segments.size(); ++i) {
@@ -231,7 +232,11 @@ Status GpuLanding::MaybeInjectBitFlip() {
     const plan::Segment& c = plan_->segments[(n / 2 + k) % n];
     if (c.bytes > 0 && !(c.converted && converted_source_ != nullptr)) chosen = &c;
   }
-  if (chosen == nullptr) return Status::Ok();
+  if (chosen == nullptr) {
+    // Fired but nothing to flip: say so, so no fault test passes with nothing injected.
+    return Status::FailedPrecondition("fail point subscriber.flip_received: no received byte to "
+                                      "flip (every segment is converted from the publisher)");
+  }
   const plan::Segment& s = *chosen;
   uint8_t* where = Received(s);
   uint8_t byte = 0;

@@ -46,7 +46,7 @@ class ZeroCopyGpuStore final : public VersionStore {
   Status Close() override;
 
  private:
-  // The Welcome's allocations and placements for `layout` (no CUDA work but queries).
+  // The Welcome's allocations and placements for `layout` (no CUDA work but queries and exports).
   Status Place(const StoreLayout& layout, wire::Welcome* welcome);
 
   int device_;
@@ -101,7 +101,6 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
     virtual_offset[base] = at;
     at += (bytes + kRangeAlignment - 1) / kRangeAlignment * kRangeAlignment;
   }
-  allocations_ = allocations.size();
   welcome->tensors.clear();
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const PublishedTensor& t = layout.tensors[i];
@@ -135,27 +134,37 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   if (Status s = Close(); !s.ok()) WS_LOG(WARN, "publisher") << "release: zero-copy store: " << s;
   cuda::ScopedDevice restore;  // everything is made on the tensors' device; the caller keeps its own
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  WS_RETURN_IF_ERROR(Place(layout, welcome));
+  // Built aside and kept only whole: a failed Freeze leaves the store and the Welcome as they were.
+  wire::Welcome placed = *welcome;
+  WS_RETURN_IF_ERROR(Place(layout, &placed));
   SegmentLayout segments = CutSegments(layout);
   uint64_t chunks = 0;
   for (const Segment& s : segments.segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
-  WS_ASSIGN_OR_RETURN(queue_, cuda::CopyQueue::Create(device_));
-  WS_ASSIGN_OR_RETURN(chunk_hashes_,
+  WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
+  WS_ASSIGN_OR_RETURN(cuda::DeviceBuffer chunk_hashes,
                       cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
-  WS_ASSIGN_OR_RETURN(digests_device_, cuda::DeviceBuffer::Allocate(
-                                           std::max<uint64_t>(segments.digest_count, 1) * 8));
-  launches_.reserve(segments.segments.size());
+  WS_ASSIGN_OR_RETURN(
+      cuda::DeviceBuffer digests_device,
+      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(segments.digest_count, 1) * 8));
+  std::vector<cuda::PreparedDigest> launches;
+  launches.reserve(segments.segments.size());
   uint64_t chunk_at = 0;
   for (const Segment& s : segments.segments) {
     const uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
     WS_ASSIGN_OR_RETURN(
         auto launch, cuda::PrepareDigest(layout.tensors[s.tensor].source + s.offset, s.bytes,
-                                         chunk_hashes_.as<uint64_t>() + chunk_at,
+                                         chunk_hashes.as<uint64_t>() + chunk_at,
                                          std::max<uint64_t>(n, 1),
-                                         digests_device_.as<uint64_t>() + s.digest, queue_.stream()));
-    launches_.push_back(std::move(launch));
+                                         digests_device.as<uint64_t>() + s.digest, queue.stream()));
+    launches.push_back(std::move(launch));
     chunk_at += n;
   }
+  *welcome = std::move(placed);
+  allocations_ = welcome->allocations.size();
+  queue_ = std::move(queue);
+  chunk_hashes_ = std::move(chunk_hashes);
+  digests_device_ = std::move(digests_device);
+  launches_ = std::move(launches);
   digest_copies_ = std::move(segments.copies);
   digest_count_ = segments.digest_count;
   return Status::Ok();
