@@ -25,6 +25,8 @@ enum class KernelId : uint8_t {
   kQuantizeFp8Group,      // many such tensors (a device table of them) in one launch
   kDigestChunks,          // one hash per 64 KiB chunk of a byte range
   kDigestCombine,         // chunk hashes -> the range's 64-bit digest
+  kDigestGroupChunks,     // every 64 KiB chunk of many ranges (a device table of them)
+  kDigestGroupCombine,    // ... then every range's digest from its chunk hashes
   kCopy,                  // bytes, 16-byte vectors where src and dst allow
   kCopyGroup,             // many copies (a device table of them) in one launch
   kArgProbe,              // writes back its 18 typed scalars: checks the argument ABI on a device
@@ -68,6 +70,14 @@ struct DigestCombineArgs {
 };
 inline constexpr ArgType kDigestCombineSignature[] = {
     ArgType::Pointer(), ArgType::Scalar(DType::kUInt64), ArgType::Pointer()};
+
+// digest, grouped: (const DigestChunkJob* / DigestCombineJob* jobs, uint32 count) — the job
+// tables live in device memory (kernels.h); one block hashes (or combines) one job at a time.
+struct DigestGroupArgs {
+  static constexpr size_t kJobs = 0, kCount = 1;
+};
+inline constexpr ArgType kDigestGroupSignature[] = {ArgType::Pointer(),
+                                                    ArgType::Scalar(DType::kUInt32)};
 
 // copy: (const uint8* src, uint8* dst, uint64 bytes)
 struct CopyArgs {
@@ -133,6 +143,8 @@ inline constexpr KernelInfo kKernels[kKernelCount] = {
     {KernelId::kQuantizeFp8Group, "quantize_fp8_e4m3_block128_group", kQuantizeFp8GroupSignature},
     {KernelId::kDigestChunks, "digest_chunks", kDigestChunksSignature},
     {KernelId::kDigestCombine, "digest_combine", kDigestCombineSignature},
+    {KernelId::kDigestGroupChunks, "digest_group_chunks", kDigestGroupSignature},
+    {KernelId::kDigestGroupCombine, "digest_group_combine", kDigestGroupSignature},
     {KernelId::kCopy, "copy", kCopySignature},
     {KernelId::kCopyGroup, "copy_group", kCopyGroupSignature},
     {KernelId::kArgProbe, "arg_probe", kArgProbeSignature},

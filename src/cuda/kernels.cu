@@ -282,52 +282,72 @@ __device__ __forceinline__ uint64_t BlockSum(uint64_t v, uint64_t* partial) {
   return total;  // valid in thread 0
 }
 
+// This thread's share of the hash terms of one chunk of `length` bytes at `p` (its words
+// threadIdx.x, threadIdx.x + kThreads, ...); the block adds the shares up.
+__device__ __forceinline__ uint64_t ChunkTerms(const uint8_t* p, uint32_t length) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  const uint32_t full = length / 8, words = (length + 7) / 8;
+  uint64_t sum = 0;
+  uint32_t first_bytewise = 0;
+  if ((addr & 15) == 0) {
+    const uint32_t pairs = full / 2;
+    const uint4* p4 = reinterpret_cast<const uint4*>(p);
+    uint32_t j = threadIdx.x;
+    for (; j + 3 * kThreads < pairs; j += 4 * kThreads) {  // four loads in flight
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = p4[j + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint64_t at = 2ull * (j + u * kThreads);
+        sum += WordTerm(at, v[u].x | (uint64_t(v[u].y) << 32)) +
+               WordTerm(at + 1, v[u].z | (uint64_t(v[u].w) << 32));
+      }
+    }
+    for (; j < pairs; j += kThreads) {
+      const uint4 v = p4[j];
+      sum += WordTerm(2ull * j, v.x | (uint64_t(v.y) << 32)) +
+             WordTerm(2ull * j + 1, v.z | (uint64_t(v.w) << 32));
+    }
+    first_bytewise = pairs * 2;
+  } else if ((addr & 7) == 0) {
+    const uint64_t* p8 = reinterpret_cast<const uint64_t*>(p);
+    for (uint32_t i = threadIdx.x; i < full; i += kThreads) sum += WordTerm(i, p8[i]);
+    first_bytewise = full;
+  }
+  for (uint32_t i = first_bytewise + threadIdx.x; i < words; i += kThreads) {
+    sum += WordTerm(i, WordBytes(p, i, length));
+  }
+  return sum;
+}
+
 // One block per 64 KiB chunk (grid-stride): each thread sums the terms of its words, the block
-// adds them up (addition commutes: the order of the sum does not change the result).
+// adds them up (addition commutes: the order of the sum does not change the result). Chunks start
+// at multiples of 64 KiB, so each is as aligned as `data`.
 __global__ void __launch_bounds__(kThreads)
     DigestChunksKernel(const uint8_t* __restrict__ data, uint64_t bytes,
                        uint64_t* __restrict__ chunk_hashes) {
   __shared__ uint64_t partial[kWarps];
   const uint64_t chunks = (bytes + kGpuDigestChunkBytes - 1) / kGpuDigestChunkBytes;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
   for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const uint8_t* p = data + c * kGpuDigestChunkBytes;
     const uint32_t length = uint32_t(min(kGpuDigestChunkBytes, bytes - c * kGpuDigestChunkBytes));
-    const uint32_t full = length / 8, words = (length + 7) / 8;
-    uint64_t sum = 0;
-    uint32_t first_bytewise = 0;
-    if ((addr & 15) == 0) {  // chunks start at multiples of 64 KiB: all as aligned as data
-      const uint32_t pairs = full / 2;
-      const uint4* p4 = reinterpret_cast<const uint4*>(p);
-      uint32_t j = threadIdx.x;
-      for (; j + 3 * kThreads < pairs; j += 4 * kThreads) {  // four loads in flight
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = p4[j + u * kThreads];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const uint64_t at = 2ull * (j + u * kThreads);
-          sum += WordTerm(at, v[u].x | (uint64_t(v[u].y) << 32)) +
-                 WordTerm(at + 1, v[u].z | (uint64_t(v[u].w) << 32));
-        }
-      }
-      for (; j < pairs; j += kThreads) {
-        const uint4 v = p4[j];
-        sum += WordTerm(2ull * j, v.x | (uint64_t(v.y) << 32)) +
-               WordTerm(2ull * j + 1, v.z | (uint64_t(v.w) << 32));
-      }
-      first_bytewise = pairs * 2;
-    } else if ((addr & 7) == 0) {
-      const uint64_t* p8 = reinterpret_cast<const uint64_t*>(p);
-      for (uint32_t i = threadIdx.x; i < full; i += kThreads) sum += WordTerm(i, p8[i]);
-      first_bytewise = full;
-    }
-    for (uint32_t i = first_bytewise + threadIdx.x; i < words; i += kThreads) {
-      sum += WordTerm(i, WordBytes(p, i, length));
-    }
-    const uint64_t total = BlockSum(sum, partial);
+    const uint64_t total = BlockSum(ChunkTerms(p, length), partial);
     if (threadIdx.x == 0) chunk_hashes[c] = Mix64(total + length);
     __syncthreads();  // partial is reused by the next chunk
+  }
+}
+
+// Block b hashes chunk jobs b, b + grid, ... of the group's table.
+__global__ void __launch_bounds__(kThreads)
+    DigestGroupChunksKernel(const DigestChunkJob* __restrict__ jobs, uint32_t count) {
+  __shared__ uint64_t partial[kWarps];
+  for (uint32_t j = blockIdx.x; j < count; j += gridDim.x) {
+    const DigestChunkJob job = jobs[j];
+    const uint32_t length = uint32_t(job.length);
+    const uint64_t total = BlockSum(ChunkTerms(job.data, length), partial);
+    if (threadIdx.x == 0) *job.hash = Mix64(total + length);
+    __syncthreads();
   }
 }
 
@@ -344,6 +364,23 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
   const uint64_t total = BlockSum(sum, partial);
   if (threadIdx.x == 0) *digest = Mix64(total + Mix64(bytes ^ kGpuDigestSeed));
+}
+
+// Block b combines the ranges of jobs b, b + grid, ...: as DigestCombineKernel, kThreads wide.
+__global__ void __launch_bounds__(kThreads)
+    DigestGroupCombineKernel(const DigestCombineJob* __restrict__ jobs, uint32_t count) {
+  __shared__ uint64_t partial[kWarps];
+  for (uint32_t j = blockIdx.x; j < count; j += gridDim.x) {
+    const DigestCombineJob job = jobs[j];
+    const uint64_t chunks = (job.bytes + kGpuDigestChunkBytes - 1) / kGpuDigestChunkBytes;
+    uint64_t sum = 0;
+    for (uint64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      sum += Mix64(job.chunk_hashes[c] ^ (c * kGpuDigestChunkKey));
+    }
+    const uint64_t total = BlockSum(sum, partial);
+    if (threadIdx.x == 0) *job.digest = Mix64(total + Mix64(job.bytes ^ kGpuDigestSeed));
+    __syncthreads();
+  }
 }
 
 // ---- copy --------------------------------------------------------------------------------------
@@ -443,6 +480,8 @@ static_assert(KernelMatchesSignature(&DigestChunksKernel, kDigestChunksSignature
 static_assert(KernelMatchesSignature(&DigestCombineKernel, kDigestCombineSignature));
 static_assert(KernelMatchesSignature(&CopyKernel, kCopySignature));
 static_assert(KernelMatchesSignature(&CopyGroupKernel, kCopyGroupSignature));
+static_assert(KernelMatchesSignature(&DigestGroupChunksKernel, kDigestGroupSignature));
+static_assert(KernelMatchesSignature(&DigestGroupCombineKernel, kDigestGroupSignature));
 static_assert(KernelMatchesSignature(&ArgProbeKernel, kArgProbeSignature));
 
 // The host stub of each kernel, by KernelId.
@@ -470,6 +509,10 @@ const void* KernelFunction(KernelId id) {
       return reinterpret_cast<const void*>(&DigestChunksKernel);
     case KernelId::kDigestCombine:
       return reinterpret_cast<const void*>(&DigestCombineKernel);
+    case KernelId::kDigestGroupChunks:
+      return reinterpret_cast<const void*>(&DigestGroupChunksKernel);
+    case KernelId::kDigestGroupCombine:
+      return reinterpret_cast<const void*>(&DigestGroupCombineKernel);
     case KernelId::kCopy:
       return reinterpret_cast<const void*>(&CopyKernel);
     case KernelId::kCopyGroup:
@@ -690,6 +733,52 @@ Status PreparedDigest::SetRange(const void* data, uint64_t bytes) {
   chunks_.args().Set(DigestChunksArgs::kBytes, bytes);
   combine_.args().Set(DigestCombineArgs::kBytes, bytes);
   return Status::Ok();
+}
+
+Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange> ranges,
+                                               StreamHandle stream) {
+  WS_RETURN_IF_ERROR(CudaAvailable());
+  PreparedDigestGroup g;
+  if (ranges.empty()) return Result<PreparedDigestGroup>(std::move(g));
+  uint64_t chunks = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const std::string what = "range " + std::to_string(i);
+    WS_RETURN_IF_ERROR(CheckDevicePointer("digest_group", what, ranges[i].data, ranges[i].bytes));
+    WS_RETURN_IF_ERROR(CheckDevicePointer("digest_group", what + "'s digest", ranges[i].digest, 8));
+    chunks += GpuDigestChunkCount(ranges[i].bytes);
+  }
+  WS_ASSIGN_OR_RETURN(g.scratch_, DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+  std::vector<DigestChunkJob> chunk_jobs;
+  std::vector<DigestCombineJob> combine_jobs;
+  chunk_jobs.reserve(chunks);
+  combine_jobs.reserve(ranges.size());
+  uint64_t* hashes = g.scratch_.as<uint64_t>();
+  for (const DigestRange& r : ranges) {
+    const uint64_t n = GpuDigestChunkCount(r.bytes);
+    const auto* data = static_cast<const uint8_t*>(r.data);
+    for (uint64_t c = 0; c < n; ++c) {
+      const uint64_t at = c * kGpuDigestChunkBytes;
+      chunk_jobs.push_back({data + at, std::min(kGpuDigestChunkBytes, r.bytes - at), hashes + c});
+    }
+    combine_jobs.push_back({hashes, r.bytes, r.digest});
+    hashes += n;
+  }
+  if (!chunk_jobs.empty()) {
+    WS_ASSIGN_OR_RETURN(g.chunks_, PrepareGroupLaunch(KernelId::kDigestGroupChunks, chunk_jobs,
+                                                      chunk_jobs.size(), stream, &g.chunk_table_));
+    g.has_chunks_ = true;
+  }
+  WS_ASSIGN_OR_RETURN(g.combine_,
+                      PrepareGroupLaunch(KernelId::kDigestGroupCombine, combine_jobs,
+                                         combine_jobs.size(), stream, &g.combine_table_));
+  g.ranges_ = ranges.size();
+  return Result<PreparedDigestGroup>(std::move(g));
+}
+
+Status PreparedDigestGroup::Launch() {
+  if (ranges_ == 0) return Status::Ok();
+  if (has_chunks_) WS_RETURN_IF_ERROR(chunks_.Launch());
+  return combine_.Launch();
 }
 
 Result<PreparedLaunch> PrepareCopy(const void* src, void* dst, uint64_t bytes,

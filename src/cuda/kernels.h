@@ -131,6 +131,47 @@ Result<PreparedDigest> PrepareDigest(const void* data, uint64_t bytes, uint64_t*
                                      uint64_t capacity_chunks, uint64_t* digest,
                                      StreamHandle stream);
 
+// ---- digest group ------------------------------------------------------------------------------
+// The digests of many ranges in two launches — every 64 KiB chunk of every range, then every
+// range's combine — equal to what PrepareDigest computes for each: a store of 10^5 tensors would
+// otherwise make 2 * 10^5 launches a step (about 1.5 s on an H200) to hash 6.5 GB.
+struct DigestRange {
+  const void* data;  // device memory
+  uint64_t bytes;
+  uint64_t* digest;  // device memory: where the range's digest goes
+};
+// The job tables the kernels read: one chunk job per 64 KiB chunk, one combine job per range.
+struct DigestChunkJob {
+  const uint8_t* data;
+  uint64_t length;  // ≤ kGpuDigestChunkBytes
+  uint64_t* hash;   // the chunk's hash, in the group's scratch
+};
+struct DigestCombineJob {
+  const uint64_t* chunk_hashes;
+  uint64_t bytes;
+  uint64_t* digest;
+};
+class PreparedDigestGroup {
+ public:
+  PreparedDigestGroup() = default;
+  Status Launch();  // nothing to do for an empty group
+  bool empty() const { return ranges_ == 0; }
+  size_t ranges() const { return ranges_; }
+
+ private:
+  friend Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange>,
+                                                        StreamHandle);
+  size_t ranges_ = 0;
+  bool has_chunks_ = false;  // some range has bytes
+  DeviceBuffer scratch_;     // one hash per chunk
+  DeviceBuffer chunk_table_, combine_table_;
+  PreparedLaunch chunks_, combine_;
+};
+// Every pointer must be device memory for its bytes (InvalidArgument names the range otherwise).
+// Allocates the tables and the chunk scratch once, uploaded on `stream`.
+Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange> ranges,
+                                               StreamHandle stream);
+
 // ---- copy --------------------------------------------------------------------------------------
 // Copies `bytes` from src to dst (device memory of this device, or peer memory it can reach,
 // e.g. a CUDA-IPC mapping). 16-byte loads and stores when src and dst share their alignment

@@ -54,6 +54,10 @@ Result<PreparedFp8Group> PrepareQuantizeFp8Group(std::span<const Fp8GroupTensor>
   return NoCuda();
 }
 Status PreparedFp8Group::Launch() { return NoCuda(); }
+Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange>, StreamHandle) {
+  return NoCuda();
+}
+Status PreparedDigestGroup::Launch() { return NoCuda(); }
 Result<PreparedCopyGroup> PrepareCopyGroup(std::span<const SingleCopy>, StreamHandle) {
   return NoCuda();
 }

@@ -1,9 +1,12 @@
 // The GPU digest equals the CPU reference (GpuDigest) on random data of awkward sizes and
 // alignments, chunk hash by chunk hash; it changes when one bit on the device changes; and one
-// prepared digest serves another range after SetRange.
+// prepared digest serves another range after SetRange. A digest group gives every range the same
+// digest as the reference, whatever the mix of sizes and alignments, with more jobs than blocks,
+// and again on its next launch after the bytes changed.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/gpu_digest_reference.h"
@@ -133,6 +136,73 @@ TEST(GpuDigestTest, OneFlippedBitOnTheDeviceChangesTheDigestAndSetRangeRetargets
   ASSERT_OK(digest->SetRange(d_data->as<uint8_t>() + 5, 2 * 65536 + 1));
   EXPECT_EQ(run(), GpuDigest(data.data() + 5, 2 * 65536 + 1));
   ASSERT_STATUS_IS(kInvalidArgument, digest->SetRange(d_data->data(), 4 * 65536 + 1));
+}
+
+// Every awkward size at every load path's alignment in one group, plus ranges that share bytes
+// (digests only read), and a group of 20,000 ranges (more jobs than resident blocks).
+TEST(GpuDigestGroupTest, EveryRangeGetsTheReferenceDigestAndALaunchAfterAChangeSeesIt) {
+  WS_SKIP_WITHOUT_GPU();
+  std::vector<uint8_t> data = RandomBytes((1 << 21) + 64, 4);
+  Result<DeviceBuffer> d_data = Upload(data);
+  ASSERT_OK(d_data);
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // (offset, bytes)
+  for (uint64_t offset : {0, 1, 3, 8, 16}) {
+    for (uint64_t n : {0, 1, 7, 8, 9, 17, 4095, 65535, 65536, 65537, 3 * 65536 - 1, 1000003}) {
+      spans.push_back({offset, n});
+    }
+  }
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t n = rng() % 3000;
+    spans.push_back({rng() % (data.size() - n), n});
+  }
+  Result<DeviceBuffer> out = DeviceBuffer::Allocate(spans.size() * 8);
+  ASSERT_OK(out);
+  std::vector<DigestRange> ranges;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    ranges.push_back({d_data->as<uint8_t>() + spans[i].first, spans[i].second,
+                      out->as<uint64_t>() + i});
+  }
+  Result<PreparedDigestGroup> group = PrepareDigestGroup(ranges, nullptr);
+  ASSERT_OK(group);
+  EXPECT_EQ(group->ranges(), spans.size());
+  auto check = [&](const char* when) {
+    ASSERT_OK(group->Launch());
+    ASSERT_OK(DeviceSynchronize());
+    Result<std::vector<uint64_t>> got = Download<uint64_t>(out->data(), spans.size());
+    ASSERT_OK(got);
+    size_t bad = 0;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if ((*got)[i] != GpuDigest(data.data() + spans[i].first, spans[i].second)) {
+        if (bad++ < 5) {
+          ADD_FAILURE() << when << ": range " << i << " (" << spans[i].second << " bytes at "
+                        << spans[i].first << ")";
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0u) << when;
+  };
+  check("first launch");
+  data[65536 + 3] ^= 0x10;  // in several ranges
+  ASSERT_OK(CopyToDevice(d_data->as<uint8_t>() + 65536 + 3, &data[65536 + 3], 1));
+  check("after one byte changed");
+}
+
+TEST(GpuDigestGroupTest, AnEmptyGroupLaunchesNothingAndHostMemoryIsRefusedNamingTheRange) {
+  WS_SKIP_WITHOUT_GPU();
+  Result<PreparedDigestGroup> empty = PrepareDigestGroup({}, nullptr);
+  ASSERT_OK(empty);
+  EXPECT_TRUE(empty->empty());
+  EXPECT_OK(empty->Launch());
+  std::vector<uint8_t> host(64);
+  Result<DeviceBuffer> out = DeviceBuffer::Allocate(16);
+  ASSERT_OK(out);
+  Result<DeviceBuffer> dev = DeviceBuffer::Allocate(64);
+  ASSERT_OK(dev);
+  const std::vector<DigestRange> ranges = {{dev->data(), 64, out->as<uint64_t>()},
+                                           {host.data(), 64, out->as<uint64_t>() + 1}};
+  EXPECT_STATUS_IS(kInvalidArgument, PrepareDigestGroup(ranges, nullptr), "digest_group",
+                   "range 1");
 }
 
 }  // namespace

@@ -48,12 +48,18 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
     WS_ASSIGN_OR_RETURN(landing_, cuda::DeviceBuffer::Allocate(plan->landing_bytes));
     LedgerAdd(LedgerItem::kStagingBytes, static_cast<int64_t>(landing_.size()));
   }
-  // One prepared digest per segment over where its bytes land, each with its own chunk scratch
-  // and output word: a step only launches them.
-  uint64_t chunks = 0;
-  for (const auto& s : plan->segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
+  // Digests prepared once over where each segment's bytes land, each writing its own output
+  // word: a step only launches them. Segments converted straight from the publisher's bytes get a
+  // launch each (pointed at the step's source, HashConvertedSource); every other one is in one
+  // grouped launch pair (10^5 expert tensors would otherwise be 2 * 10^5 launches per verify).
+  uint64_t source_chunks = 0;
+  for (const auto& s : plan->segments) {
+    if (converted_source_ != nullptr && s.converted) {
+      source_chunks += cuda::GpuDigestChunkCount(s.bytes);
+    }
+  }
   WS_ASSIGN_OR_RETURN(chunk_hashes_,
-                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
+                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(source_chunks, 1) * 8));
   WS_ASSIGN_OR_RETURN(digests_device_,
                       cuda::DeviceBuffer::Allocate(std::max<size_t>(plan->segments.size(), 1) * 8));
   digests_host_.assign(plan->segments.size(), 0);
@@ -72,19 +78,26 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
     WS_LOG(INFO, "cuda") << "small commit copies stay with the copy engines: " << group.status();
   }
   digest_launches_.clear();
-  digest_launches_.reserve(plan->segments.size());
+  source_segments_.clear();
+  std::vector<cuda::DigestRange> landed;
   uint64_t chunk_at = 0;
   for (size_t i = 0; i < plan->segments.size(); ++i) {
     const plan::Segment& s = plan->segments[i];
-    uint8_t* where = Received(s);
-    uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
+    uint64_t* digest = digests_device_.as<uint64_t>() + i;
+    if (converted_source_ == nullptr || !s.converted) {
+      landed.push_back({Received(s), s.bytes, digest});
+      continue;
+    }
+    const uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
     WS_ASSIGN_OR_RETURN(auto launch,
-                        cuda::PrepareDigest(where, s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
-                                            std::max<uint64_t>(n, 1),
-                                            digests_device_.as<uint64_t>() + i, queue_.stream()));
+                        cuda::PrepareDigest(Received(s), s.bytes,
+                                            chunk_hashes_.as<uint64_t>() + chunk_at,
+                                            std::max<uint64_t>(n, 1), digest, queue_.stream()));
     digest_launches_.push_back(std::move(launch));
+    source_segments_.push_back(static_cast<uint32_t>(i));
     chunk_at += n;
   }
+  WS_ASSIGN_OR_RETURN(landed_digests_, cuda::PrepareDigestGroup(landed, queue_.stream()));
   if (converted_source_ != nullptr) return Status::Ok();  // the mover converts
   return PrepareConversions();
 }
@@ -94,19 +107,16 @@ Status GpuLanding::HashConvertedSource(const uint8_t* base) {
   if (base == nullptr) return Status::Internal("hashing converted bytes of no source");
   const bool moved = base != converted_source_;
   converted_source_ = base;
-  for (size_t i = 0; i < plan_->segments.size(); ++i) {
-    const plan::Segment& s = plan_->segments[i];
-    if (!s.converted) continue;
-    if (moved) WS_RETURN_IF_ERROR(digest_launches_[i].SetRange(base + s.src_offset, s.bytes));
-    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
+  for (size_t k = 0; k < source_segments_.size(); ++k) {
+    const plan::Segment& s = plan_->segments[source_segments_[k]];
+    if (moved) WS_RETURN_IF_ERROR(digest_launches_[k].SetRange(base + s.src_offset, s.bytes));
+    WS_RETURN_IF_ERROR(digest_launches_[k].Launch());
   }
   return Status::Ok();
 }
 
 void GpuLanding::SetConvertedDigestStream(cuda::StreamHandle stream) {
-  for (size_t i = 0; i < plan_->segments.size(); ++i) {
-    if (plan_->segments[i].converted) digest_launches_[i].set_stream(stream);
-  }
+  for (cuda::PreparedDigest& launch : digest_launches_) launch.set_stream(stream);
 }
 
 Status Conversions::AddCast(DType from, DType to, const uint8_t* src, uint8_t* dst,
@@ -249,11 +259,8 @@ Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
                           const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(plan::CheckVerifiable(*plan_, step));
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  for (size_t i = 0; i < digest_launches_.size(); ++i) {
-    // Segments converted straight from the publisher were hashed during the copy.
-    if (converted_source_ != nullptr && plan_->segments[i].converted) continue;
-    WS_RETURN_IF_ERROR(digest_launches_[i].Launch());
-  }
+  // Segments converted straight from the publisher were hashed during the copy.
+  WS_RETURN_IF_ERROR(landed_digests_.Launch());
   WS_RETURN_IF_ERROR(
       queue_.Enqueue(digests_host_.data(), digests_device_.data(), digests_host_.size() * 8));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
@@ -292,6 +299,8 @@ Status GpuLanding::Release() {
   conversions_.Clear();
   commit_small_ = cuda::PreparedCopyGroup();
   digest_launches_.clear();
+  source_segments_.clear();
+  landed_digests_ = cuda::PreparedDigestGroup();
   result.Update(digests_device_.Close());
   result.Update(chunk_hashes_.Close());
   LedgerAdd(LedgerItem::kStagingBytes, -static_cast<int64_t>(shadow_.size() + landing_.size()));

@@ -1,10 +1,10 @@
 // GpuLanding: where a step's bytes land on the subscriber's GPU, whatever moves them there
 // (cuda-ipc copies from the publisher's imported store, host-to-GPU copies, or NCCL receives): a
-// device staging buffer (staged mode) or the destinations themselves (in place), one prepared
-// GPU-digest launch per plan segment over those bytes, and the prepared commit (a copy batch and
-// the conversions), all on a dedicated stream waited for by event with a deadline. Prepared once;
-// a step allocates nothing. The GPU paths' shared landing code, as host_landing.h is the host
-// paths'.
+// device staging buffer (staged mode) or the destinations themselves (in place), the prepared GPU
+// digests of every plan segment over those bytes (one grouped launch pair), and the prepared
+// commit (a copy batch and the conversions), all on a dedicated stream waited for by event with a
+// deadline. Prepared once; a step allocates nothing. The GPU paths' shared landing code, as
+// host_landing.h is the host paths'.
 #pragma once
 
 #include <cstdint>
@@ -110,7 +110,11 @@ class GpuLanding {
   cuda::DeviceBuffer landing_;  // in place: converted tensors' published bytes
   cuda::DeviceBuffer chunk_hashes_;
   cuda::DeviceBuffer digests_device_;
-  std::vector<cuda::PreparedDigest> digest_launches_;  // one per plan segment
+  // Digests: of the segments converted straight from the publisher, one launch each (their plan
+  // indices in source_segments_); of every other segment, one group over where it landed.
+  std::vector<cuda::PreparedDigest> digest_launches_;
+  std::vector<uint32_t> source_segments_;
+  cuda::PreparedDigestGroup landed_digests_;
   std::vector<uint64_t> digests_host_;
   cuda::CopyBatch commit_;  // prepared: every planned tensor's staging → destination
   // ... of which the small ones, in one launch (all on this device: cuda::kCopyGroupBelowBytes).

@@ -23,10 +23,6 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
                       cuda::ExportedAllocation::Create(device, a->slot_bytes_ * slots));
   WS_ASSIGN_OR_RETURN(a->fd_, a->allocation_.ExportFd());
   WS_ASSIGN_OR_RETURN(a->queue_, cuda::CopyQueue::Create(device));
-  uint64_t chunks = 0;
-  for (const auto& s : segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
-  WS_ASSIGN_OR_RETURN(a->chunk_hashes_,
-                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * slots * 8));
   WS_ASSIGN_OR_RETURN(a->digests_device_, cuda::DeviceBuffer::Allocate(
                                               std::max<uint64_t>(digest_count, 1) * slots * 8));
   a->batch_dsts_.assign(slots, {});
@@ -38,22 +34,18 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
       a->batch_dsts_[k].push_back(a->allocation_.data() + k * a->slot_bytes_ + c.slot_offset);
     }
   }
-  a->launches_.resize(slots);
+  // Per slot, every segment's digest in one grouped launch pair (a model of 10^5 tensors would
+  // otherwise be 2 * 10^5 launches a publish).
+  a->digests_.resize(slots);
+  std::vector<cuda::DigestRange> ranges(segments.size());
   for (uint32_t k = 0; k < slots; ++k) {
     uint8_t* slot = a->allocation_.data() + k * a->slot_bytes_;
-    uint64_t* chunk_base = a->chunk_hashes_.as<uint64_t>() + k * std::max<uint64_t>(chunks, 1);
     uint64_t* digest_base = a->digests_device_.as<uint64_t>() + uint64_t{k} * digest_count;
-    uint64_t at = 0;
-    a->launches_[k].reserve(segments.size());
-    for (const auto& s : segments) {
-      uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
-      WS_ASSIGN_OR_RETURN(auto launch,
-                          cuda::PrepareDigest(slot + s.slot_offset, s.bytes, chunk_base + at,
-                                              std::max<uint64_t>(n, 1), digest_base + s.digest,
-                                              a->queue_.stream()));
-      a->launches_[k].push_back(std::move(launch));
-      at += n;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      ranges[i] = {slot + segments[i].slot_offset, segments[i].bytes,
+                   digest_base + segments[i].digest};
     }
+    WS_ASSIGN_OR_RETURN(a->digests_[k], cuda::PrepareDigestGroup(ranges, a->queue_.stream()));
   }
   return a;
 }
@@ -69,7 +61,7 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
                                          batch_sizes_.data(), batch_srcs_.size()));
-  for (auto& launch : launches_[slot]) WS_RETURN_IF_ERROR(launch.Launch());
+  WS_RETURN_IF_ERROR(digests_[slot].Launch());
   WS_RETURN_IF_ERROR(queue_.Enqueue(digests,
                                     digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
                                     uint64_t{digest_count_} * 8));
@@ -78,9 +70,9 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
 
 Status GpuArena::Close() {
   Status result;
-  launches_.clear();
+  result.Update(queue_.Drain());  // the digests read the slots and write their buffers
+  digests_.clear();
   result.Update(digests_device_.Close());
-  result.Update(chunk_hashes_.Close());
   result.Update(queue_.Close());
   result.Update(fd_.Close());
   result.Update(allocation_.Close());

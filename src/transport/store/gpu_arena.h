@@ -1,8 +1,8 @@
 // GpuArena: the publisher's side of cuda-ipc. Its slots live in one cuMem allocation on the
 // publisher's device, exported once as a POSIX fd that subscribers import. Publishing a version
-// is a batch of device-to-device copies (registered tensors → slot) plus one prepared GPU-digest
-// launch per segment, on a dedicated stream, waited for with a deadline. Everything — the
-// allocation, the stream, the launches for every (slot, segment) — is prepared at the first
+// is a batch of device-to-device copies (registered tensors → slot) plus one grouped GPU digest of
+// every segment (two launches), on a dedicated stream, waited for with a deadline. Everything — the
+// allocation, the stream, the digest group of every slot — is prepared at the first
 // publish; a step only enqueues.
 #pragma once
 
@@ -59,9 +59,8 @@ class GpuArena {
   cuda::ExportedAllocation allocation_;
   util::UniqueFd fd_;
   cuda::CopyQueue queue_;
-  cuda::DeviceBuffer chunk_hashes_;
-  cuda::DeviceBuffer digests_device_;                        // slots × digest_count words
-  std::vector<std::vector<cuda::PreparedDigest>> launches_;  // [slot][segment]
+  cuda::DeviceBuffer digests_device_;            // slots × digest_count words
+  std::vector<cuda::PreparedDigestGroup> digests_;  // per slot: every segment's digest
   // Prepared copy batches per slot (registered tensors → slot).
   std::vector<std::vector<void*>> batch_dsts_;
   std::vector<const void*> batch_srcs_;

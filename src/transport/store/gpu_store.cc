@@ -37,7 +37,7 @@ class GpuStore final : public VersionStore {
     return std::to_string(slots_) + " slots of " +
            std::to_string(arena_ ? arena_->slot_bytes() : 0) +
            " bytes on cuda:" + std::to_string(device_) + ", " + std::to_string(segments_) +
-           " segments, " + std::to_string(segments_ * slots_) + " prepared digest launches";
+           " segments, their digests one grouped launch pair per slot";
   }
   Status Close() override {
     if (!arena_) return Status::Ok();

@@ -1,6 +1,6 @@
 // The zero-copy GPU store (PublisherOptions::zero_copy): the registered CUDA tensors are the
 // published version. Nothing is allocated for the weights and a Publish copies nothing: it only
-// runs the prepared GPU digests over the tensors where they are. Each CUDA allocation the tensors
+// runs the prepared GPU digest group over the tensors where they are. Each CUDA allocation the tensors
 // live in is exported once, at Freeze, by the IPC handle of its base (cuda/ipc.h); subscribers on
 // this host open those handles (the Welcome's allocations) and read the trainer's memory directly.
 // The tensors are placed in a virtual direct region in which every allocation has its own range,
@@ -11,7 +11,6 @@
 #include <memory>
 
 #include "cuda/device.h"
-#include "cuda/gpu_digest_reference.h"
 #include "cuda/ipc.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
@@ -41,7 +40,7 @@ class ZeroCopyGpuStore final : public VersionStore {
   std::string Describe() const override {
     return "zero-copy: the registered tensors in " + std::to_string(allocations_) +
            " CUDA allocation(s) on cuda:" + std::to_string(device_) + ", " +
-           std::to_string(launches_.size()) + " prepared digest launches";
+           std::to_string(segments_) + " segments hashed in one grouped launch pair";
   }
   Status Close() override;
 
@@ -52,9 +51,9 @@ class ZeroCopyGpuStore final : public VersionStore {
   int device_;
   uint64_t allocations_ = 0;
   cuda::CopyQueue queue_;
-  cuda::DeviceBuffer chunk_hashes_;
   cuda::DeviceBuffer digests_device_;
-  std::vector<cuda::PreparedDigest> launches_;  // one per segment, over the caller's tensors
+  cuda::PreparedDigestGroup digests_;  // every segment, over the caller's tensors
+  size_t segments_ = 0;
   std::vector<std::pair<uint32_t, uint32_t>> digest_copies_;
   uint32_t digest_count_ = 0;
 };
@@ -138,33 +137,24 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   wire::Welcome placed = *welcome;
   WS_RETURN_IF_ERROR(Place(layout, &placed));
   SegmentLayout segments = CutSegments(layout);
-  uint64_t chunks = 0;
-  for (const Segment& s : segments.segments) chunks += cuda::GpuDigestChunkCount(s.bytes);
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
-  WS_ASSIGN_OR_RETURN(cuda::DeviceBuffer chunk_hashes,
-                      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(chunks, 1) * 8));
   WS_ASSIGN_OR_RETURN(
       cuda::DeviceBuffer digests_device,
       cuda::DeviceBuffer::Allocate(std::max<uint64_t>(segments.digest_count, 1) * 8));
-  std::vector<cuda::PreparedDigest> launches;
-  launches.reserve(segments.segments.size());
-  uint64_t chunk_at = 0;
+  std::vector<cuda::DigestRange> ranges;
+  ranges.reserve(segments.segments.size());
   for (const Segment& s : segments.segments) {
-    const uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
-    WS_ASSIGN_OR_RETURN(
-        auto launch, cuda::PrepareDigest(layout.tensors[s.tensor].source + s.offset, s.bytes,
-                                         chunk_hashes.as<uint64_t>() + chunk_at,
-                                         std::max<uint64_t>(n, 1),
-                                         digests_device.as<uint64_t>() + s.digest, queue.stream()));
-    launches.push_back(std::move(launch));
-    chunk_at += n;
+    ranges.push_back({layout.tensors[s.tensor].source + s.offset, s.bytes,
+                      digests_device.as<uint64_t>() + s.digest});
   }
+  WS_ASSIGN_OR_RETURN(cuda::PreparedDigestGroup digests,
+                      cuda::PrepareDigestGroup(ranges, queue.stream()));
   *welcome = std::move(placed);
   allocations_ = welcome->allocations.size();
   queue_ = std::move(queue);
-  chunk_hashes_ = std::move(chunk_hashes);
   digests_device_ = std::move(digests_device);
-  launches_ = std::move(launches);
+  digests_ = std::move(digests);
+  segments_ = segments.segments.size();
   digest_copies_ = std::move(segments.copies);
   digest_count_ = segments.digest_count;
   return Status::Ok();
@@ -176,7 +166,7 @@ Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   // The digests read the tensors once the caller's kernels that wrote them are done.
   WS_RETURN_IF_ERROR(queue_.WaitFor(cuda_stream));
-  for (cuda::PreparedDigest& launch : launches_) WS_RETURN_IF_ERROR(launch.Launch());
+  WS_RETURN_IF_ERROR(digests_.Launch());
   WS_RETURN_IF_ERROR(
       queue_.Enqueue(digests.data(), digests_device_.data(), uint64_t{digest_count_} * 8));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
@@ -187,9 +177,8 @@ Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
 Status ZeroCopyGpuStore::Close() {
   Status result;
   result.Update(queue_.Drain());
-  launches_.clear();
+  digests_ = cuda::PreparedDigestGroup();
   result.Update(digests_device_.Close());
-  result.Update(chunk_hashes_.Close());
   result.Update(queue_.Close());
   allocations_ = 0;
   return result;
