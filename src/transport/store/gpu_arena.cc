@@ -25,13 +25,22 @@ Result<std::unique_ptr<GpuArena>> GpuArena::Create(int device, uint64_t slot_byt
   WS_ASSIGN_OR_RETURN(a->queue_, cuda::CopyQueue::Create(device));
   WS_ASSIGN_OR_RETURN(a->digests_device_, cuda::DeviceBuffer::Allocate(
                                               std::max<uint64_t>(digest_count, 1) * slots * 8));
-  a->batch_dsts_.assign(slots, {});
-  for (const Copy& c : a->copies_) {
-    if (c.bytes == 0) continue;
-    a->batch_srcs_.push_back(c.src);
-    a->batch_sizes_.push_back(c.bytes);
-    for (uint32_t k = 0; k < slots; ++k) {
-      a->batch_dsts_[k].push_back(a->allocation_.data() + k * a->slot_bytes_ + c.slot_offset);
+  // Per slot, the copies of the registered tensors: the small ones in one copy-group launch (the
+  // tensors and the arena are both on this device), the rest one copy-engine submission. A
+  // registered tensor is its own allocation's (span: its index), so rows fold only within one.
+  a->copies_by_slot_.resize(slots);
+  a->small_by_slot_.resize(slots);
+  for (uint32_t k = 0; k < slots; ++k) {
+    cuda::CopyBatch& batch = a->copies_by_slot_[k];
+    for (size_t i = 0; i < a->copies_.size(); ++i) {
+      const Copy& c = a->copies_[i];
+      batch.Add(a->allocation_.data() + k * a->slot_bytes_ + c.slot_offset, c.src, c.bytes, i);
+    }
+    Result<cuda::PreparedCopyGroup> small = cuda::SplitOffSmallCopies(batch, a->queue_.stream());
+    if (small.ok()) {
+      a->small_by_slot_[k] = std::move(*small);
+    } else {
+      WS_LOG(INFO, "cuda-ipc") << "publish copies stay with the copy engines: " << small.status();
     }
   }
   // Per slot, every segment's digest in one grouped launch pair (a model of 10^5 tensors would
@@ -59,8 +68,8 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(batch_dsts_[slot].data(), batch_srcs_.data(),
-                                         batch_sizes_.data(), batch_srcs_.size()));
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(copies_by_slot_[slot]));
+  WS_RETURN_IF_ERROR(small_by_slot_[slot].Launch());
   WS_RETURN_IF_ERROR(digests_[slot].Launch());
   WS_RETURN_IF_ERROR(queue_.Enqueue(digests,
                                     digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
@@ -72,6 +81,8 @@ Status GpuArena::Close() {
   Status result;
   result.Update(queue_.Drain());  // the digests read the slots and write their buffers
   digests_.clear();
+  small_by_slot_.clear();
+  copies_by_slot_.clear();
   result.Update(digests_device_.Close());
   result.Update(queue_.Close());
   result.Update(fd_.Close());

@@ -61,10 +61,10 @@ class GpuArena {
   cuda::CopyQueue queue_;
   cuda::DeviceBuffer digests_device_;            // slots × digest_count words
   std::vector<cuda::PreparedDigestGroup> digests_;  // per slot: every segment's digest
-  // Prepared copy batches per slot (registered tensors → slot).
-  std::vector<std::vector<void*>> batch_dsts_;
-  std::vector<const void*> batch_srcs_;
-  std::vector<size_t> batch_sizes_;
+  // Prepared per slot (registered tensors → slot): the copy-engine batch and the copy group of
+  // the small copies.
+  std::vector<cuda::CopyBatch> copies_by_slot_;
+  std::vector<cuda::PreparedCopyGroup> small_by_slot_;
 };
 
 }  // namespace weightsync::transport::store
