@@ -267,8 +267,9 @@ void BindPublisher(nb::module_& m) {
           "imports: torch.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack). A failed\n"
           "allocate() registers nothing. device='cuda:N' (or 'cuda', N, a torch.device): the\n"
           "tensor is device memory of the publisher's own, registered like register()'s tensors:\n"
-          "publish() copies it into the GPU arena (no begin_write() needed), and close() does\n"
-          "not wait for its views; not with framework='numpy'.")
+          "publish() copies it into the GPU arena (no begin_write() needed; a zero_copy\n"
+          "publisher publishes it where it is: begin_write() before changing it), and close()\n"
+          "does not wait for its views; not with framework='numpy'.")
       .def(
           "begin_write", [](PyPublisher& self) { ThrowIfError(self.publisher->BeginWrite()); },
           nb::call_guard<nb::gil_scoped_release>(),
