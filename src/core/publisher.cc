@@ -279,8 +279,9 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
     if (d.frozen) return Status::FailedPrecondition("Allocate() after the first Publish()");
   }
   if (d.options.zero_copy) {
-    return Status::FailedPrecondition("Allocate() on a zero_copy publisher: register CUDA "
-                                      "tensors, which are published where they are");
+    return Status::FailedPrecondition(
+        "Allocate() on a zero_copy publisher: register CUDA "
+        "tensors, which are published where they are");
   }
   if (d.cuda_device >= 0) {
     return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:", d.cuda_device,

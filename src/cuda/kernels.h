@@ -159,8 +159,7 @@ class PreparedDigestGroup {
   size_t ranges() const { return ranges_; }
 
  private:
-  friend Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange>,
-                                                        StreamHandle);
+  friend Result<PreparedDigestGroup> PrepareDigestGroup(std::span<const DigestRange>, StreamHandle);
   size_t ranges_ = 0;
   bool has_chunks_ = false;  // some range has bytes
   DeviceBuffer scratch_;     // one hash per chunk

@@ -121,8 +121,7 @@ Status CheckAllocations(const wire::Welcome& welcome) {
     if (a.bytes == 0) return Status::ProtocolError("welcome: allocation ", i, " is empty");
     if (a.offset < end) {
       return Status::ProtocolError("welcome: allocation ", i, " at ", a.offset,
-                                   " overlaps or precedes the one before it (ending at ", end,
-                                   ")");
+                                   " overlaps or precedes the one before it (ending at ", end, ")");
     }
     WS_RETURN_IF_ERROR(CheckRange("allocation " + std::to_string(i), a.offset, a.bytes,
                                   welcome.direct_bytes, "direct region size"));
@@ -224,8 +223,9 @@ Status ValidateLayout(const wire::Welcome& welcome) {
 int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes) {
   const auto& all = welcome.allocations;
   // The last allocation starting at or before `offset` (they are sorted and disjoint).
-  auto it = std::upper_bound(all.begin(), all.end(), offset,
-                             [](uint64_t at, const wire::GpuAllocation& a) { return at < a.offset; });
+  auto it =
+      std::upper_bound(all.begin(), all.end(), offset,
+                       [](uint64_t at, const wire::GpuAllocation& a) { return at < a.offset; });
   if (it == all.begin()) return -1;
   --it;
   if (offset - it->offset > it->bytes || bytes > it->bytes - (offset - it->offset)) return -1;

@@ -39,7 +39,8 @@ constexpr PathEntry kPaths[] = {
     {"cuda-ipc", "GPU store -> one CUDA device: copy-engine batches from the imported store",
      &Serves<LinkKind::kUnix, ArenaKind::kCudaMem, DestinationKind::kCuda>,
      &Make<path::GpuCopyPath>},
-    {"cuda-ipc-zero-copy", "zero-copy GPU tensors -> one CUDA device: copy-engine batches from the "
+    {"cuda-ipc-zero-copy",
+     "zero-copy GPU tensors -> one CUDA device: copy-engine batches from the "
      "publisher's own allocations, opened by IPC handle",
      &Serves<LinkKind::kUnix, ArenaKind::kCudaIpc, DestinationKind::kCuda>,
      &Make<path::GpuCopyPath>},

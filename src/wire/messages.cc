@@ -1,8 +1,8 @@
 #include "wire/messages.h"
 
 #include <charconv>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <unordered_map>

@@ -58,8 +58,8 @@ TEST(PublisherAllocate, AFailedAllocateLeavesNothingBehind) {
 }
 
 // Zero-copy publishes CUDA tensors where they are, to subscribers on this host: every other use
-// is refused up front, saying what to do instead (the GPU round trips are tests/gpu/zero_copy_test.cc
-// and the conformance suite's cuda-ipc-zero-copy rows).
+// is refused up front, saying what to do instead (the GPU round trips are
+// tests/gpu/zero_copy_test.cc and the conformance suite's cuda-ipc-zero-copy rows).
 TEST(PublisherZeroCopy, IsRefusedOverTcpForHostTensorsAndForAllocate) {
   PublisherOptions tcp;
   tcp.endpoint = "tcp://127.0.0.1:0";

@@ -160,8 +160,8 @@ TEST(GpuDigestGroupTest, EveryRangeGetsTheReferenceDigestAndALaunchAfterAChangeS
   ASSERT_OK(out);
   std::vector<DigestRange> ranges;
   for (size_t i = 0; i < spans.size(); ++i) {
-    ranges.push_back({d_data->as<uint8_t>() + spans[i].first, spans[i].second,
-                      out->as<uint64_t>() + i});
+    ranges.push_back(
+        {d_data->as<uint8_t>() + spans[i].first, spans[i].second, out->as<uint64_t>() + i});
   }
   Result<PreparedDigestGroup> group = PrepareDigestGroup(ranges, nullptr);
   ASSERT_OK(group);

@@ -1,11 +1,11 @@
-// Regions into one GPU (label gpu): four FSDP trainer ranks — processes holding rows of every tensor
-// of the layer model on cuda:0 (cuda-ipc; or zero-copy, publishing those rows where they are), or
-// host publishers (host-to-gpu) — feed two TP engine ranks (subscribers in this
-// process, destinations on cuda:0: fused qkv and gate_up, row-parallel o/down, experts EP-2); each
-// receives exactly its shard, bit-exact, staged and in place; verified (segments read in part are
-// received whole and their pieces copied or cast out at commit), with a flipped bit caught and
-// nothing committed; and cast (convert_dtypes) into destinations of other dtypes, as the reference
-// cast converts each element.
+// Regions into one GPU (label gpu): four FSDP trainer ranks — processes holding rows of every
+// tensor of the layer model on cuda:0 (cuda-ipc; or zero-copy, publishing those rows where they
+// are), or host publishers (host-to-gpu) — feed two TP engine ranks (subscribers in this process,
+// destinations on cuda:0: fused qkv and gate_up, row-parallel o/down, experts EP-2); each receives
+// exactly its shard, bit-exact, staged and in place; verified (segments read in part are received
+// whole and their pieces copied or cast out at commit), with a flipped bit caught and nothing
+// committed; and cast (convert_dtypes) into destinations of other dtypes, as the reference cast
+// converts each element.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -30,7 +30,8 @@ namespace {
 struct Layout {
   UpdateMode mode;
   bool host_publishers;
-  bool zero_copy = false;  // GPU publishers publishing their own shards (PublisherOptions::zero_copy)
+  bool zero_copy =
+      false;  // GPU publishers publishing their own shards (PublisherOptions::zero_copy)
   const char* path() const {
     return host_publishers ? "host-to-gpu" : zero_copy ? "cuda-ipc-zero-copy" : "cuda-ipc";
   }
@@ -55,8 +56,7 @@ class RegionsGpu : public ::testing::TestWithParam<Layout> {
       std::vector<std::string> env;
       if (GetParam().zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
       ranks_.emplace_back("gpu_publisher",
-                          std::vector<std::string>{"fsdp", std::to_string(r), "4", "0", "16"},
-                          env);
+                          std::vector<std::string>{"fsdp", std::to_string(r), "4", "0", "16"}, env);
       ASSERT_NO_FATAL_FAILURE(ranks_[r].Start(testing::UniqueEndpoint("regions-gpu")));
       endpoints_.push_back(ranks_[r].endpoint());
     }

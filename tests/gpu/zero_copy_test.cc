@@ -216,7 +216,8 @@ TEST(ZeroCopyRefusals, MemoryWithoutAnIpcHandleAndViewsPastTheirAllocationNameTh
   ASSERT_OK_AND_ASSIGN(cuda::ExportedAllocation cumem,
                        cuda::ExportedAllocation::Create(0, 2 << 20));
   ASSERT_OK_AND_ASSIGN(auto a, start("zc-cumem"));
-  ASSERT_OK(a->Register({{"w", {cumem.data(), DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
+  ASSERT_OK(
+      a->Register({{"w", {cumem.data(), DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
   // The code is the driver's (cudaIpcGetMemHandle's error); the text names the tensor and why.
   Result<PublishStats> refused = a->Publish(1);
   ASSERT_FALSE(refused.ok());

@@ -346,7 +346,7 @@ TEST(ValidateLayoutTest, RejectsZeroCopyAllocationsThatOverlapOrLeaveATensorOut)
 
   wire::Welcome slot = ZeroCopyWelcome();
   slot.tensors[0].region = wire::Region::kSlot;  // inside allocation 0, but not a direct tensor
-  slot.slot_bytes = 4096;                         // (a slot it fits in: the layout is otherwise valid)
+  slot.slot_bytes = 4096;  // (a slot it fits in: the layout is otherwise valid)
   slot.slots_offset = 0;
   s = ValidateLayout(slot);
   EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;

@@ -2,9 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <optional>

@@ -117,8 +117,8 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
       const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
-      const uint8_t* src = zero_copy_ ? ZeroCopySource(welcome, offset, t.nbytes)
-                                      : batch.base + offset;
+      const uint8_t* src =
+          zero_copy_ ? ZeroCopySource(welcome, offset, t.nbytes) : batch.base + offset;
       // A copy batch folds rows of one span only: its sources must be one allocation (zero-copy:
       // the publisher's allocation the run is in; else the arena) and its destinations one tensor.
       const uint64_t span =
@@ -226,10 +226,9 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
     std::copy(a.ipc_handle.begin(), a.ipc_handle.end(), handle.begin());
     Result<cuda::IpcMapping> m = cuda::IpcMapping::Open(handle, device);
     if (!m.ok()) {
-      return m.status().WithContext("cuda-ipc: opening the publisher's allocation " +
-                                    std::to_string(i) + " of " +
-                                    std::to_string(welcome.allocations.size()) + " (" +
-                                    std::to_string(a.bytes) + " bytes)");
+      return m.status().WithContext(
+          "cuda-ipc: opening the publisher's allocation " + std::to_string(i) + " of " +
+          std::to_string(welcome.allocations.size()) + " (" + std::to_string(a.bytes) + " bytes)");
     }
     // The Welcome's size is the publisher's word; what was mapped is the driver's. A copy past
     // the mapping would fault and take this process's CUDA context with it.
@@ -254,13 +253,12 @@ const uint8_t* GpuCopyPath::ZeroCopySource(const wire::Welcome& welcome, uint64_
 }
 
 std::string GpuCopyPath::Describe() const {
-  std::string text =
-      zero_copy_ ? ", zero-copy from " + std::to_string(allocations_.size()) +
-                       " allocation(s) of the publisher's tensors on cuda:" +
-                       std::to_string(welcome_device_) + " into cuda:" +
-                       std::to_string(receiver_.device())
-                 : ", GPU arena from cuda:" + std::to_string(welcome_device_) + " into cuda:" +
-                       std::to_string(receiver_.device());
+  std::string text = zero_copy_ ? ", zero-copy from " + std::to_string(allocations_.size()) +
+                                      " allocation(s) of the publisher's tensors on cuda:" +
+                                      std::to_string(welcome_device_) +
+                                      " into cuda:" + std::to_string(receiver_.device())
+                                : ", GPU arena from cuda:" + std::to_string(welcome_device_) +
+                                      " into cuda:" + std::to_string(receiver_.device());
   if (!slot_batches_.empty() && !slot_batches_[0].small_copies.empty()) {
     text +=
         ", " + std::to_string(slot_batches_[0].small_copies.jobs()) + " copy jobs in one launch";

@@ -89,10 +89,10 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
       continue;
     }
     const uint64_t n = cuda::GpuDigestChunkCount(s.bytes);
-    WS_ASSIGN_OR_RETURN(auto launch,
-                        cuda::PrepareDigest(Received(s), s.bytes,
-                                            chunk_hashes_.as<uint64_t>() + chunk_at,
-                                            std::max<uint64_t>(n, 1), digest, queue_.stream()));
+    WS_ASSIGN_OR_RETURN(
+        auto launch,
+        cuda::PrepareDigest(Received(s), s.bytes, chunk_hashes_.as<uint64_t>() + chunk_at,
+                            std::max<uint64_t>(n, 1), digest, queue_.stream()));
     digest_launches_.push_back(std::move(launch));
     source_segments_.push_back(static_cast<uint32_t>(i));
     chunk_at += n;
@@ -132,8 +132,8 @@ Status Conversions::AddCast(DType from, DType to, const uint8_t* src, uint8_t* d
 }
 
 Status Conversions::Add(const plan::Plan& plan, const plan::PlannedTensor& t, const uint8_t* src,
-                        std::span<uint8_t* const> destinations,
-                        std::span<const std::string> names, cuda::StreamHandle stream) {
+                        std::span<uint8_t* const> destinations, std::span<const std::string> names,
+                        cuda::StreamHandle stream) {
   switch (t.transform) {
     case plan::Transform::kCopy:
       return Status::Internal("conversions: '", names[t.destination], "' needs no conversion");
@@ -157,8 +157,8 @@ Status Conversions::Add(const plan::Plan& plan, const plan::PlannedTensor& t, co
         const uint64_t elements = piece.bytes / (Info(t.from).bits / 8);
         if (elements == 0) continue;
         WS_RETURN_IF_ERROR(AddCast(t.from, piece.to, src + piece.offset, into, elements,
-                                   "cast (a piece of a verified segment)",
-                                   names[piece.destination], stream));
+                                   "cast (a piece of a verified segment)", names[piece.destination],
+                                   stream));
       }
       return Status::Ok();
   }
@@ -244,8 +244,9 @@ Status GpuLanding::MaybeInjectBitFlip() {
   }
   if (chosen == nullptr) {
     // Fired but nothing to flip: say so, so no fault test passes with nothing injected.
-    return Status::FailedPrecondition("fail point subscriber.flip_received: no received byte to "
-                                      "flip (every segment is converted from the publisher)");
+    return Status::FailedPrecondition(
+        "fail point subscriber.flip_received: no received byte to "
+        "flip (every segment is converted from the publisher)");
   }
   const plan::Segment& s = *chosen;
   uint8_t* where = Received(s);

@@ -59,7 +59,7 @@ class GpuArena {
   cuda::ExportedAllocation allocation_;
   util::UniqueFd fd_;
   cuda::CopyQueue queue_;
-  cuda::DeviceBuffer digests_device_;            // slots × digest_count words
+  cuda::DeviceBuffer digests_device_;               // slots × digest_count words
   std::vector<cuda::PreparedDigestGroup> digests_;  // per slot: every segment's digest
   // Prepared per slot (registered tensors → slot): the copy-engine batch and the copy group of
   // the small copies.

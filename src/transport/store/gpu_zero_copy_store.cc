@@ -1,11 +1,12 @@
 // The zero-copy GPU store (PublisherOptions::zero_copy): the registered CUDA tensors are the
 // published version. Nothing is allocated for the weights and a Publish copies nothing: it only
-// runs the prepared GPU digest group over the tensors where they are. Each CUDA allocation the tensors
-// live in is exported once, at Freeze, by the IPC handle of its base (cuda/ipc.h); subscribers on
-// this host open those handles (the Welcome's allocations) and read the trainer's memory directly.
-// The tensors are placed in a virtual direct region in which every allocation has its own range,
-// so the rest of the system addresses them by one offset as in an arena; like arena-allocated
-// host tensors they are shared by every version, and the publisher fences writes (BeginWrite).
+// runs the prepared GPU digest group over the tensors where they are. Each CUDA allocation the
+// tensors live in is exported once, at Freeze, by the IPC handle of its base (cuda/ipc.h);
+// subscribers on this host open those handles (the Welcome's allocations) and read the trainer's
+// memory directly. The tensors are placed in a virtual direct region in which every allocation has
+// its own range, so the rest of the system addresses them by one offset as in an arena; like
+// arena-allocated host tensors they are shared by every version, and the publisher fences writes
+// (BeginWrite).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -21,7 +22,7 @@ namespace weightsync::transport::store {
 namespace {
 
 constexpr uint64_t kDefaultSegmentBytes = 64ull << 20;  // as the GPU arena
-constexpr uint64_t kRangeAlignment = 4096;             // between allocations' virtual ranges
+constexpr uint64_t kRangeAlignment = 4096;              // between allocations' virtual ranges
 
 class ZeroCopyGpuStore final : public VersionStore {
  public:
@@ -66,8 +67,7 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
     const PublishedTensor& t = layout.tensors[i];
     const std::string& name = t.placement.spec.name;
     if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
-      return Status::NotSupported("zero-copy: tensor '", name,
-                                  "' is not a registered CUDA tensor");
+      return Status::NotSupported("zero-copy: tensor '", name, "' is not a registered CUDA tensor");
     }
     if (t.placement.spec.nbytes == 0 || t.alias_of >= 0) continue;
     Result<cuda::AllocationRange> range = cuda::AllocationOf(t.source);
@@ -131,7 +131,8 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   StoreLayout layout = given;
   if (layout.segment_bytes == 0) layout.segment_bytes = kDefaultSegmentBytes;
   if (Status s = Close(); !s.ok()) WS_LOG(WARN, "publisher") << "release: zero-copy store: " << s;
-  cuda::ScopedDevice restore;  // everything is made on the tensors' device; the caller keeps its own
+  cuda::ScopedDevice
+      restore;  // everything is made on the tensors' device; the caller keeps its own
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   // Built aside and kept only whole: a failed Freeze leaves the store and the Welcome as they were.
   wire::Welcome placed = *welcome;
@@ -160,8 +161,8 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   return Status::Ok();
 }
 
-Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
-                                 void* cuda_stream, const util::Deadline& deadline) {
+Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests, void* cuda_stream,
+                                 const util::Deadline& deadline) {
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   // The digests read the tensors once the caller's kernels that wrote them are done.

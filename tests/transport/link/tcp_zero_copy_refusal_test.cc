@@ -17,8 +17,8 @@ namespace {
 class FixedLayout final : public transport::link::VersionSource {
  public:
   explicit FixedLayout(wire::Welcome welcome) : welcome_(std::move(welcome)) {}
-  Result<std::pair<const wire::Welcome*, int>> WaitLayout(
-      const util::Deadline&, const std::function<bool()>&) override {
+  Result<std::pair<const wire::Welcome*, int>> WaitLayout(const util::Deadline&,
+                                                          const std::function<bool()>&) override {
     return std::make_pair(static_cast<const wire::Welcome*>(&welcome_), -1);
   }
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest&, const util::Deadline&,
