@@ -221,13 +221,21 @@ def ledger():
 
 # ---- round trips ------------------------------------------------------------------------------
 
+# (device, zero_copy): host tensors over shm, CUDA tensors through the publisher's GPU arena, and
+# CUDA tensors published where they are (zero-copy: torch's caching allocator packs several into
+# one cudaMalloc segment).
+PUBLISHERS = [pytest.param("cpu", False, id="cpu"), pytest.param(GPU, False, id="cuda", marks=gpu),
+              pytest.param(GPU, True, id="cuda-zero-copy", marks=gpu)]
+PATHS = {("cpu", False): "shm", (GPU, False): "cuda-ipc", (GPU, True): "cuda-ipc-zero-copy"}
+
+
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
-@pytest.mark.parametrize("device", ON)
-def test_torch_round_trip(endpoint, device, mode):
+@pytest.mark.parametrize("device,zero_copy", PUBLISHERS)
+def test_torch_round_trip(endpoint, device, zero_copy, mode):
     """bf16, fp16, fp32, fp8 (e4m3fn, e5m2) and more: bit-exact into poisoned destinations,
     verified, over 3 steps on one prepared handle."""
     need(device)
-    with ChildPublisher(endpoint, SPEC, device) as pub:
+    with ChildPublisher(endpoint, SPEC, device, zero_copy=zero_copy) as pub:
         dst = TorchDestinations(SPEC, device)
         with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:
             dst.register(sub)
@@ -236,27 +244,9 @@ def test_torch_round_trip(endpoint, device, mode):
                 stats = sub.update(step)
                 assert stats.step == step and stats.verified
                 assert stats.handle_created == (step == 1)
-                assert stats.path == ("shm" if device == "cpu" else "cuda-ipc"), stats
+                assert stats.path == PATHS[(device, zero_copy)], stats
                 assert_same(dst.bytes(), pub.expected(step), f"step {step}")
             assert sub.weights_valid and sub.committed_step == 3
-
-
-@gpu
-@pytest.mark.parametrize("mode", ["staged", "in_place"])
-def test_zero_copy_torch_round_trip(endpoint, mode):
-    """A zero-copy publisher of torch tensors (the caching allocator packs several into one
-    cudaMalloc segment): its tensors are read where they are, bit-exact and verified."""
-    need(GPU)
-    with ChildPublisher(endpoint, SPEC, GPU, zero_copy=True) as pub:
-        dst = TorchDestinations(SPEC, GPU)
-        with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:
-            dst.register(sub)
-            for step in (1, 2, 3):
-                pub.publish(step)
-                stats = sub.update(step)
-                assert stats.step == step and stats.verified
-                assert stats.path == "cuda-ipc-zero-copy", stats
-                assert_same(dst.bytes(), pub.expected(step), f"step {step}")
 
 
 @pytest.mark.parametrize("device", ON)

@@ -76,6 +76,18 @@ class ZeroCopy : public ::testing::TestWithParam<UpdateMode> {
     std::string why;
     return cuda::testing::DestinationsHold(dst, like_, step, &why) ? "" : why;
   }
+  // Steps 1 and 2 published, step 1 received; then an update of step 2 that the fail point holds
+  // for `hold_ms` inside its step, pinned (the returned future is its result).
+  std::future<Result<UpdateStats>> HoldAReaderOfStepTwo(testing::PublisherProcess& pub,
+                                                        Subscriber& sub, int hold_ms) {
+    pub.Publish(1);
+    EXPECT_OK(sub.Update());
+    pub.Publish(2);
+    FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, hold_ms, 1);
+    auto update = std::async(std::launch::async, [&sub] { return sub.Update(); });
+    EXPECT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+    return update;
+  }
   // GPU memory in use on the publisher's device (cuda:0), in bytes.
   int64_t UsedOnDeviceZero() {
     cuda::ScopedDevice restore;
@@ -130,12 +142,8 @@ TEST_P(ZeroCopy, TheTrainersWriteWaitsForTheReaderWhichGetsTheVersionItAskedFor)
   std::vector<NamedTensor> dst;
   std::vector<cuda::DeviceBuffer> buffers;
   auto sub = Connect(*pub, &dst, &buffers);
-  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
-  ASSERT_OK(sub->Update());
-  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
-  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, kPublisherTimeoutMs / 2, 1);
-  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
-  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  auto update = HoldAReaderOfStepTwo(*pub, *sub, kPublisherTimeoutMs / 2);
+  ASSERT_FALSE(HasFatalFailure());
   const auto t0 = Clock::now();
   ASSERT_NO_FATAL_FAILURE(pub->Publish(3));  // BeginWrite, write, publish
   const double publish_seconds = SecondsSince(t0);
@@ -156,12 +164,8 @@ TEST_P(ZeroCopy, AStalledReaderIsRevokedAndCommitsNothing) {
   std::vector<NamedTensor> dst;
   std::vector<cuda::DeviceBuffer> buffers;
   auto sub = Connect(*pub, &dst, &buffers);
-  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
-  ASSERT_OK(sub->Update());
-  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
-  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 3 * kPublisherTimeoutMs, 1);
-  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
-  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  auto update = HoldAReaderOfStepTwo(*pub, *sub, 3 * kPublisherTimeoutMs);
+  ASSERT_FALSE(HasFatalFailure());
   ASSERT_NO_FATAL_FAILURE(pub->Publish(3));  // revokes the stalled read, writes step 3
   Result<UpdateStats> stalled = update.get();
   ASSERT_FALSE(stalled.ok()) << "a revoked read was committed";

@@ -117,14 +117,15 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
     for (const plan::PlannedTensor& t : plan->tensors) {
       if (t.nbytes == 0) continue;
       const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
-      const uint8_t* src =
-          zero_copy_ ? ZeroCopySource(welcome, offset, t.nbytes) : batch.base + offset;
+      // Zero-copy: the publisher's allocation the run lies in (ValidateLayout placed every tensor
+      // inside one, so a run of one is inside it too).
+      const int64_t k = zero_copy_ ? plan::AllocationHolding(welcome, offset, t.nbytes) : 0;
+      const uint8_t* src = zero_copy_ ? allocations_[k].data() + (offset - allocation_offsets_[k])
+                                      : batch.base + offset;
       // A copy batch folds rows of one span only: its sources must be one allocation (zero-copy:
-      // the publisher's allocation the run is in; else the arena) and its destinations one tensor.
+      // allocation k; else the arena) and its destinations one tensor.
       const uint64_t span =
-          zero_copy_ ? uint64_t{t.destination} << 32 |
-                           static_cast<uint64_t>(plan::AllocationHolding(welcome, offset, t.nbytes))
-                     : t.destination;
+          zero_copy_ ? uint64_t{t.destination} << 32 | static_cast<uint64_t>(k) : t.destination;
       if (direct && t.transform != plan::Transform::kCopy) {
         status = batch.conversions
                      .Add(*plan, t, src, receiver_.destination_bases(), receiver_.names(),
@@ -243,13 +244,6 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
     allocation_offsets_.push_back(a.offset);
   }
   return Status::Ok();
-}
-
-const uint8_t* GpuCopyPath::ZeroCopySource(const wire::Welcome& welcome, uint64_t offset,
-                                           uint64_t bytes) const {
-  // ValidateLayout placed every tensor inside one allocation, so a run of one is inside it too.
-  const int64_t k = plan::AllocationHolding(welcome, offset, bytes);
-  return allocations_[k].data() + (offset - allocation_offsets_[k]);
 }
 
 std::string GpuCopyPath::Describe() const {

@@ -70,9 +70,6 @@ class GpuCopyPath final : public DataPath {
   cuda::CopyQueue source_queue_;
 
   Status OpenAllocations(const wire::Welcome& welcome, int device);
-  // Where [offset, offset + bytes) of a zero-copy publisher's direct region is mapped here.
-  const uint8_t* ZeroCopySource(const wire::Welcome& welcome, uint64_t offset,
-                                uint64_t bytes) const;
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
