@@ -147,6 +147,21 @@ void Messages() {
     w = MakeWelcome(dests, 16, false, false);
     w.arena_kind = wire::ArenaKind::kNone;
     Write(t, "welcome_tcp_no_arena", WithSelector(WelcomeSelector(2, 0), Payload(w)));
+    // A zero-copy publisher: its direct tensors in two allocations, a cudaMalloc one (IPC
+    // handle) and a cuMem one of three chunks (fds follow the Welcome).
+    w = MakeWelcome(dests, 16, false, true);
+    w.arena_kind = wire::ArenaKind::kCudaIpc;
+    w.device = 0;
+    w.digest_kind = wire::DigestKind::kGpu64;
+    const uint64_t half = w.direct_bytes / 2;
+    wire::GpuAllocation ipc{0, half, wire::AllocationKind::kIpcHandle, {}, {}};
+    ipc.ipc_handle.fill(0x5A);
+    wire::GpuAllocation chunks{
+        half, w.direct_bytes - half, wire::AllocationKind::kPosixFdChunks, {}, {}};
+    chunks.chunk_bytes = {chunks.bytes / 3, chunks.bytes / 3,
+                          chunks.bytes - 2 * (chunks.bytes / 3)};
+    w.allocations = {ipc, chunks};
+    Write(t, "welcome_zero_copy", WithSelector(WelcomeSelector(1, 0), Payload(w)));
     // Converting subscriber (set 2): casts and bf16 → fp8 with scales, slots and direct.
     const std::vector<TensorSpec> converting = weightsync::fuzz::ConvertingPublisherSpecs();
     Write(t, "welcome_converting_seg16",

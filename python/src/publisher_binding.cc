@@ -197,8 +197,8 @@ void BindPublisher(nb::module_& m) {
           "by (lineage, publisher session, step), so a restart is never taken for up to date.\n"
           "zero_copy (CUDA tensors, local:// only): the registered tensors are the published\n"
           "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
-          "call begin_write() before the optimizer changes them (PyTorch's default allocator;\n"
-          "expandable segments have no CUDA IPC handles).")
+          "call begin_write() before the optimizer changes them (PyTorch's caching allocator,\n"
+          "with or without expandable segments).")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

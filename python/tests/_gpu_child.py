@@ -161,6 +161,19 @@ FRAMEWORKS = {"torch": TorchTensors, "numpy": NumpyTensors, "cupy": CupyTensors,
               "jax": JaxTensors}
 
 
+def expandable_segments(framework):
+    """'expandable=1' when torch's caching allocator holds its memory in expandable segments (cuMem
+    chunks: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), so a test can tell it got them."""
+    if framework != "torch":
+        return "expandable=0"
+    import torch
+    if not torch.cuda.is_initialized():
+        return "expandable=0"
+    segments = torch.cuda.memory_snapshot()
+    return "expandable=" + ("1" if segments and all(s.get("is_expandable") for s in segments)
+                            else "0")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--endpoint", required=True)
@@ -180,7 +193,7 @@ def main():
     with weightsync.Publisher(args.endpoint, timeout=args.publisher_timeout,
                               zero_copy=args.zero_copy) as pub:
         tensors.register(pub)
-        print("ready", pub.endpoint, flush=True)
+        print("ready", pub.endpoint, expandable_segments(args.framework), flush=True)
         faulthandler.cancel_dump_traceback_later()
         for line in sys.stdin:
             words = line.split()

@@ -79,6 +79,7 @@ class ChildPublisher:
         line = self.readline(timeout)
         assert line.startswith("ready "), line + self.stderr()
         self.endpoint = line.split()[1]
+        self.expandable_segments = "expandable=1" in line.split()
 
     def stderr(self):
         self.log.seek(0)
@@ -223,10 +224,12 @@ def ledger():
 
 # (device, zero_copy): host tensors over shm, CUDA tensors through the publisher's GPU arena, and
 # CUDA tensors published where they are (zero-copy: torch's caching allocator packs several into
-# one cudaMalloc segment).
+# one cudaMalloc segment; with expandable segments, into cuMem chunks shared by fd).
 PUBLISHERS = [pytest.param("cpu", False, id="cpu"), pytest.param(GPU, False, id="cuda", marks=gpu),
-              pytest.param(GPU, True, id="cuda-zero-copy", marks=gpu)]
-PATHS = {("cpu", False): "shm", (GPU, False): "cuda-ipc", (GPU, True): "cuda-ipc-zero-copy"}
+              pytest.param(GPU, True, id="cuda-zero-copy", marks=gpu),
+              pytest.param(GPU, "expandable", id="cuda-zero-copy-expandable-segments", marks=gpu)]
+PATHS = {("cpu", False): "shm", (GPU, False): "cuda-ipc", (GPU, True): "cuda-ipc-zero-copy",
+         (GPU, "expandable"): "cuda-ipc-zero-copy"}
 
 
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
@@ -235,7 +238,10 @@ def test_torch_round_trip(endpoint, device, zero_copy, mode):
     """bf16, fp16, fp32, fp8 (e4m3fn, e5m2) and more: bit-exact into poisoned destinations,
     verified, over 3 steps on one prepared handle."""
     need(device)
-    with ChildPublisher(endpoint, SPEC, device, zero_copy=zero_copy) as pub:
+    expandable = zero_copy == "expandable"
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True") if expandable else None
+    with ChildPublisher(endpoint, SPEC, device, zero_copy=bool(zero_copy), env=env) as pub:
+        assert pub.expandable_segments == expandable, "the trainer's memory is not what the row says"
         dst = TorchDestinations(SPEC, device)
         with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:
             dst.register(sub)

@@ -121,6 +121,7 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Status Freeze() WS_REQUIRES(mu);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
+  Result<std::vector<util::UniqueFd>> ExportAllocationFds() override;
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                        const std::function<bool()>& give_up) override;
   Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
@@ -481,6 +482,12 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
   }
   if (closed) return Status::Unavailable("publisher closed");
   return std::make_pair(static_cast<const wire::Welcome*>(&welcome), store->fd());
+}
+
+Result<std::vector<util::UniqueFd>> Publisher::Impl::ExportAllocationFds() {
+  util::MutexLock lock(&mu);
+  if (closed || !frozen) return Status::Unavailable("publisher closed");
+  return store->ExportAllocationFds();
 }
 
 Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,

@@ -43,6 +43,8 @@ struct Driver {
   decltype(&cuPointerGetAttribute) PointerGetAttribute = nullptr;
   decltype(&cuDeviceGet) DeviceGet = nullptr;
   decltype(&cuDevicePrimaryCtxGetState) DevicePrimaryCtxGetState = nullptr;
+  decltype(&cuMemRetainAllocationHandle) MemRetainAllocationHandle = nullptr;
+  decltype(&cuMemGetAddressRange) MemGetAddressRange = nullptr;
   Status status;
 };
 
@@ -81,6 +83,8 @@ const Driver& GetDriver() {
     s.Update(Load("cuPointerGetAttribute", &d.PointerGetAttribute));
     s.Update(Load("cuDeviceGet", &d.DeviceGet));
     s.Update(Load("cuDevicePrimaryCtxGetState", &d.DevicePrimaryCtxGetState));
+    s.Update(Load("cuMemRetainAllocationHandle", &d.MemRetainAllocationHandle));
+    s.Update(Load("cuMemGetAddressRange", &d.MemGetAddressRange));
     d.status = s;
   });
   return d;
@@ -592,6 +596,222 @@ Status CopyQueue::Close() {
     cudaError_t e = cudaStreamDestroy(static_cast<cudaStream_t>(std::exchange(stream_, nullptr)));
     if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaStreamDestroy"));
   }
+  return result;
+}
+
+Result<std::optional<VmmChunk>> VmmChunkAt(const void* p) {
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  CUmemGenericAllocationHandle handle = 0;
+  // Only cuMem memory has an allocation handle to retain: anything else is not ours to export.
+  if (d.MemRetainAllocationHandle(&handle, const_cast<void*>(p)) != CUDA_SUCCESS) {
+    return std::optional<VmmChunk>();
+  }
+  WS_CU(d.MemRelease(handle), "cuMemRelease (a retained handle)");
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  // The mapping that holds `p` (cuPointerGetAttribute's range would be the whole reservation).
+  WS_CU(d.MemGetAddressRange(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)),
+        "cuMemGetAddressRange");
+  return std::optional<VmmChunk>(VmmChunk{reinterpret_cast<const uint8_t*>(base), bytes});
+}
+
+Result<RetainedChunk> RetainedChunk::Retain(const VmmChunk& chunk) {
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  CUmemGenericAllocationHandle handle = 0;
+  WS_CU(d.MemRetainAllocationHandle(&handle, const_cast<uint8_t*>(chunk.base)),
+        "cuMemRetainAllocationHandle");
+  RetainedChunk r;
+  r.handle_ = handle;
+  return std::move(r);
+}
+
+RetainedChunk& RetainedChunk::operator=(RetainedChunk&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+    handle_ = std::exchange(o.handle_, 0);
+  }
+  return *this;
+}
+
+RetainedChunk::~RetainedChunk() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+}
+
+Result<util::UniqueFd> RetainedChunk::ExportFd() const {
+  int fd = -1;
+  WS_CU(GetDriver().MemExportToShareableHandle(&fd, handle_,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "cuMemExportToShareableHandle (a cuMem allocation created without "
+        "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared)");
+  return util::UniqueFd(fd);
+}
+
+Status RetainedChunk::Close() {
+  if (handle_ == 0) return Status::Ok();
+  const CUresult r = GetDriver().MemRelease(std::exchange(handle_, 0));
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  LedgerAdd(LedgerItem::kReleaseFailures, 1);
+  return DriverError(r, "cuMemRelease (a retained chunk)");
+}
+
+Result<ImportedChunks> ImportedChunks::Import(std::span<const int> fds,
+                                              std::span<const uint64_t> chunk_bytes, int device) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  if (fds.size() != chunk_bytes.size() || fds.empty()) {
+    return Status::InvalidArgument("cuda-ipc: ", fds.size(), " fds for ", chunk_bytes.size(),
+                                   " chunks");
+  }
+  ImportedChunks m;  // whatever is set when a step fails is released by its destructor
+  uint64_t total = 0;
+  for (uint64_t bytes : chunk_bytes) total += bytes;  // ValidateLayout bounded the sum
+  CUdeviceptr va = 0;
+  WS_CU(d.MemAddressReserve(&va, total, 0, 0, 0), "cuMemAddressReserve");
+  m.va_ = va;
+  m.size_ = total;
+  m.handles_.reserve(fds.size());
+  m.sizes_.reserve(fds.size());
+  uint64_t at = 0;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    CUmemGenericAllocationHandle handle = 0;
+    // The driver takes the fd number through a void*; it does not take ownership of it.
+    WS_CU(d.MemImportFromShareableHandle(&handle,
+                                         reinterpret_cast<void*>(static_cast<intptr_t>(fds[i])),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle (a chunk of the publisher's cuMem memory)");
+    // A chunk smaller than the publisher said fails here, not as a fault in a later copy.
+    const CUresult r = d.MemMap(va + at, chunk_bytes[i], 0, handle, 0);
+    if (r != CUDA_SUCCESS) {
+      d.MemRelease(handle);
+      return DriverError(r, "cuMemMap (a chunk of the publisher's cuMem memory)");
+    }
+    m.handles_.push_back(handle);
+    m.sizes_.push_back(chunk_bytes[i]);
+    at += chunk_bytes[i];
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  WS_CU(d.MemSetAccess(va, total, &access, 1), "cuMemSetAccess");
+  LedgerAdd(LedgerItem::kSegments, 1);
+  LedgerAdd(LedgerItem::kMappings, 1);
+  LedgerAdd(LedgerItem::kMappedBytes, static_cast<int64_t>(total));
+  m.counted_ = true;
+  return std::move(m);
+}
+
+ImportedChunks& ImportedChunks::operator=(ImportedChunks&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+    va_ = std::exchange(o.va_, 0);
+    size_ = std::exchange(o.size_, 0);
+    handles_ = std::move(o.handles_);
+    sizes_ = std::move(o.sizes_);
+    counted_ = std::exchange(o.counted_, false);
+    o.handles_.clear();
+    o.sizes_.clear();
+  }
+  return *this;
+}
+
+ImportedChunks::~ImportedChunks() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda-ipc") << "cleanup: " << s;
+}
+
+Status ImportedChunks::Close() {
+  if (va_ == 0) return Status::Ok();
+  const Driver& d = GetDriver();
+  Status result;
+  uint64_t at = 0;
+  for (size_t i = 0; i < handles_.size(); ++i) {
+    CUresult r = d.MemUnmap(va_ + at, sizes_[i]);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemUnmap (a chunk)"));
+    r = d.MemRelease(handles_[i]);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemRelease (a chunk)"));
+    at += sizes_[i];
+  }
+  const CUresult r = d.MemAddressFree(std::exchange(va_, 0), size_);
+  if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemAddressFree"));
+  if (!result.ok()) LedgerAdd(LedgerItem::kReleaseFailures, 1);
+  if (std::exchange(counted_, false)) {
+    LedgerAdd(LedgerItem::kSegments, -1);
+    LedgerAdd(LedgerItem::kMappings, -1);
+    LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(size_));
+  }
+  size_ = 0;
+  handles_.clear();
+  sizes_.clear();
+  return result.WithContext("the publisher's cuMem memory mapped here");
+}
+
+Result<ChunkedAllocation> ChunkedAllocation::Create(int device, uint64_t bytes, bool exportable) {
+  WS_RETURN_IF_ERROR(SetDevice(device));
+  const Driver& d = GetDriver();
+  WS_RETURN_IF_ERROR(d.status);
+  CUmemAllocationProp prop = PropFor(device);
+  if (!exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  size_t granularity = 0;
+  WS_CU(d.MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "cuMemGetAllocationGranularity");
+  const uint64_t chunks = std::max<uint64_t>((bytes + granularity - 1) / granularity, 1);
+  ChunkedAllocation a;  // released by its destructor if a step fails
+  a.chunk_bytes_ = granularity;
+  CUdeviceptr va = 0;
+  WS_CU(d.MemAddressReserve(&va, chunks * granularity, 0, 0, 0), "cuMemAddressReserve");
+  a.va_ = va;
+  a.reserved_ = chunks * granularity;
+  for (uint64_t i = 0; i < chunks; ++i) {
+    CUmemGenericAllocationHandle handle = 0;
+    WS_CU(d.MemCreate(&handle, granularity, &prop, 0), "cuMemCreate");
+    const CUresult r = d.MemMap(va + i * granularity, granularity, 0, handle, 0);
+    if (r != CUDA_SUCCESS) {
+      d.MemRelease(handle);
+      return DriverError(r, "cuMemMap");
+    }
+    a.handles_.push_back(handle);
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  WS_CU(d.MemSetAccess(va, chunks * granularity, &access, 1), "cuMemSetAccess");
+  return std::move(a);
+}
+
+ChunkedAllocation& ChunkedAllocation::operator=(ChunkedAllocation&& o) noexcept {
+  if (this != &o) {
+    if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda") << "cleanup: " << s;
+    va_ = std::exchange(o.va_, 0);
+    chunk_bytes_ = std::exchange(o.chunk_bytes_, 0);
+    reserved_ = std::exchange(o.reserved_, 0);
+    handles_ = std::move(o.handles_);
+    o.handles_.clear();
+  }
+  return *this;
+}
+
+ChunkedAllocation::~ChunkedAllocation() {
+  if (Status s = Close(); !s.ok()) WS_LOG(WARN, "cuda") << "cleanup: " << s;
+}
+
+Status ChunkedAllocation::Close() {
+  if (va_ == 0) return Status::Ok();
+  const Driver& d = GetDriver();
+  Status result;
+  for (size_t i = 0; i < handles_.size(); ++i) {
+    CUresult r = d.MemUnmap(va_ + i * chunk_bytes_, chunk_bytes_);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemUnmap"));
+    r = d.MemRelease(handles_[i]);
+    if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemRelease"));
+  }
+  // The whole reservation, mapped or not (a failed Create may have mapped only some chunks).
+  const CUresult r = d.MemAddressFree(std::exchange(va_, 0), std::exchange(reserved_, 0));
+  if (r != CUDA_SUCCESS) result.Update(DriverError(r, "cuMemAddressFree"));
+  handles_.clear();
   return result;
 }
 

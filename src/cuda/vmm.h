@@ -42,6 +42,32 @@ class ExportedAllocation {
   int device_ = -1;
 };
 
+// cuMem memory laid out as PyTorch's expandable segments lay it: allocations ("chunks") of the
+// minimum granularity each, mapped back to back into one reserved range, read-write on `device`,
+// at least `bytes` in all. `exportable`: created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+// (PyTorch's default); without it the memory cannot be shared with another process. For tests and
+// benchmarks of zero-copy publishing (the caller's memory: not in the ledger).
+class ChunkedAllocation {
+ public:
+  ChunkedAllocation() = default;
+  static Result<ChunkedAllocation> Create(int device, uint64_t bytes, bool exportable = true);
+  ChunkedAllocation(ChunkedAllocation&& o) noexcept { *this = std::move(o); }
+  ChunkedAllocation& operator=(ChunkedAllocation&& o) noexcept;
+  ~ChunkedAllocation();
+
+  uint8_t* data() const { return reinterpret_cast<uint8_t*>(va_); }  // a device pointer
+  uint64_t size() const { return chunk_bytes_ * handles_.size(); }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  size_t chunks() const { return handles_.size(); }
+  Status Close();
+
+ private:
+  uint64_t va_ = 0;
+  uint64_t reserved_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  std::vector<uint64_t> handles_;  // mapped in order
+};
+
 // Host memory pinned for the copy engines (cudaHostRegister), once per handle: copies from it run
 // asynchronously at the link's DMA rate, where pageable memory is staged through the driver's own
 // bounce buffers. Unregistered on Close, before the memory is unmapped.

@@ -126,6 +126,21 @@ Status CheckAllocations(const wire::Welcome& welcome) {
     WS_RETURN_IF_ERROR(CheckRange("allocation " + std::to_string(i), a.offset, a.bytes,
                                   welcome.direct_bytes, "direct region size"));
     end = a.offset + a.bytes;
+    if (a.kind != wire::AllocationKind::kPosixFdChunks) continue;
+    // The chunks are mapped back to back: they must tile the allocation exactly.
+    uint64_t tiled = 0;
+    for (size_t c = 0; c < a.chunk_bytes.size(); ++c) {
+      if (a.chunk_bytes[c] == 0 || a.chunk_bytes[c] > a.bytes - tiled) {
+        return Status::ProtocolError("welcome: allocation ", i, " chunk ", c, " (",
+                                     a.chunk_bytes[c], " bytes) is empty or runs past its ",
+                                     a.bytes, " bytes");
+      }
+      tiled += a.chunk_bytes[c];
+    }
+    if (tiled != a.bytes) {
+      return Status::ProtocolError("welcome: allocation ", i, " has ", a.bytes, " bytes but its ",
+                                   a.chunk_bytes.size(), " chunks hold ", tiled);
+    }
   }
   for (const wire::TensorPlacement& p : welcome.tensors) {
     if (p.spec.nbytes == 0) continue;
@@ -230,6 +245,12 @@ int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_
   --it;
   if (offset - it->offset > it->bytes || bytes > it->bytes - (offset - it->offset)) return -1;
   return it - all.begin();
+}
+
+uint32_t AllocationFdCount(const wire::Welcome& welcome) {
+  uint64_t count = 0;  // the decoder bounds the sum by kMaxAllocations
+  for (const wire::GpuAllocation& a : welcome.allocations) count += a.chunk_bytes.size();
+  return static_cast<uint32_t>(count);
 }
 
 Status CheckVerifiable(const Plan& plan, int64_t step) {

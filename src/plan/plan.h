@@ -140,6 +140,10 @@ Status ValidateLayout(const wire::Welcome& welcome);
 // direct region, or -1 (ValidateLayout checked that every tensor has one).
 int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes);
 
+// kCudaIpc stores: how many fd chunks the Welcome's kPosixFdChunks allocations have in all (the
+// AllocationFd frames that follow it).
+uint32_t AllocationFdCount(const wire::Welcome& welcome);
+
 // FailedPrecondition unless every segment of `plan` is a whole publisher digest segment (a region
 // plan built without verification may read parts of them): what every Verify checks first. The
 // subscriber prepares a verifiable plan before it asks for verification, so this is a bug guard.

@@ -32,10 +32,12 @@ Status TransferHandle::Prepare(const std::vector<plan::Destination>& destination
   WS_ASSIGN_OR_RETURN(entry_, ChoosePath(*link_, welcome, destinations));
   path_ = entry_->make();
   util::UniqueFd store_fd = link_->TakeStoreFd();
+  std::vector<util::UniqueFd> allocation_fds = link_->TakeAllocationFds();
   path::PathContext ctx;
   ctx.link = link_.get();
   ctx.welcome = &welcome;
   ctx.store_fd = &store_fd;
+  ctx.allocation_fds = &allocation_fds;
   ctx.plan = &plan_;
   ctx.destinations = &destinations;
   ctx.mode = options.mode;

@@ -67,6 +67,8 @@ std::string_view FrameTypeName(FrameType type) {
       return "select";
     case FrameType::kNcclSetup:
       return "nccl_setup";
+    case FrameType::kAllocationFd:
+      return "allocation_fd";
     case FrameType::kNcclId:
       return "nccl_id";
   }

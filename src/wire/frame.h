@@ -23,7 +23,7 @@ inline constexpr uint32_t kMagic = 0x4E595357u;
 // 3: Welcome carries the publisher's lineage, UpdateRequest the subscriber's wait (2: nccl steps
 // are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv). The header check refuses a peer
 // of another version at once.
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 
@@ -43,9 +43,12 @@ enum class FrameType : uint16_t {
   // TCP with a GPU arena (src/wire/handshake.h): the bytes move over NCCL, set up once.
   kNcclSetup = 12,  // subscriber → publisher: asks for an NCCL communicator
   kNcclId = 13,     // publisher → subscriber: the ncclUniqueId to join it with
+  // Unix links to a zero-copy publisher of cuMem memory: one frame per chunk, right after the
+  // Welcome, each carrying that chunk's POSIX fd (SCM_RIGHTS).
+  kAllocationFd = 14,
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 13;
+inline constexpr uint16_t kMaxFrameType = 14;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

@@ -20,6 +20,7 @@ constexpr std::string_view kWelcomeWhat = "welcome";
 constexpr std::string_view kUpdateRequestWhat = "update_request";
 constexpr std::string_view kStepBeginWhat = "step_begin";
 constexpr std::string_view kCopyDoneWhat = "copy_done";
+constexpr std::string_view kAllocationFdWhat = "allocation_fd";
 constexpr std::string_view kStepEndWhat = "step_end";
 constexpr std::string_view kErrorWhat = "error";
 
@@ -308,6 +309,12 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
   for (const GpuAllocation& a : m.allocations) {
     w.U64(a.offset);
     w.U64(a.bytes);
+    w.U8(static_cast<uint8_t>(a.kind));
+    if (a.kind == AllocationKind::kPosixFdChunks) {
+      w.U32(static_cast<uint32_t>(a.chunk_bytes.size()));
+      for (uint64_t bytes : a.chunk_bytes) w.U64(bytes);
+      continue;
+    }
     for (size_t i = 0; i < a.ipc_handle.size(); i += 8) {
       uint64_t word;
       std::memcpy(&word, a.ipc_handle.data() + i, 8);
@@ -376,11 +383,32 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   }
   m->allocations.clear();
   if (m->arena_kind == ArenaKind::kCudaIpc) {
-    WS_ASSIGN_OR_RETURN(uint32_t n, r.Count("allocation count", kMaxAllocations, 80));
+    WS_ASSIGN_OR_RETURN(uint32_t n, r.Count("allocation count", kMaxAllocations, 21));
     m->allocations.resize(n);
+    uint64_t chunks = 0;
     for (GpuAllocation& a : m->allocations) {
       WS_ASSIGN_OR_RETURN(a.offset, r.U64("allocation offset"));
       WS_ASSIGN_OR_RETURN(a.bytes, r.U64("allocation bytes"));
+      WS_ASSIGN_OR_RETURN(uint8_t kind, r.U8("allocation kind"));
+      if (kind > static_cast<uint8_t>(AllocationKind::kPosixFdChunks)) {
+        return Status::ProtocolError(kWelcomeWhat, ": allocation kind ", int{kind},
+                                     " is unknown (expected 0 or 1)");
+      }
+      a.kind = static_cast<AllocationKind>(kind);
+      a.chunk_bytes.clear();
+      if (a.kind == AllocationKind::kPosixFdChunks) {
+        WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("allocation chunk count", kMaxAllocations, 8));
+        chunks += count;
+        if (chunks > kMaxAllocations) {
+          return Status::ProtocolError(kWelcomeWhat, ": more than ", kMaxAllocations,
+                                       " allocation chunks");
+        }
+        a.chunk_bytes.resize(count);
+        for (uint64_t& bytes : a.chunk_bytes) {
+          WS_ASSIGN_OR_RETURN(bytes, r.U64("allocation chunk bytes"));
+        }
+        continue;
+      }
       for (size_t i = 0; i < a.ipc_handle.size(); i += 8) {
         WS_ASSIGN_OR_RETURN(uint64_t word, r.U64("allocation ipc_handle"));
         std::memcpy(a.ipc_handle.data() + i, &word, 8);
@@ -440,6 +468,19 @@ void Encode(const CopyDone& m, std::vector<uint8_t>* out) {
 Status Decode(std::span<const uint8_t> payload, CopyDone* m) {
   Reader r(payload, kCopyDoneWhat);
   WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
+  return r.ExpectEnd();
+}
+
+// ---- AllocationFd: u32 index ----
+
+void Encode(const AllocationFd& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.U32(m.index);
+}
+
+Status Decode(std::span<const uint8_t> payload, AllocationFd* m) {
+  Reader r(payload, kAllocationFdWhat);
+  WS_ASSIGN_OR_RETURN(m->index, r.U32("index"));
   return r.ExpectEnd();
 }
 

@@ -56,17 +56,28 @@ enum class ArenaKind : uint8_t {
   kHostMemfd = 0,  // host memory: a sealed memfd (fd passed with the frame)
   kCudaMem = 1,    // GPU memory: a cuMem allocation exported as a POSIX fd (fd passed)
   kNone = 2,       // nothing to map (tcp: bytes arrive on the connection)
-  // GPU memory: the publisher's own CUDA allocations (zero-copy), each a CUDA IPC handle in
-  // Welcome::allocations; no fd. The direct region is a virtual range in which every allocation
-  // has its place, so tensors are placed by one offset as in an arena.
+  // GPU memory: the publisher's own CUDA allocations (zero-copy), listed in
+  // Welcome::allocations (no fd with the Welcome). The direct region is a virtual range in which
+  // every allocation has its place, so tensors are placed by one offset as in an arena.
   kCudaIpc = 3,
+};
+// How a kCudaIpc allocation is shared.
+enum class AllocationKind : uint8_t {
+  kIpcHandle = 0,  // cudaMalloc memory: a CUDA IPC handle of its base
+  // cuMem memory (e.g. PyTorch's expandable segments): consecutive chunks, each one cuMem
+  // allocation mapped whole, exported as a POSIX fd that follows the Welcome in an AllocationFd
+  // frame. The subscriber maps the chunks back to back, so the allocation is one range there too.
+  kPosixFdChunks = 1,
 };
 // One publisher allocation of a kCudaIpc store: `bytes` at `offset` of the direct region.
 struct GpuAllocation {
   uint64_t offset = 0;
   uint64_t bytes = 0;
-  std::array<uint8_t, 64> ipc_handle{};  // cudaIpcMemHandle_t: a bearer secret, never logged
+  AllocationKind kind = AllocationKind::kIpcHandle;
+  std::array<uint8_t, 64> ipc_handle{};  // kIpcHandle: a bearer secret, never logged
+  std::vector<uint64_t> chunk_bytes;     // kPosixFdChunks: each > 0, summing to `bytes`
 };
+// Allocations in a Welcome, and fd chunks over all of them.
 inline constexpr uint32_t kMaxAllocations = 1u << 20;
 // How segment digests are computed (the subscriber must verify with the same function).
 enum class DigestKind : uint8_t {
@@ -120,6 +131,12 @@ struct StepBegin {
   uint32_t slot = kNoSlot;  // kNoSlot when the publisher has no registered (copied) tensors
 };
 
+// The fd of chunk `index` (counting every kPosixFdChunks allocation's chunks in Welcome order)
+// rides with this frame.
+struct AllocationFd {
+  uint32_t index = 0;
+};
+
 struct CopyDone {
   int64_t step = -1;
 };
@@ -146,6 +163,7 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out);
 void Encode(const UpdateRequest& m, std::vector<uint8_t>* out);
 void Encode(const StepBegin& m, std::vector<uint8_t>* out);
 void Encode(const CopyDone& m, std::vector<uint8_t>* out);
+void Encode(const AllocationFd& m, std::vector<uint8_t>* out);
 void Encode(const StepEnd& m, std::vector<uint8_t>* out);
 void Encode(const ErrorMessage& m, std::vector<uint8_t>* out);
 
@@ -154,6 +172,7 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m);
 Status Decode(std::span<const uint8_t> payload, UpdateRequest* m);
 Status Decode(std::span<const uint8_t> payload, StepBegin* m);
 Status Decode(std::span<const uint8_t> payload, CopyDone* m);
+Status Decode(std::span<const uint8_t> payload, AllocationFd* m);
 // Reuses m->digests' capacity: steady-state decoding does not allocate.
 Status Decode(std::span<const uint8_t> payload, StepEnd* m);
 Status Decode(std::span<const uint8_t> payload, ErrorMessage* m);

@@ -1,6 +1,8 @@
 // Zero-copy GPU publishing (PublisherOptions::zero_copy, label gpu) beyond the conformance suite's
 // cuda-ipc-zero-copy rows: a publisher process whose CUDA tensors are packed several to a
-// cudaMalloc allocation (two allocations) publishes them where they are; this process subscribes
+// cudaMalloc allocation (two allocations), or into cuMem chunks as PyTorch's expandable segments
+// (two ranges of back-to-back chunks, tensors straddling chunk boundaries), publishes them where
+// they are; this process subscribes
 // into CUDA destinations on cuda:1 (cuda:0 with one GPU). The publisher adds no arena (GPU memory
 // measured around its first publish, against an arena publisher of the same model); its write is
 // fenced — held while a subscriber reads, so the reader gets exactly the version it asked for —
@@ -13,6 +15,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/device.h"
@@ -38,7 +41,9 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-class ZeroCopy : public ::testing::TestWithParam<UpdateMode> {
+// (update mode, the trainer's memory: WS_TEST_ZERO_COPY's value, "1" cudaMalloc or "vmm" cuMem
+// chunks as PyTorch's expandable segments)
+class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const char*>> {
  protected:
   void SetUp() override {
     WS_SKIP_WITHOUT_GPU();
@@ -51,7 +56,7 @@ class ZeroCopy : public ::testing::TestWithParam<UpdateMode> {
 
   std::unique_ptr<testing::PublisherProcess> StartPublisher(bool zero_copy) {
     std::vector<std::string> env = {"WS_TEST_TIMEOUT_MS=" + std::to_string(kPublisherTimeoutMs)};
-    if (zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
+    if (zero_copy) env.push_back(std::string("WS_TEST_ZERO_COPY=") + std::get<1>(GetParam()));
     auto p = std::make_unique<testing::PublisherProcess>(
         "gpu_publisher",
         std::vector<std::string>{std::to_string(kTensors), std::to_string(kElements), "0"}, env);
@@ -67,7 +72,7 @@ class ZeroCopy : public ::testing::TestWithParam<UpdateMode> {
     *dst = std::move(poisoned).value();
     SubscriberOptions o;
     o.endpoint = publisher.endpoint();
-    o.mode = GetParam();
+    o.mode = std::get<0>(GetParam());
     o.verify = true;
     o.timeout = std::chrono::milliseconds(10000);
     return testing::NewSubscriber(o, *dst);
@@ -171,7 +176,7 @@ TEST_P(ZeroCopy, AStalledReaderIsRevokedAndCommitsNothing) {
   ASSERT_FALSE(stalled.ok()) << "a revoked read was committed";
   EXPECT_STATUS_IS(kTimeout, stalled, "the read of step 2 was revoked");
   EXPECT_EQ(sub->committed_step(), 1);
-  if (GetParam() == UpdateMode::kStaged) {
+  if (std::get<0>(GetParam()) == UpdateMode::kStaged) {
     EXPECT_TRUE(sub->weights_valid());
     EXPECT_EQ(Holds(dst, 1), "") << "staged: the old weights stay";
   } else {
@@ -205,10 +210,11 @@ TEST_P(ZeroCopy, TwoSubscribersInOneProcessShareTheOpenedAllocations) {
   EXPECT_EQ(Holds(dst_b, 3), "");
 }
 
-// What zero-copy cannot publish is refused at the first publish, naming the tensor: memory
-// without a CUDA IPC handle (a cuMem allocation, as PyTorch's expandable segments make), and a
-// view that runs past the end of its allocation.
-TEST(ZeroCopyRefusals, MemoryWithoutAnIpcHandleAndViewsPastTheirAllocationNameTheTensor) {
+// What zero-copy cannot publish is refused at the first publish, naming the tensor: cuMem memory
+// created without a shareable handle type (PyTorch's expandable segments have one; others may
+// not), and a view that runs past the end of its allocation (cudaMalloc or cuMem). A cuMem
+// allocation that can be shared is published (the conformance suite's cuMem rows move its bytes).
+TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTheTensor) {
   WS_SKIP_WITHOUT_GPU();
   ASSERT_OK(cuda::SetDevice(0));
   auto start = [](const std::string& stem) {
@@ -217,18 +223,40 @@ TEST(ZeroCopyRefusals, MemoryWithoutAnIpcHandleAndViewsPastTheirAllocationNameTh
     o.zero_copy = true;
     return Publisher::Create(o);
   };
-  ASSERT_OK_AND_ASSIGN(cuda::ExportedAllocation cumem,
-                       cuda::ExportedAllocation::Create(0, 2 << 20));
-  ASSERT_OK_AND_ASSIGN(auto a, start("zc-cumem"));
-  ASSERT_OK(
-      a->Register({{"w", {cumem.data(), DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
-  // The code is the driver's (cudaIpcGetMemHandle's error); the text names the tensor and why.
+  ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation private_memory,
+                       cuda::ChunkedAllocation::Create(0, 4 << 20, /*exportable=*/false));
+  ASSERT_OK_AND_ASSIGN(auto a, start("zc-private"));
+  // Across the chunk boundary: both chunks are looked at, the first one refused.
+  ASSERT_OK(a->Register({{"w",
+                          {private_memory.data() + private_memory.chunk_bytes() - 4096,
+                           DType::kFloat32,
+                           {2048},
+                           {Device::Kind::kCUDA, 0}}}}));
+  // The code is the driver's; the text names the tensor and why.
   Result<PublishStats> refused = a->Publish(1);
   ASSERT_FALSE(refused.ok());
   const std::string text = refused.status().ToString();
-  EXPECT_NE(text.find("exporting the CUDA allocation of tensor 'w'"), std::string::npos) << text;
-  EXPECT_NE(text.find("expandable segments"), std::string::npos) << text;
+  EXPECT_NE(text.find("exporting the cuMem memory of tensor 'w'"), std::string::npos) << text;
+  EXPECT_NE(text.find("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"), std::string::npos) << text;
   EXPECT_EQ(a->latest_step(), -1) << "nothing published";
+
+  // A view that starts in cuMem memory and runs past the end of its reserved range.
+  ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation shared, cuda::ChunkedAllocation::Create(0, 2 << 20));
+  ASSERT_OK_AND_ASSIGN(auto past, start("zc-cumem-past"));
+  ASSERT_OK(past->Register({{"u",
+                             {shared.data() + shared.size() - 1024,
+                              DType::kFloat32,
+                              {1024},
+                              {Device::Kind::kCUDA, 0}}}}));
+  EXPECT_STATUS_IS(kInvalidArgument, past->Publish(1),
+                   "tensor 'u' (4096 bytes) runs past the cuMem memory it starts in");
+
+  ASSERT_OK_AND_ASSIGN(cuda::ExportedAllocation cumem,
+                       cuda::ExportedAllocation::Create(0, 2 << 20));
+  ASSERT_OK_AND_ASSIGN(auto ok, start("zc-cumem"));
+  ASSERT_OK(
+      ok->Register({{"w", {cumem.data(), DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
+  EXPECT_OK(ok->Publish(1));
 
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer small, cuda::DeviceBuffer::Allocate(4096));
   ASSERT_OK_AND_ASSIGN(auto b, start("zc-past"));
@@ -238,11 +266,14 @@ TEST(ZeroCopyRefusals, MemoryWithoutAnIpcHandleAndViewsPastTheirAllocationNameTh
                    "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ZeroCopy,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, ZeroCopy,
+    ::testing::Combine(::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                       ::testing::Values("1", "vmm")),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) == UpdateMode::kStaged ? "staged" : "in_place") +
+             (std::string(std::get<1>(info.param)) == "vmm" ? "_cumem" : "_cudamalloc");
+    });
 
 }  // namespace
 }  // namespace weightsync

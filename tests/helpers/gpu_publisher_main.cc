@@ -10,8 +10,11 @@
 // With WS_TEST_ZERO_COPY=1 in the environment the publisher is zero-copy
 // (PublisherOptions::zero_copy): its tensors are packed several to a cudaMalloc allocation (two
 // allocations, as PyTorch's caching allocator carves its segments), and each publish begins with
-// BeginWrite(), as a trainer's optimizer step must. WS_TEST_TIMEOUT_MS overrides the publisher's
-// timeout (5000 ms): how long a BeginWrite waits for readers before revoking their reads.
+// BeginWrite(), as a trainer's optimizer step must. WS_TEST_ZERO_COPY=vmm packs them into cuMem
+// memory instead, as PyTorch's expandable segments do: two reserved ranges of 2 MiB chunks mapped
+// back to back, the first tensor of each straddling a chunk boundary. WS_TEST_TIMEOUT_MS overrides
+// the publisher's timeout (5000 ms): how long a BeginWrite waits for readers before revoking their
+// reads.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,31 +51,55 @@ std::chrono::milliseconds Timeout() {
   return std::chrono::milliseconds(v != nullptr ? std::atoi(v) : 5000);
 }
 
-bool ZeroCopy() {
+std::string ZeroCopyMode() {
   const char* v = std::getenv("WS_TEST_ZERO_COPY");
-  return v != nullptr && std::string(v) == "1";
+  return v != nullptr ? v : "";
 }
+bool ZeroCopy() { return ZeroCopyMode() == "1" || ZeroCopyMode() == "vmm"; }
+
+// The caller's memory the tensors live in: cudaMalloc buffers, or (vmm) cuMem chunks.
+struct DeviceMemory {
+  std::vector<ws::cuda::DeviceBuffer> buffers;
+  std::vector<ws::cuda::ChunkedAllocation> chunked;
+};
 
 // Device memory of `device` for each of `host` (same shapes, dtypes and regions) and the views of
 // it to register: one allocation per tensor, or (zero-copy) the tensors packed at 256-byte
 // boundaries into two allocations.
-ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device,
-                    std::vector<ws::cuda::DeviceBuffer>* buffers,
+ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device, DeviceMemory* memory,
                     std::vector<ws::NamedTensor>* views, std::vector<uint8_t*>* data) {
   const bool packed = ZeroCopy();
+  const bool vmm = ZeroCopyMode() == "vmm";
+  std::vector<ws::cuda::DeviceBuffer>* buffers = &memory->buffers;
   const size_t half = (host.size() + 1) / 2;
   std::vector<uint64_t> offsets;
-  uint64_t used[2] = {0, 0};
+  // vmm: each range starts 256 bytes before its first chunk boundary (2 MiB, the granularity).
+  constexpr uint64_t kChunk = 2ull << 20;
+  const uint64_t start = vmm ? kChunk - 256 : 0;
+  uint64_t used[2] = {start, start};
   for (size_t i = 0; i < host.size(); ++i) {
     WS_ASSIGN_OR_RETURN(uint64_t bytes, host[i].view.NumBytes());
     uint64_t& at = used[i < half ? 0 : 1];
     offsets.push_back(at);
     at += (bytes + 255) / 256 * 256;
   }
-  if (packed) {
+  std::vector<uint8_t*> bases;
+  if (vmm) {
+    for (uint64_t bytes : used) {
+      WS_ASSIGN_OR_RETURN(ws::cuda::ChunkedAllocation chunked,
+                          ws::cuda::ChunkedAllocation::Create(device, bytes));
+      if (chunked.chunk_bytes() != kChunk) {
+        return ws::Status::FailedPrecondition("cuMem granularity ", chunked.chunk_bytes(),
+                                              ", the test expects ", kChunk);
+      }
+      bases.push_back(chunked.data());
+      memory->chunked.push_back(std::move(chunked));
+    }
+  } else if (packed) {
     for (uint64_t bytes : used) {
       WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
                           ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
+      bases.push_back(buffer.as<uint8_t>());
       buffers->push_back(std::move(buffer));
     }
   }
@@ -81,7 +108,7 @@ ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device,
     WS_ASSIGN_OR_RETURN(uint64_t bytes, t.view.NumBytes());
     uint8_t* where = nullptr;
     if (packed) {
-      where = (*buffers)[i < half ? 0 : 1].as<uint8_t>() + offsets[i];
+      where = bases[i < half ? 0 : 1] + offsets[i];
     } else {
       WS_ASSIGN_OR_RETURN(ws::cuda::DeviceBuffer buffer,
                           ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
@@ -108,10 +135,10 @@ int ServeFsdpRank(ws::PublisherOptions options, int rank, int ranks, int device,
   ws::testing::TrainerRank trainer = ws::testing::FsdpRank(model, ranks, rank);
   std::vector<ws::NamedTensor> host;
   for (ws::testing::RegionTensor& t : trainer.tensors) host.push_back(t.View());
-  std::vector<ws::cuda::DeviceBuffer> buffers;
+  DeviceMemory memory;
   std::vector<ws::NamedTensor> on_device;
   std::vector<uint8_t*> data;
-  if (ws::Status s = OnDevice(host, device, &buffers, &on_device, &data); !s.ok()) {
+  if (ws::Status s = OnDevice(host, device, &memory, &on_device, &data); !s.ok()) {
     return SetUpFailed(s);
   }
   auto publisher = ws::Publisher::Create(options);
@@ -170,10 +197,10 @@ int main(int argc, char** argv) {
       if (static_cast<int>(i) % shards == shard) host.push_back(all[i]);
     }
   }
-  std::vector<ws::cuda::DeviceBuffer> buffers;
+  DeviceMemory memory;
   std::vector<ws::NamedTensor> on_device;
   std::vector<uint8_t*> data;
-  if (ws::Status s = OnDevice(host, device, &buffers, &on_device, &data); !s.ok()) {
+  if (ws::Status s = OnDevice(host, device, &memory, &on_device, &data); !s.ok()) {
     return SetUpFailed(s);
   }
   auto publisher = ws::Publisher::Create(options);

@@ -377,6 +377,38 @@ TEST(ValidateLayoutTest, RejectsZeroCopyAllocationsThatOverlapOrLeaveATensorOut)
   EXPECT_CONTAINS(s.message(), "CUDA IPC allocations in a store of another kind");
 }
 
+// A cuMem allocation's chunks are mapped back to back by the subscriber: they must tile it.
+TEST(ValidateLayoutTest, ChecksThatFdChunksTileTheirAllocation) {
+  wire::Welcome w = ZeroCopyWelcome();
+  w.allocations[1].kind = wire::AllocationKind::kPosixFdChunks;
+  w.allocations[1].chunk_bytes = {2048, 1024, 1024};
+  Status s = ValidateLayout(w);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(AllocationFdCount(w), 3u);
+
+  wire::Welcome short_chunks = w;
+  short_chunks.allocations[1].chunk_bytes = {2048, 1024};
+  s = ValidateLayout(short_chunks);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "allocation 1 has 4096 bytes but its 2 chunks hold 3072");
+
+  wire::Welcome none = w;
+  none.allocations[1].chunk_bytes.clear();
+  s = ValidateLayout(none);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "its 0 chunks hold 0");
+
+  for (std::vector<uint64_t> bad : {std::vector<uint64_t>{2048, 0, 2048},
+                                    std::vector<uint64_t>{2048, ~uint64_t{0} - 1000, 1}}) {
+    wire::Welcome hostile = w;
+    hostile.allocations[1].chunk_bytes = bad;
+    s = ValidateLayout(hostile);
+    EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+    EXPECT_CONTAINS(s.message(), "allocation 1 chunk 1");
+    EXPECT_CONTAINS(s.message(), "is empty or runs past its 4096 bytes");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // BuildPlan: matching
 

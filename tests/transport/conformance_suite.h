@@ -54,7 +54,9 @@ struct PathRow {
   bool cuda_destinations;  // the destinations are CUDA tensors (cuda:1 when there is one)
   bool tcp;                // tcp://127.0.0.1, authenticated; else local://
   UpdateMode mode;
-  bool zero_copy = false;  // a zero-copy GPU publisher (PublisherOptions::zero_copy)
+  // A zero-copy GPU publisher (PublisherOptions::zero_copy) of tensors in cudaMalloc memory ("1")
+  // or in cuMem chunks as PyTorch's expandable segments ("vmm"): WS_TEST_ZERO_COPY's value.
+  const char* zero_copy = nullptr;
 
   bool staged() const { return mode == UpdateMode::kStaged; }
   bool nccl() const { return tcp && gpu_store; }
@@ -80,17 +82,21 @@ inline std::vector<PathRow> GpuRows() {
   return InBothModes({{"host-to-gpu", false, true, false, {}},
                       {"gpu-to-host", true, false, false, {}},
                       {"cuda-ipc", true, true, false, {}},
-                      {"cuda-ipc-zero-copy", true, true, false, {}, true},
+                      {"cuda-ipc-zero-copy", true, true, false, {}, "1"},
+                      {"cuda-ipc-zero-copy", true, true, false, {}, "vmm"},
                       {"nccl", true, true, true, {}}});
 }
 
 inline void PrintTo(const PathRow& row, std::ostream* os) {
-  *os << row.path << (row.staged() ? ", staged" : ", in place");
+  *os << row.path << (row.staged() ? ", staged" : ", in place")
+      << (row.zero_copy != nullptr && std::string(row.zero_copy) == "vmm" ? ", cuMem" : "");
 }
 
 // "host_to_gpu_in_place"
 inline std::string RowName(const ::testing::TestParamInfo<PathRow>& info) {
   std::string name = std::string(info.param.path) + (info.param.staged() ? "_staged" : "_in_place");
+  if (info.param.zero_copy != nullptr && std::string(info.param.zero_copy) == "vmm")
+    name += "_cumem";
   for (char& c : name) c = c == '-' ? '_' : c;
   return name;
 }
@@ -157,7 +163,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
     if (row.gpu_store) args.push_back("0");  // the publisher's device
     std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
     if (row.tcp) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
-    if (row.zero_copy) env.push_back("WS_TEST_ZERO_COPY=1");
+    if (row.zero_copy != nullptr) env.push_back(std::string("WS_TEST_ZERO_COPY=") + row.zero_copy);
     publisher_ = std::make_unique<testing::PublisherProcess>(
         row.gpu_store ? "gpu_publisher" : "publisher", std::move(args), std::move(env));
     ASSERT_NO_FATAL_FAILURE(publisher_->Start(row.tcp ? std::string("tcp://127.0.0.1:0")

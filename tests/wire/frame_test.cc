@@ -47,8 +47,8 @@ std::vector<FrameType> AllTypes() {
 TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
-  // "WSYN" as bytes, then version 4, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 4, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  // "WSYN" as bytes, then version 5, type 6, length 3, reserved 0.
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 5, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
@@ -101,6 +101,7 @@ TEST(WireFrameTest, TypeNames) {
   EXPECT_EQ(FrameTypeName(FrameType::kSelect), "select");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclId), "nccl_id");
+  EXPECT_EQ(FrameTypeName(FrameType::kAllocationFd), "allocation_fd");
   // Every defined type has a name of its own.
   for (FrameType type : AllTypes()) EXPECT_NE(FrameTypeName(type), "unknown");
   EXPECT_EQ(FrameTypeName(static_cast<FrameType>(0)), "unknown");
@@ -127,8 +128,9 @@ TEST(WireFrameTest, ForeignProtocolRejectedByMagic) {
 
 TEST(WireFrameTest, BadVersionRejected) {
   // 1: the protocol before nccl moved steps with broadcasts; 2: before versions carried a
-  // lineage; 3: before tensors could be regions of global tensors (their peers must be refused).
-  for (uint16_t version : {0, 1, 2, 3, 5, 0x100, 0xFFFF}) {
+  // lineage; 3: before tensors could be regions of global tensors; 4: before zero-copy
+  // allocations could be cuMem chunks (their peers must be refused).
+  for (uint16_t version : {0, 1, 2, 3, 4, 6, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,

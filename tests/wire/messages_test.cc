@@ -77,7 +77,9 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
   for (size_t i = 0; i < a.allocations.size(); ++i) {
     EXPECT_EQ(a.allocations[i].offset, b.allocations[i].offset) << "allocation " << i;
     EXPECT_EQ(a.allocations[i].bytes, b.allocations[i].bytes) << "allocation " << i;
+    EXPECT_EQ(a.allocations[i].kind, b.allocations[i].kind) << "allocation " << i;
     EXPECT_EQ(a.allocations[i].ipc_handle, b.allocations[i].ipc_handle) << "allocation " << i;
+    EXPECT_EQ(a.allocations[i].chunk_bytes, b.allocations[i].chunk_bytes) << "allocation " << i;
   }
 }
 
@@ -362,8 +364,9 @@ TEST(WireWelcomeTest, RoundTripNoTensorsAndGeometryLimits) {
   EXPECT_EQ(out.slot_count, 0u);
 }
 
-// A zero-copy publisher's Welcome carries its CUDA allocations, every handle byte intact; no other
-// store kind encodes any (the field is absent from their bytes).
+// A zero-copy publisher's Welcome carries its CUDA allocations — IPC handles, every byte intact,
+// and cuMem chunk lists — and no other store kind encodes any (the field is absent from their
+// bytes).
 TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   Welcome in = WelcomeWith(3);
   in.arena_kind = ArenaKind::kCudaIpc;
@@ -374,6 +377,12 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
     for (size_t b = 0; b < a.ipc_handle.size(); ++b) a.ipc_handle[b] = uint8_t(b * 7 + i);
     in.allocations.push_back(a);
   }
+  GpuAllocation chunks;
+  chunks.offset = 3ull << 32;
+  chunks.kind = AllocationKind::kPosixFdChunks;
+  chunks.chunk_bytes = {20ull << 20, 2ull << 20, 20ull << 20};
+  chunks.bytes = 42ull << 20;
+  in.allocations.push_back(chunks);
   const std::vector<uint8_t> bytes = EncodeOf(in);
   Welcome out;
   ASSERT_OK(Decode(bytes, &out));
@@ -382,7 +391,7 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   ExpectTrailingByteRejected<Welcome>(bytes);
 
   // The allocation count is bounded twice before anything is allocated: by the limit, and by
-  // the bytes that follow it (80 each).
+  // the bytes that follow it (at least 21 each).
   Welcome none = in;
   none.allocations.clear();
   std::vector<uint8_t> header = EncodeOf(none);  // ends with a count of 0
@@ -392,14 +401,36 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
     EXPECT_TRUE(IsProtocolError(
         Decode(hostile, &out),
         {"allocation count " + std::to_string(count),
-         count > kMaxAllocations ? "exceeds limit" : "needs at least 80000 bytes"}));
+         count > kMaxAllocations ? "exceeds limit" : "needs at least 21000 bytes"}));
   }
+  // So is a chunk count, and an allocation kind nobody defined is refused.
+  Welcome one = none;
+  one.allocations.push_back(chunks);
+  std::vector<uint8_t> encoded = EncodeOf(one);
+  const size_t kind_at = encoded.size() - 3 * 8 - 4 - 1;
+  ASSERT_EQ(encoded[kind_at], 1);
+  std::vector<uint8_t> hostile = encoded;
+  hostile[kind_at] = 2;
+  EXPECT_TRUE(IsProtocolError(Decode(hostile, &out), {"allocation kind 2 is unknown"}));
+  hostile = encoded;
+  const uint32_t too_many = kMaxAllocations + 1;
+  std::memcpy(hostile.data() + kind_at + 1, &too_many, 4);
+  EXPECT_TRUE(IsProtocolError(Decode(hostile, &out), {"allocation chunk count", "exceeds limit"}));
 
   Welcome arena = in;
   arena.arena_kind = ArenaKind::kCudaMem;
   ASSERT_OK(Decode(EncodeOf(arena), &out));
   EXPECT_TRUE(out.allocations.empty());
-  EXPECT_EQ(EncodeOf(arena).size() + 4 + 3 * 80, bytes.size());
+  EXPECT_EQ(EncodeOf(arena).size() + 4 + 3 * 81 + (8 + 8 + 1 + 4 + 3 * 8), bytes.size());
+}
+
+TEST(WireAllocationFdTest, RoundTrip) {
+  AllocationFd in{77}, out;
+  const std::vector<uint8_t> bytes = EncodeOf(in);
+  ASSERT_OK(Decode(bytes, &out));
+  EXPECT_EQ(out.index, 77u);
+  ExpectEveryPrefixRejected<AllocationFd>(bytes);
+  ExpectTrailingByteRejected<AllocationFd>(bytes);
 }
 
 TEST(WireWelcomeTest, DecodeReplacesPreviousContents) {

@@ -38,7 +38,8 @@ void ExpectEveryPrefixAndTrailingByteRejected(const std::vector<uint8_t>& bytes)
 TEST(WireNcclFrames, TypesAndNames) {
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kNcclSetup), 12);
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kNcclId), 13);
-  EXPECT_EQ(kMaxFrameType, 13);
+  EXPECT_EQ(static_cast<uint16_t>(FrameType::kAllocationFd), 14);
+  EXPECT_EQ(kMaxFrameType, 14);
   EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclId), "nccl_id");
   // Both frame types pass the header check (type range) and carry their payload checksum.

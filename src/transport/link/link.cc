@@ -61,8 +61,33 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
     return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
   }
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome_).WithContext(peer_));
+  if (fd_expected) WS_RETURN_IF_ERROR(ReceiveAllocationFds(deadline));
   connected_ = true;
   return &welcome_;
+}
+
+Status Link::ReceiveAllocationFds(const Deadline& deadline) {
+  const uint32_t count = plan::AllocationFdCount(welcome_);
+  allocation_fds_.clear();
+  allocation_fds_.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    wire::AllocationFd frame;
+    util::UniqueFd fd;
+    WS_RETURN_IF_ERROR(
+        channel_->ReceiveExpect(wire::FrameType::kAllocationFd, &frame, deadline, &fd));
+    if (frame.index != i) {
+      return Status::ProtocolError(peer_, ": allocation fd frame ", frame.index, " where chunk ", i,
+                                   " of ", count, " was due");
+    }
+    if (!fd.valid()) {
+      // A full fd table drops the fd silently (MSG_CTRUNC is reported above, not always set).
+      return Status::ProtocolError(peer_, ": allocation fd frame ", i, " of ", count,
+                                   " carried no fd (is this process out of fds? RLIMIT_NOFILE "
+                                   "must leave room for one per cuMem chunk)");
+    }
+    allocation_fds_.push_back(std::move(fd));
+  }
+  return Status::Ok();
 }
 
 Status Link::Select(const plan::Plan& /*plan*/, const Deadline& /*deadline*/) {
@@ -98,6 +123,13 @@ Status Link::Release() {
     WS_LOG(WARN, "link") << "release: store fd of " << peer_ << ": " << s;
     result.Update(s);
   }
+  for (util::UniqueFd& fd : allocation_fds_) {
+    if (Status s = fd.Close(); !s.ok()) {
+      WS_LOG(WARN, "link") << "release: allocation fd of " << peer_ << ": " << s;
+      result.Update(s);
+    }
+  }
+  allocation_fds_.clear();
   connected_ = false;
   if (channel_) {
     if (Status s = channel_->Close(); !s.ok()) {

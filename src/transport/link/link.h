@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "plan/plan.h"
 #include "transport/link/channel.h"
@@ -44,6 +45,9 @@ class Link {
   const wire::Welcome& welcome() const { return welcome_; }
   // The fd of the publisher's store that came with the Welcome (Unix links); invalid otherwise.
   util::UniqueFd TakeStoreFd() { return std::move(store_fd_); }
+  // A zero-copy publisher's cuMem chunks (Unix links): the fds that followed the Welcome, one per
+  // chunk in Welcome order (plan::AllocationFdCount); empty otherwise.
+  std::vector<util::UniqueFd> TakeAllocationFds() { return std::move(allocation_fds_); }
   // Tells the publisher which of its tensors the plan reads: a tcp publisher streams exactly
   // those every step. Nothing to do over a Unix socket (the subscriber reads the store itself).
   virtual Status Select(const plan::Plan& plan, const util::Deadline& deadline);
@@ -73,6 +77,9 @@ class Link {
   virtual bool confirms_copy() const = 0;
 
  private:
+  // The AllocationFd frames that follow a Welcome with cuMem chunks, in order.
+  Status ReceiveAllocationFds(const util::Deadline& deadline);
+
   LinkKind kind_;
   std::string peer_;
   std::unique_ptr<Channel> channel_;
@@ -80,6 +87,7 @@ class Link {
   bool counted_ = false;  // ledger "handles"
   wire::Welcome welcome_;
   util::UniqueFd store_fd_;
+  std::vector<util::UniqueFd> allocation_fds_;
   wire::StepBegin begin_;
   wire::StepEnd end_;
 };

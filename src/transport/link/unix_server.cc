@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "plan/plan.h"
 #include "transport/link/channel.h"
 #include "transport/link/endpoint_lock.h"
 #include "transport/link/link.h"
@@ -84,6 +85,8 @@ class UnixServer final : public Server {
  private:
   void AcceptLoop();
   void Serve(int fd, int id);
+  // After the Welcome: a zero-copy publisher's cuMem chunk fds, one AllocationFd frame each.
+  Status SendAllocationFds(Channel& ch, const wire::Welcome& welcome);
 
   Endpoint endpoint_;
   ServerOptions options_;
@@ -154,6 +157,22 @@ void UnixServer::AcceptLoop() {
   }
 }
 
+Status UnixServer::SendAllocationFds(Channel& ch, const wire::Welcome& welcome) {
+  WS_ASSIGN_OR_RETURN(std::vector<util::UniqueFd> fds, source_->ExportAllocationFds());
+  if (fds.size() != plan::AllocationFdCount(welcome)) {
+    return Status::Internal("the store exported ", fds.size(), " allocation fds for ",
+                            plan::AllocationFdCount(welcome), " cuMem chunks in its Welcome");
+  }
+  const Deadline deadline(options_.timeout);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kAllocationFd,
+                               wire::AllocationFd{static_cast<uint32_t>(i)}, deadline,
+                               fds[i].get()));
+    WS_RETURN_IF_ERROR(fds[i].Close());  // the subscriber holds its own now
+  }
+  return Status::Ok();
+}
+
 void UnixServer::Serve(int fd, int id) {
   // The channel borrows the fd (SessionThreads owns it). Handshake-sized frames only until the
   // Hello is decoded: a peer that has sent nothing valid yet must not make us reserve a
@@ -167,6 +186,7 @@ void UnixServer::Serve(int fd, int id) {
     WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, *layout.first, Deadline(options_.timeout),
                                layout.second));
+    WS_RETURN_IF_ERROR(SendAllocationFds(ch, *layout.first));
     CopyDoneDelivery delivery;
     return ServeSteps(ch, config, *layout.first, delivery, &streaming);
   }();

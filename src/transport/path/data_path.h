@@ -30,6 +30,9 @@ struct PathContext {
   link::Link* link = nullptr;  // the control connection (tcp paths read or set up on it)
   const wire::Welcome* welcome = nullptr;
   util::UniqueFd* store_fd = nullptr;  // Unix links: the publisher's store
+  // Unix links to a zero-copy publisher of cuMem memory: one fd per chunk (link.h); the path
+  // closes each once it is imported.
+  std::vector<util::UniqueFd>* allocation_fds = nullptr;
   const plan::Plan* plan = nullptr;
   const std::vector<plan::Destination>* destinations = nullptr;
   UpdateMode mode = UpdateMode::kStaged;

@@ -22,7 +22,7 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   WS_ASSIGN_OR_RETURN(int device, GpuLanding::DestinationDevice(destinations, "cuda-ipc"));
   zero_copy_ = welcome.arena_kind == wire::ArenaKind::kCudaIpc;
   if (zero_copy_) {
-    WS_RETURN_IF_ERROR(OpenAllocations(welcome, device));
+    WS_RETURN_IF_ERROR(OpenAllocations(welcome, ctx.allocation_fds, device));
   } else {
     if (welcome.direct_bytes > 0) {
       return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
@@ -120,8 +120,8 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
       // Zero-copy: the publisher's allocation the run lies in (ValidateLayout placed every tensor
       // inside one, so a run of one is inside it too).
       const int64_t k = zero_copy_ ? plan::AllocationHolding(welcome, offset, t.nbytes) : 0;
-      const uint8_t* src = zero_copy_ ? allocations_[k].data() + (offset - allocation_offsets_[k])
-                                      : batch.base + offset;
+      const uint8_t* src =
+          zero_copy_ ? allocations_[k] + (offset - allocation_offsets_[k]) : batch.base + offset;
       // A copy batch folds rows of one span only: its sources must be one allocation (zero-copy:
       // allocation k; else the arena) and its destinations one tensor.
       const uint64_t span =
@@ -211,26 +211,56 @@ Status GpuCopyPath::Release() {
   slot_batches_.clear();
   result.Update(receiver_.Release());
   result.Update(arena_.Close());
-  for (cuda::IpcMapping& m : allocations_) result.Update(m.Close());
+  for (cuda::IpcMapping& m : ipc_mappings_) result.Update(m.Close());
+  for (cuda::ImportedChunks& m : chunk_mappings_) result.Update(m.Close());
+  ipc_mappings_.clear();
+  chunk_mappings_.clear();
   allocations_.clear();
   allocation_offsets_.clear();
   return result;
 }
 
-Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
+Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, std::vector<util::UniqueFd>* fds,
+                                    int device) {
   allocations_.clear();
   allocation_offsets_.clear();
   allocations_.reserve(welcome.allocations.size());
+  const size_t fd_count = fds != nullptr ? fds->size() : 0;
+  if (fd_count != plan::AllocationFdCount(welcome)) {
+    return Status::ProtocolError("cuda-ipc: ", fd_count, " cuMem chunk fds arrived for the ",
+                                 plan::AllocationFdCount(welcome), " chunks in the Welcome");
+  }
+  size_t next_fd = 0;
+  std::vector<int> chunk_fds;
   for (size_t i = 0; i < welcome.allocations.size(); ++i) {
     const wire::GpuAllocation& a = welcome.allocations[i];
+    const std::string what = "cuda-ipc: opening the publisher's allocation " + std::to_string(i) +
+                             " of " + std::to_string(welcome.allocations.size()) + " (" +
+                             std::to_string(a.bytes) + " bytes";
+    if (a.kind == wire::AllocationKind::kPosixFdChunks) {
+      chunk_fds.clear();
+      for (size_t c = 0; c < a.chunk_bytes.size(); ++c)
+        chunk_fds.push_back((*fds)[next_fd + c].get());
+      // The driver checks each chunk's size as it maps it: a chunk smaller than claimed fails here.
+      Result<cuda::ImportedChunks> m =
+          cuda::ImportedChunks::Import(chunk_fds, a.chunk_bytes, device);
+      for (size_t c = 0; c < a.chunk_bytes.size(); ++c) {
+        WS_RETURN_IF_ERROR((*fds)[next_fd + c].Close());  // the import holds the memory
+      }
+      next_fd += a.chunk_bytes.size();
+      if (!m.ok()) {
+        return m.status().WithContext(what + " in " + std::to_string(a.chunk_bytes.size()) +
+                                      " cuMem chunks)");
+      }
+      allocations_.push_back(m->data());
+      chunk_mappings_.push_back(std::move(m).value());
+      allocation_offsets_.push_back(a.offset);
+      continue;
+    }
     cuda::IpcHandle handle;
     std::copy(a.ipc_handle.begin(), a.ipc_handle.end(), handle.begin());
     Result<cuda::IpcMapping> m = cuda::IpcMapping::Open(handle, device);
-    if (!m.ok()) {
-      return m.status().WithContext(
-          "cuda-ipc: opening the publisher's allocation " + std::to_string(i) + " of " +
-          std::to_string(welcome.allocations.size()) + " (" + std::to_string(a.bytes) + " bytes)");
-    }
+    if (!m.ok()) return m.status().WithContext(what + ")");
     // The Welcome's size is the publisher's word; what was mapped is the driver's. A copy past
     // the mapping would fault and take this process's CUDA context with it.
     Result<cuda::AllocationRange> mapped = cuda::AllocationOf(m->data());
@@ -240,7 +270,8 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
           mapped.ok() ? std::to_string(mapped->bytes) + " are mapped"
                       : "its mapping cannot be measured (" + mapped.status().ToString() + ")");
     }
-    allocations_.push_back(std::move(m).value());
+    allocations_.push_back(m->data());
+    ipc_mappings_.push_back(std::move(m).value());
     allocation_offsets_.push_back(a.offset);
   }
   return Status::Ok();
@@ -248,7 +279,8 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, int device) {
 
 std::string GpuCopyPath::Describe() const {
   std::string text = zero_copy_ ? ", zero-copy from " + std::to_string(allocations_.size()) +
-                                      " allocation(s) of the publisher's tensors on cuda:" +
+                                      " allocation(s) (" + std::to_string(chunk_mappings_.size()) +
+                                      " of cuMem chunks) of the publisher's tensors on cuda:" +
                                       std::to_string(welcome_device_) +
                                       " into cuda:" + std::to_string(receiver_.device())
                                 : ", GPU arena from cuda:" + std::to_string(welcome_device_) +

@@ -46,9 +46,12 @@ class GpuCopyPath final : public DataPath {
 
  private:
   cuda::ImportedAllocation arena_;
-  // Zero-copy: the publisher's allocations, opened, and where each starts in its direct region.
+  // Zero-copy: the publisher's allocations opened here (IPC handles, or cuMem chunks imported from
+  // their fds), where each lies in this process, and where it starts in the direct region.
   bool zero_copy_ = false;
-  std::vector<cuda::IpcMapping> allocations_;
+  std::vector<cuda::IpcMapping> ipc_mappings_;
+  std::vector<cuda::ImportedChunks> chunk_mappings_;
+  std::vector<const uint8_t*> allocations_;
   std::vector<uint64_t> allocation_offsets_;
   GpuLanding receiver_;
   int welcome_device_ = -1;  // the publisher's device, in its numbering (for the log)
@@ -69,7 +72,9 @@ class GpuCopyPath final : public DataPath {
   int source_device_ = -1;
   cuda::CopyQueue source_queue_;
 
-  Status OpenAllocations(const wire::Welcome& welcome, int device);
+  // `fds`: one per cuMem chunk (link.h); each is closed once imported.
+  Status OpenAllocations(const wire::Welcome& welcome, std::vector<util::UniqueFd>* fds,
+                         int device);
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,

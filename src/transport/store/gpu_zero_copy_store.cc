@@ -1,15 +1,19 @@
 // The zero-copy GPU store (PublisherOptions::zero_copy): the registered CUDA tensors are the
 // published version. Nothing is allocated for the weights and a Publish copies nothing: it only
 // runs the prepared GPU digest group over the tensors where they are. Each CUDA allocation the
-// tensors live in is exported once, at Freeze, by the IPC handle of its base (cuda/ipc.h);
-// subscribers on this host open those handles (the Welcome's allocations) and read the trainer's
-// memory directly. The tensors are placed in a virtual direct region in which every allocation has
-// its own range, so the rest of the system addresses them by one offset as in an arena; like
-// arena-allocated host tensors they are shared by every version, and the publisher fences writes
-// (BeginWrite).
+// tensors live in is exported at Freeze (cuda/ipc.h): cudaMalloc memory by the IPC handle of its
+// base, cuMem memory (PyTorch's expandable segments) as runs of back-to-back chunks, each chunk's
+// fd sent to every subscriber after its Welcome. Subscribers on this host open those (the
+// Welcome's allocations) and read the trainer's memory directly. The tensors are placed in a
+// virtual direct region in which every allocation has its own range, so the rest of the system
+// addresses them by one offset as in an arena; like arena-allocated host tensors they are shared by
+// every version, and the publisher fences writes (BeginWrite).
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cuda/device.h"
 #include "cuda/ipc.h"
@@ -34,23 +38,36 @@ class ZeroCopyGpuStore final : public VersionStore {
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
   Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
                  const util::Deadline& deadline) override;
-  int fd() const override { return -1; }  // the allocations travel as IPC handles
+  int fd() const override { return -1; }  // the allocations travel as IPC handles or chunk fds
+  Result<std::vector<util::UniqueFd>> ExportAllocationFds() const override {
+    std::vector<util::UniqueFd> fds;
+    fds.reserve(chunks_.size());
+    for (const cuda::RetainedChunk& c : chunks_) {
+      WS_ASSIGN_OR_RETURN(util::UniqueFd fd, c.ExportFd());
+      fds.push_back(std::move(fd));
+    }
+    return fds;
+  }
   const uint8_t* base() const override { return nullptr; }
   uint32_t digest_count() const override { return digest_count_; }
   uint64_t copy_bytes() const override { return 0; }
   std::string Describe() const override {
     return "zero-copy: the registered tensors in " + std::to_string(allocations_) +
-           " CUDA allocation(s) on cuda:" + std::to_string(device_) + ", " +
-           std::to_string(segments_) + " segments hashed in one grouped launch pair";
+           " CUDA allocation(s) (" + std::to_string(chunks_.size()) +
+           " cuMem chunks) on cuda:" + std::to_string(device_) + ", " + std::to_string(segments_) +
+           " segments hashed in one grouped launch pair";
   }
   Status Close() override;
 
  private:
-  // The Welcome's allocations and placements for `layout` (no CUDA work but queries and exports).
-  Status Place(const StoreLayout& layout, wire::Welcome* welcome);
+  // The Welcome's allocations and placements for `layout` (no CUDA work but queries and exports);
+  // the cuMem chunks it exports, retained, into `retained`.
+  Status Place(const StoreLayout& layout, wire::Welcome* welcome,
+               std::vector<cuda::RetainedChunk>* retained);
 
   int device_;
   uint64_t allocations_ = 0;
+  std::vector<cuda::RetainedChunk> chunks_;  // the cuMem chunks in Welcome order
   cuda::CopyQueue queue_;
   cuda::DeviceBuffer digests_device_;
   cuda::PreparedDigestGroup digests_;  // every segment, over the caller's tensors
@@ -59,46 +76,111 @@ class ZeroCopyGpuStore final : public VersionStore {
   uint32_t digest_count_ = 0;
 };
 
-Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome) {
-  // The allocation of every tensor, by base (tied tensors share their original's).
-  std::vector<cuda::AllocationRange> of(layout.tensors.size());
-  std::map<const uint8_t*, uint64_t> allocations;  // base -> bytes
-  for (size_t i = 0; i < layout.tensors.size(); ++i) {
-    const PublishedTensor& t = layout.tensors[i];
+// What one Welcome allocation is in this process: a cudaMalloc allocation (exported by IPC handle)
+// or a run of back-to-back cuMem chunks (exported by fd, chunk by chunk).
+struct Holding {
+  uint64_t bytes = 0;
+  std::vector<cuda::VmmChunk> chunks;  // empty: a cudaMalloc allocation
+  std::string tensor;                  // the first tensor in it, for errors
+};
+
+// Adds the memory under tensor `name` ([p, p + bytes)) to `holdings`, keyed by base address.
+Status AddHolding(const std::string& name, const uint8_t* p, uint64_t bytes,
+                  std::map<const uint8_t*, Holding>* holdings,
+                  std::map<const uint8_t*, cuda::VmmChunk>* chunks) {
+  WS_ASSIGN_OR_RETURN(std::optional<cuda::VmmChunk> first, cuda::VmmChunkAt(p));
+  if (first.has_value()) {
+    // cuMem memory: every chunk the tensor touches (a tensor may span several pages).
+    for (const uint8_t* at = p; at < p + bytes;) {
+      WS_ASSIGN_OR_RETURN(std::optional<cuda::VmmChunk> c, cuda::VmmChunkAt(at));
+      if (!c.has_value() || c->bytes == 0 || c->base > at) {
+        return Status::InvalidArgument("zero-copy: tensor '", name, "' (", bytes,
+                                       " bytes) runs past the cuMem memory it starts in");
+      }
+      chunks->emplace(c->base, *c);
+      at = c->base + c->bytes;
+    }
+    return Status::Ok();
+  }
+  WS_ASSIGN_OR_RETURN(cuda::AllocationRange range, cuda::AllocationOf(p));
+  if (p + bytes > range.base + range.bytes) {
+    return Status::InvalidArgument("zero-copy: tensor '", name, "' (", bytes,
+                                   " bytes) runs past the end of its CUDA allocation");
+  }
+  Holding& h = (*holdings)[range.base];
+  h.bytes = range.bytes;
+  if (h.tensor.empty()) h.tensor = name;
+  return Status::Ok();
+}
+
+Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome,
+                               std::vector<cuda::RetainedChunk>* retained) {
+  std::map<const uint8_t*, Holding> holdings;           // by base
+  std::map<const uint8_t*, cuda::VmmChunk> vmm_chunks;  // by base
+  std::map<const uint8_t*, std::string> chunk_tensor;   // a tensor in each chunk, for errors
+  for (const PublishedTensor& t : layout.tensors) {
     const std::string& name = t.placement.spec.name;
     if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
       return Status::NotSupported("zero-copy: tensor '", name, "' is not a registered CUDA tensor");
     }
     if (t.placement.spec.nbytes == 0 || t.alias_of >= 0) continue;
-    Result<cuda::AllocationRange> range = cuda::AllocationOf(t.source);
-    if (!range.ok()) {
-      return range.status().WithContext("zero-copy: the CUDA allocation of tensor '" + name + "'");
+    const size_t known = vmm_chunks.size();
+    WS_RETURN_IF_ERROR(AddHolding(name, t.source, t.placement.spec.nbytes, &holdings, &vmm_chunks)
+                           .WithContext("zero-copy: the CUDA allocation of tensor '" + name + "'"));
+    if (vmm_chunks.size() != known) {
+      for (auto& [base, c] : vmm_chunks) chunk_tensor.emplace(base, name);
     }
-    if (t.source + t.placement.spec.nbytes > range->base + range->bytes) {
-      return Status::InvalidArgument("zero-copy: tensor '", name, "' (", t.placement.spec.nbytes,
-                                     " bytes) runs past the end of its CUDA allocation");
+  }
+  // Back-to-back chunks become one run, mapped as one range by the subscriber (a tensor may span
+  // chunks; two runs never touch, or they would be one).
+  for (auto it = vmm_chunks.begin(); it != vmm_chunks.end();) {
+    const uint8_t* base = it->first;
+    Holding run;
+    run.tensor = chunk_tensor[base];
+    const uint8_t* end = base;
+    for (; it != vmm_chunks.end() && it->first == end; ++it) {
+      run.chunks.push_back(it->second);
+      run.bytes += it->second.bytes;
+      end = it->first + it->second.bytes;
     }
-    of[i] = *range;
-    allocations.emplace(range->base, range->bytes);
+    holdings.emplace(base, std::move(run));
   }
   std::map<const uint8_t*, uint64_t> virtual_offset;
   uint64_t at = 0;
   welcome->allocations.clear();
-  for (const auto& [base, bytes] : allocations) {
-    Result<cuda::IpcHandle> handle = cuda::ExportIpcHandle(base);
-    if (!handle.ok()) {
-      std::string tensor;
-      for (size_t i = 0; i < of.size() && tensor.empty(); ++i) {
-        if (of[i].base == base) tensor = layout.tensors[i].placement.spec.name;
+  retained->clear();
+  for (const auto& [base, h] : holdings) {
+    wire::GpuAllocation a;
+    a.offset = at;
+    a.bytes = h.bytes;
+    if (h.chunks.empty()) {
+      Result<cuda::IpcHandle> handle = cuda::ExportIpcHandle(base);
+      if (!handle.ok()) {
+        return handle.status().WithContext(
+            "zero-copy: exporting the CUDA allocation of tensor '" + h.tensor +
+            "' (register tensors from cudaMalloc or cuMem memory, e.g. PyTorch's caching "
+            "allocator with or without expandable segments, or publish without zero_copy)");
       }
-      return handle.status().WithContext(
-          "zero-copy: exporting the CUDA allocation of tensor '" + tensor +
-          "' (register tensors from cudaMalloc memory, e.g. PyTorch without expandable segments, "
-          "or publish without zero_copy)");
+      std::copy(handle->begin(), handle->end(), a.ipc_handle.begin());
+    } else {
+      a.kind = wire::AllocationKind::kPosixFdChunks;
+      for (const cuda::VmmChunk& c : h.chunks) {
+        const std::string context =
+            "zero-copy: exporting the cuMem memory of tensor '" + chunk_tensor[c.base] + "'";
+        Result<cuda::RetainedChunk> chunk = cuda::RetainedChunk::Retain(c);
+        if (!chunk.ok()) return chunk.status().WithContext(context);
+        // Exported once now so that an allocation nobody can share fails this Publish, not each
+        // subscriber's connection.
+        Result<util::UniqueFd> probe = chunk->ExportFd();
+        if (!probe.ok()) return probe.status().WithContext(context);
+        WS_RETURN_IF_ERROR(probe->Close());
+        retained->push_back(std::move(chunk).value());
+        a.chunk_bytes.push_back(c.bytes);
+      }
     }
-    welcome->allocations.push_back({at, bytes, *handle});
+    welcome->allocations.push_back(std::move(a));
     virtual_offset[base] = at;
-    at += (bytes + kRangeAlignment - 1) / kRangeAlignment * kRangeAlignment;
+    at += (h.bytes + kRangeAlignment - 1) / kRangeAlignment * kRangeAlignment;
   }
   welcome->tensors.clear();
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
@@ -110,7 +192,8 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
     } else if (p.spec.nbytes == 0) {
       p.offset = 0;
     } else {
-      p.offset = virtual_offset[of[i].base] + static_cast<uint64_t>(t.source - of[i].base);
+      auto holding = std::prev(holdings.upper_bound(t.source));  // AddHolding put one there
+      p.offset = virtual_offset[holding->first] + static_cast<uint64_t>(t.source - holding->first);
     }
     welcome->tensors.push_back(std::move(p));
   }
@@ -136,7 +219,8 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   // Built aside and kept only whole: a failed Freeze leaves the store and the Welcome as they were.
   wire::Welcome placed = *welcome;
-  WS_RETURN_IF_ERROR(Place(layout, &placed));
+  std::vector<cuda::RetainedChunk> chunks;
+  WS_RETURN_IF_ERROR(Place(layout, &placed, &chunks));
   SegmentLayout segments = CutSegments(layout);
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
   WS_ASSIGN_OR_RETURN(
@@ -152,6 +236,7 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
                       cuda::PrepareDigestGroup(ranges, queue.stream()));
   *welcome = std::move(placed);
   allocations_ = welcome->allocations.size();
+  chunks_ = std::move(chunks);
   queue_ = std::move(queue);
   digests_device_ = std::move(digests_device);
   digests_ = std::move(digests);
@@ -181,6 +266,8 @@ Status ZeroCopyGpuStore::Close() {
   digests_ = cuda::PreparedDigestGroup();
   result.Update(digests_device_.Close());
   result.Update(queue_.Close());
+  for (cuda::RetainedChunk& c : chunks_) result.Update(c.Close());
+  chunks_.clear();
   allocations_ = 0;
   return result;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "util/deadline.h"
+#include "util/unique_fd.h"
 #include "weightsync/status.h"
 #include "wire/messages.h"
 
@@ -69,7 +70,12 @@ class VersionStore {
   // computed. `cuda_stream` (GPU store): the copies start after the work queued on it.
   virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
                          const util::Deadline& deadline) = 0;
-  virtual int fd() const = 0;                 // what subscribers on this host map
+  virtual int fd() const = 0;  // what subscribers on this host map
+  // Zero-copy store of cuMem memory: a fresh fd for each chunk of the Welcome's kPosixFdChunks
+  // allocations, in order, for one subscriber (closed once sent). Others: none.
+  virtual Result<std::vector<util::UniqueFd>> ExportAllocationFds() const {
+    return std::vector<util::UniqueFd>();
+  }
   virtual const uint8_t* base() const = 0;    // host store: offset 0 here (tcp sends from it)
   virtual uint32_t digest_count() const = 0;  // per version, after Freeze
   virtual uint64_t copy_bytes() const = 0;    // bytes one Publish copies
@@ -83,7 +89,7 @@ Result<std::unique_ptr<VersionStore>> NewHostStore(const std::string& name);
 // The GPU store on `device`: a cuMem arena allocated at Freeze.
 Result<std::unique_ptr<VersionStore>> NewGpuStore(int device);
 // The zero-copy GPU store on `device` (gpu_zero_copy_store.cc): the registered tensors themselves,
-// exported by CUDA IPC handle; nothing copied.
+// exported by CUDA IPC handle (cudaMalloc memory) or POSIX fds (cuMem memory); nothing copied.
 Result<std::unique_ptr<VersionStore>> NewZeroCopyGpuStore(int device);
 
 }  // namespace weightsync::transport::store

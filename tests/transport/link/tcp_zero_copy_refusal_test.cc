@@ -21,6 +21,9 @@ class FixedLayout final : public transport::link::VersionSource {
                                                           const std::function<bool()>&) override {
     return std::make_pair(static_cast<const wire::Welcome*>(&welcome_), -1);
   }
+  Result<std::vector<util::UniqueFd>> ExportAllocationFds() override {
+    return std::vector<util::UniqueFd>();
+  }
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest&, const util::Deadline&,
                                        const std::function<bool()>&) override {
     return Status::Unavailable("no versions");

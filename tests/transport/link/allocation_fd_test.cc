@@ -1,0 +1,202 @@
+// A zero-copy publisher of cuMem memory (PyTorch's expandable segments) shares each chunk as a
+// POSIX fd: one AllocationFd frame per chunk right after the Welcome. These tests drive that
+// exchange with memfds standing in for the chunks (no GPU needed): the real Unix server and link
+// pass them in order, a store that exports the wrong number is refused on the publisher side, and
+// a publisher that sends frames out of order or without their fd is refused on the subscriber's.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "testing/test_util.h"
+#include "transport/link/channel.h"
+#include "transport/link/link.h"
+#include "transport/link/server.h"
+#include "util/ledger.h"
+#include "weightsync/weightsync.h"
+
+namespace weightsync {
+namespace {
+
+using std::chrono::milliseconds;
+using transport::link::Channel;
+using util::UniqueFd;
+
+// A zero-copy layout: one tensor in one allocation of `chunks` cuMem chunks of 4096 bytes.
+wire::Welcome ChunkedWelcome(int chunks) {
+  wire::Welcome w;
+  w.session_id = 1;
+  w.lineage = "allocation-fd-test";
+  w.segment_bytes = 64;
+  w.arena_kind = wire::ArenaKind::kCudaIpc;
+  w.slot_count = 1;
+  w.direct_bytes = w.arena_bytes = 4096ull * chunks;
+  wire::GpuAllocation a;
+  a.kind = wire::AllocationKind::kPosixFdChunks;
+  a.bytes = w.direct_bytes;
+  a.chunk_bytes.assign(chunks, 4096);
+  w.allocations = {a};
+  wire::TensorPlacement t;
+  t.spec = {"w", DType::kUInt8, {static_cast<int64_t>(a.bytes)}, a.bytes};
+  t.region = wire::Region::kDirect;
+  w.tensors = {t};
+  return w;
+}
+
+// A memfd whose first bytes say which chunk it stands for.
+UniqueFd ChunkFd(int index) {
+  UniqueFd fd(::memfd_create("chunk", MFD_CLOEXEC));
+  const std::string text = "chunk " + std::to_string(index);
+  EXPECT_EQ(::write(fd.get(), text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  return fd;
+}
+
+std::string ContentOf(const UniqueFd& fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// Serves one chunked layout; exports `exported` fds for it. Never a version.
+class ChunkedSource final : public transport::link::VersionSource {
+ public:
+  ChunkedSource(wire::Welcome welcome, int exported)
+      : welcome_(std::move(welcome)), exported_(exported) {}
+  Result<std::pair<const wire::Welcome*, int>> WaitLayout(const util::Deadline&,
+                                                          const std::function<bool()>&) override {
+    return std::make_pair(static_cast<const wire::Welcome*>(&welcome_), -1);
+  }
+  Result<std::vector<UniqueFd>> ExportAllocationFds() override {
+    std::vector<UniqueFd> fds;
+    for (int i = 0; i < exported_; ++i) fds.push_back(ChunkFd(i));
+    return fds;
+  }
+  Result<transport::link::Pin> Acquire(const wire::UpdateRequest&, const util::Deadline&,
+                                       const std::function<bool()>&) override {
+    return Status::Unavailable("no versions");
+  }
+  Status Unpin(const transport::link::Pin&, wire::StepEnd*) override { return Status::Ok(); }
+  const uint8_t* arena_base() const override { return nullptr; }
+
+ private:
+  wire::Welcome welcome_;
+  int exported_;
+};
+
+struct Served {
+  std::unique_ptr<transport::link::Server> server;
+  transport::link::Endpoint endpoint;
+};
+
+Served Serve(ChunkedSource* source) {
+  Served s;
+  auto endpoint = transport::link::ParseEndpoint(testing::UniqueEndpoint("allocation-fd"));
+  EXPECT_TRUE(endpoint.ok()) << endpoint.status();
+  s.endpoint = *endpoint;
+  transport::link::ServerOptions options;
+  options.timeout = milliseconds(3000);
+  auto server = transport::link::StartServer(s.endpoint, options, source);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (server.ok()) s.server = std::move(server).value();
+  return s;
+}
+
+TEST(AllocationFds, EveryChunkFdArrivesInWelcomeOrder) {
+  const LedgerSnapshot before = ReadLedger();
+  {
+    ChunkedSource source(ChunkedWelcome(3), 3);
+    Served served = Serve(&source);
+    ASSERT_NE(served.server, nullptr);
+    std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(served.endpoint);
+    ASSERT_OK(link->Connect(util::Deadline(milliseconds(3000))).status());
+    std::vector<UniqueFd> fds = link->TakeAllocationFds();
+    ASSERT_EQ(fds.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(ContentOf(fds[i]), "chunk " + std::to_string(i));
+    EXPECT_TRUE(link->TakeAllocationFds().empty()) << "taken once";
+    ASSERT_OK(link->Release());
+    ASSERT_OK(served.server->Close());
+  }
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
+}
+
+// The publisher checks what its store exported against its own Welcome, and says so.
+TEST(AllocationFds, AStoreExportingTooFewIsRefusedByThePublisher) {
+  ChunkedSource source(ChunkedWelcome(3), 2);
+  Served served = Serve(&source);
+  ASSERT_NE(served.server, nullptr);
+  std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(served.endpoint);
+  EXPECT_STATUS_IS(kInternal, link->Connect(util::Deadline(milliseconds(3000))).status(),
+                   "the store exported 2 allocation fds for 3 cuMem chunks");
+  ASSERT_OK(served.server->Close());
+}
+
+// A raw publisher on the endpoint's socket: answers the Hello with `welcome`, then runs `send`.
+void RawPublisher(const transport::link::Endpoint& endpoint, const wire::Welcome& welcome,
+                  const std::function<void(Channel&)>& send, const std::function<void()>& connect) {
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", endpoint.socket_path.c_str());
+  ::unlink(endpoint.socket_path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 1), 0);
+  std::thread publisher([&] {
+    UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    Channel ch(std::move(conn), "raw subscriber");
+    const util::Deadline deadline(milliseconds(3000));
+    if (!ch.Receive(deadline).ok()) return;  // the Hello
+    if (!ch.Send(wire::FrameType::kWelcome, welcome, deadline).ok()) return;
+    send(ch);
+    (void)ch.Receive(util::Deadline(milliseconds(3000)));  // until the subscriber leaves
+  });
+  connect();
+  publisher.join();
+  ::unlink(endpoint.socket_path.c_str());
+}
+
+TEST(AllocationFds, TheSubscriberRefusesFramesOutOfOrderOrWithoutTheirFd) {
+  auto endpoint = transport::link::ParseEndpoint(testing::UniqueEndpoint("raw-allocation-fd"));
+  ASSERT_OK(endpoint.status());
+  const wire::Welcome welcome = ChunkedWelcome(2);
+  struct Case {
+    std::string name;
+    std::function<void(Channel&)> send;
+    std::string error;
+  };
+  const util::Deadline deadline(milliseconds(3000));
+  const std::vector<Case> cases = {
+      {"out of order",
+       [&](Channel& ch) {
+         UniqueFd fd = ChunkFd(1);
+         (void)ch.Send(wire::FrameType::kAllocationFd, wire::AllocationFd{1}, deadline, fd.get());
+       },
+       "allocation fd frame 1 where chunk 0 of 2 was due"},
+      {"no fd",
+       [&](Channel& ch) {
+         UniqueFd fd = ChunkFd(0);
+         (void)ch.Send(wire::FrameType::kAllocationFd, wire::AllocationFd{0}, deadline, fd.get());
+         (void)ch.Send(wire::FrameType::kAllocationFd, wire::AllocationFd{1}, deadline);
+       },
+       "allocation fd frame 1 of 2 carried no fd"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LedgerSnapshot before = ReadLedger();
+    RawPublisher(*endpoint, welcome, c.send, [&] {
+      std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(*endpoint);
+      EXPECT_STATUS_IS(kProtocolError, link->Connect(deadline).status(), c.error);
+      ASSERT_OK(link->Release());
+    });
+    LedgerSnapshot last;
+    EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace weightsync
