@@ -66,6 +66,10 @@ struct Args {
   bool host = false;               // publisher role: host tensors (a shared-memory arena)
   bool host_destinations = false;  // the subscriber receives into host memory
   bool zero_copy = false;          // the publisher is zero-copy (PublisherOptions::zero_copy)
+  // Where a zero-copy publisher's tensors live: "per-tensor" (one cudaMalloc each), "packed" (one
+  // cudaMalloc, 256-byte aligned, as a caching-allocator segment) or "cumem" (20 MiB cuMem chunks
+  // back to back, as PyTorch's expandable segments).
+  std::string memory = "per-tensor";
   int64_t many = 0;  // > 0: instead of the model, `many` bf16 tensors of 64 KiB (MoE experts)
   double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
   std::string only;         // empty: every row the flags above allow; else a comma-separated subset
@@ -122,11 +126,50 @@ std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, 
   return out;
 }
 
+// The tensors for `specs` on `device` packed at 256-byte boundaries into one cudaMalloc
+// ("packed") or into 20 MiB cuMem chunks ("cumem"), filled with `fill`.
+std::vector<ws::NamedTensor> AllocatePacked(const std::vector<ws::TensorSpec>& specs, int device,
+                                            const std::string& memory, uint8_t fill,
+                                            std::vector<ws::cuda::DeviceBuffer>* keep,
+                                            std::vector<ws::cuda::ChunkedAllocation>* chunked) {
+  if (auto s = ws::cuda::SetDevice(device); !s.ok()) Die("set device", s);
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (const auto& spec : specs) {
+    offsets.push_back(total);
+    total += (spec.nbytes + 255) / 256 * 256;
+  }
+  uint8_t* base = nullptr;
+  if (memory == "cumem") {
+    auto c = ws::cuda::ChunkedAllocation::Create(device, total, true, 20ull << 20);
+    if (!c.ok()) Die("cuMem chunks", c.status());
+    base = c->data();
+    chunked->push_back(std::move(c).value());
+  } else {
+    auto b = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(total, 1));
+    if (!b.ok()) Die("allocate", b.status());
+    base = b->as<uint8_t>();
+    keep->push_back(std::move(b).value());
+  }
+  if (auto s = ws::cuda::MemsetDevice(base, fill, total); !s.ok()) Die("memset", s);
+  std::vector<ws::NamedTensor> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out.push_back({specs[i].name, ws::TensorView{base + offsets[i],
+                                                 specs[i].dtype,
+                                                 specs[i].shape,
+                                                 {ws::Device::Kind::kCUDA, device}}});
+  }
+  return out;
+}
+
 int RunPublisher(const Args& a) {
   std::vector<ws::cuda::DeviceBuffer> keep;
+  std::vector<ws::cuda::ChunkedAllocation> chunked;
   std::vector<std::vector<uint8_t>> host;
   std::vector<ws::NamedTensor> tensors;
-  if (a.host) {
+  if (a.zero_copy && a.memory != "per-tensor") {
+    tensors = AllocatePacked(Specs(a, a.scale), a.src, a.memory, 0x3C, &keep, &chunked);
+  } else if (a.host) {
     for (const auto& spec : Specs(a, a.scale)) {
       host.emplace_back(std::max<uint64_t>(spec.nbytes, 1), 0x3C);
       tensors.push_back({spec.name, ws::TensorView{host.back().data(), spec.dtype, spec.shape}});
@@ -192,6 +235,8 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
                                    a.host ? "1" : "0",
                                    "--zero-copy",
                                    a.zero_copy ? "1" : "0",
+                                   "--memory",
+                                   a.memory,
                                    "--many",
                                    std::to_string(a.many)};
   std::vector<char*> cargv;
@@ -451,6 +496,8 @@ int main(int argc, char** argv) {
       a.many = std::atoll(v.c_str());
     else if (k == "--zero-copy")
       a.zero_copy = v == "1";
+    else if (k == "--memory")
+      a.memory = v;
     else if (k == "--h2d-scale")
       a.h2d_scale = std::atof(v.c_str());
     else {
@@ -471,10 +518,16 @@ int main(int argc, char** argv) {
   if (a.Row("peer")) PeerCopyLimit(a);
   if (a.Row("model")) Measure(a, a.scale, "model", /*tcp=*/false);
   if (a.Row("zerocopy")) {
-    // The same model from a zero-copy publisher: no GPU arena, nothing copied on publish.
+    // The same model from a zero-copy publisher: no GPU arena, nothing copied on publish; its
+    // tensors one cudaMalloc each, then packed into one (a caching-allocator segment), then in
+    // 20 MiB cuMem chunks (expandable segments).
     Args zero = a;
     zero.zero_copy = true;
     Measure(zero, a.scale, "model", /*tcp=*/false);
+    for (const char* memory : {"packed", "cumem"}) {
+      zero.memory = memory;
+      Measure(zero, a.scale, std::string("model_") + memory, /*tcp=*/false);
+    }
   }
   if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
   if (a.fp8 && a.Row("fp8dst")) {

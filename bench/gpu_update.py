@@ -95,6 +95,15 @@ def main():
              ws_in["publisher_extra_gpu_bytes"] / 2**20)
         line("zero-copy extra GPU MiB on the engine's GPU",
              ws_zero["subscriber_extra_gpu_bytes"] / 2**20)
+    for memory, what in (("packed", "one cudaMalloc"), ("cumem", "20 MiB cuMem chunks")):
+        r = by.get(f"weightsync_cuda_ipc_zero_copy/model_{memory}")
+        if r and ws_in:
+            line(f"zero-copy steady ms, tensors in {what}", r["steady_median_s"] * 1e3,
+                 "arena steady ms", ws_in["steady_median_s"] * 1e3)
+            if peer:
+                line(f"zero-copy steady GB/s, {what}", r["steady_GBps"], "peer copy GB/s",
+                     peer["GBps"], higher_better=True)
+            line(f"zero-copy first update ms, {what}", r["first_update_s"] * 1e3)
     if ws_fp8 and ws_in:
         line("cuda-ipc bf16→fp8 in flight ms (publisher's GPU)", ws_fp8["steady_median_s"] * 1e3,
              "bf16 copy ms", ws_in["steady_median_s"] * 1e3)

@@ -121,7 +121,7 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Status Freeze() WS_REQUIRES(mu);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
-  Result<std::vector<util::UniqueFd>> ExportAllocationFds() override;
+  Result<util::UniqueFd> ExportAllocationFd(uint32_t index) override;
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                        const std::function<bool()>& give_up) override;
   Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
@@ -484,10 +484,10 @@ Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
   return std::make_pair(static_cast<const wire::Welcome*>(&welcome), store->fd());
 }
 
-Result<std::vector<util::UniqueFd>> Publisher::Impl::ExportAllocationFds() {
+Result<util::UniqueFd> Publisher::Impl::ExportAllocationFd(uint32_t index) {
   util::MutexLock lock(&mu);
   if (closed || !frozen) return Status::Unavailable("publisher closed");
-  return store->ExportAllocationFds();
+  return store->ExportAllocationFd(index);
 }
 
 Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,

@@ -748,7 +748,8 @@ Status ImportedChunks::Close() {
   return result.WithContext("the publisher's cuMem memory mapped here");
 }
 
-Result<ChunkedAllocation> ChunkedAllocation::Create(int device, uint64_t bytes, bool exportable) {
+Result<ChunkedAllocation> ChunkedAllocation::Create(int device, uint64_t bytes, bool exportable,
+                                                    uint64_t chunk_bytes) {
   WS_RETURN_IF_ERROR(SetDevice(device));
   const Driver& d = GetDriver();
   WS_RETURN_IF_ERROR(d.status);
@@ -757,6 +758,9 @@ Result<ChunkedAllocation> ChunkedAllocation::Create(int device, uint64_t bytes, 
   size_t granularity = 0;
   WS_CU(d.MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity");
+  if (chunk_bytes > granularity) {
+    granularity = (chunk_bytes + granularity - 1) / granularity * granularity;
+  }
   const uint64_t chunks = std::max<uint64_t>((bytes + granularity - 1) / granularity, 1);
   ChunkedAllocation a;  // released by its destructor if a step fails
   a.chunk_bytes_ = granularity;

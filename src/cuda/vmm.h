@@ -42,15 +42,18 @@ class ExportedAllocation {
   int device_ = -1;
 };
 
-// cuMem memory laid out as PyTorch's expandable segments lay it: allocations ("chunks") of the
-// minimum granularity each, mapped back to back into one reserved range, read-write on `device`,
-// at least `bytes` in all. `exportable`: created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-// (PyTorch's default); without it the memory cannot be shared with another process. For tests and
-// benchmarks of zero-copy publishing (the caller's memory: not in the ledger).
+// cuMem memory laid out as PyTorch's expandable segments lay it: allocations ("chunks") of
+// `chunk_bytes` each (0: the minimum granularity, 2 MiB on H200; PyTorch uses 2 MiB pages for
+// small blocks and 20 MiB for large ones), mapped back to back into one reserved range,
+// read-write on `device`, at least `bytes` in all. `exportable`: created with
+// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (PyTorch's default); without it the memory cannot be
+// shared with another process. For tests and benchmarks of zero-copy publishing (the caller's
+// memory: not in the ledger).
 class ChunkedAllocation {
  public:
   ChunkedAllocation() = default;
-  static Result<ChunkedAllocation> Create(int device, uint64_t bytes, bool exportable = true);
+  static Result<ChunkedAllocation> Create(int device, uint64_t bytes, bool exportable = true,
+                                          uint64_t chunk_bytes = 0);
   ChunkedAllocation(ChunkedAllocation&& o) noexcept { *this = std::move(o); }
   ChunkedAllocation& operator=(ChunkedAllocation&& o) noexcept;
   ~ChunkedAllocation();

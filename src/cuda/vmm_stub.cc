@@ -21,7 +21,9 @@ HostRegistration& HostRegistration::operator=(HostRegistration&&) noexcept { ret
 HostRegistration::~HostRegistration() = default;
 Status HostRegistration::Close() { return Status::Ok(); }
 Result<ImportedAllocation> ImportedAllocation::Import(int, uint64_t, int) { return NoCuda(); }
-Result<ChunkedAllocation> ChunkedAllocation::Create(int, uint64_t, bool) { return NoCuda(); }
+Result<ChunkedAllocation> ChunkedAllocation::Create(int, uint64_t, bool, uint64_t) {
+  return NoCuda();
+}
 ChunkedAllocation& ChunkedAllocation::operator=(ChunkedAllocation&&) noexcept { return *this; }
 ChunkedAllocation::~ChunkedAllocation() = default;
 Status ChunkedAllocation::Close() { return Status::Ok(); }

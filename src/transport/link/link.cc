@@ -1,5 +1,11 @@
 #include "transport/link/link.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <string>
+
 #include "plan/plan.h"
 #include "transport/link/step_exchange.h"
 #include "util/ledger.h"
@@ -66,8 +72,46 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   return &welcome_;
 }
 
+namespace {
+
+// Fds open in this process now (/proc/self/fd, less the directory's own).
+uint64_t OpenFds() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  uint64_t n = 0;
+  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
+  ::closedir(dir);
+  return n > 0 ? n - 1 : 0;
+}
+
+}  // namespace
+
+Status EnsureFdRoom(uint64_t count) {
+  if (count == 0) return Status::Ok();
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return Status::FromErrno(errno, "getrlimit(NOFILE)");
+  constexpr uint64_t kSpare = 64;  // for what the process opens meanwhile
+  const uint64_t need = OpenFds() + count + kSpare;
+  if (r.rlim_cur == RLIM_INFINITY || r.rlim_cur >= need) return Status::Ok();
+  if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need) {
+    return Status::ResourceExhausted("the publisher's cuMem memory arrives as ", count,
+                                     " fds (one per chunk), which needs ", need,
+                                     " open files but RLIMIT_NOFILE's hard limit is ", r.rlim_max,
+                                     " (raise it, e.g. ulimit -Hn, or publish without zero_copy)");
+  }
+  const rlimit raised{need, r.rlim_max};
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    return Status::FromErrno(errno, "setrlimit(NOFILE) to " + std::to_string(need));
+  }
+  WS_LOG(INFO, "link") << "raised this process's open-file limit from " << r.rlim_cur << " to "
+                       << need << " for " << count << " cuMem chunk fds";
+  return Status::Ok();
+}
+
 Status Link::ReceiveAllocationFds(const Deadline& deadline) {
   const uint32_t count = plan::AllocationFdCount(welcome_);
+  // Every chunk's fd is held until the path imports them all.
+  WS_RETURN_IF_ERROR(EnsureFdRoom(count).WithContext(peer_));
   allocation_fds_.clear();
   allocation_fds_.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {

@@ -92,6 +92,11 @@ class Link {
   wire::StepEnd end_;
 };
 
+// Room in this process's fd table for `count` more fds (a zero-copy publisher's cuMem chunks all
+// arrive before any is imported): raises the soft RLIMIT_NOFILE as far as the hard limit allows,
+// ResourceExhausted saying so when that is not enough.
+Status EnsureFdRoom(uint64_t count);
+
 // Ok if a plan reading `ranges` byte ranges of a tcp publisher's tensors fits one select frame;
 // ResourceExhausted saying why not (row-parallel regions read one range per row).
 Status SelectFits(size_t ranges);

@@ -158,17 +158,14 @@ void UnixServer::AcceptLoop() {
 }
 
 Status UnixServer::SendAllocationFds(Channel& ch, const wire::Welcome& welcome) {
-  WS_ASSIGN_OR_RETURN(std::vector<util::UniqueFd> fds, source_->ExportAllocationFds());
-  if (fds.size() != plan::AllocationFdCount(welcome)) {
-    return Status::Internal("the store exported ", fds.size(), " allocation fds for ",
-                            plan::AllocationFdCount(welcome), " cuMem chunks in its Welcome");
-  }
+  const uint32_t count = plan::AllocationFdCount(welcome);
   const Deadline deadline(options_.timeout);
-  for (size_t i = 0; i < fds.size(); ++i) {
-    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kAllocationFd,
-                               wire::AllocationFd{static_cast<uint32_t>(i)}, deadline,
-                               fds[i].get()));
-    WS_RETURN_IF_ERROR(fds[i].Close());  // the subscriber holds its own now
+  for (uint32_t i = 0; i < count; ++i) {
+    // One at a time: a model of a thousand chunks never holds a thousand fds here.
+    WS_ASSIGN_OR_RETURN(util::UniqueFd fd, source_->ExportAllocationFd(i));
+    WS_RETURN_IF_ERROR(
+        ch.Send(wire::FrameType::kAllocationFd, wire::AllocationFd{i}, deadline, fd.get()));
+    WS_RETURN_IF_ERROR(fd.Close());  // the subscriber holds its own now
   }
   return Status::Ok();
 }

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <functional>
 #include <utility>
-#include <vector>
 
 #include "util/deadline.h"
 #include "util/unique_fd.h"
@@ -30,9 +29,9 @@ class VersionSource {
   // Waits until the arena exists; returns its layout and fd (owned by the source).
   virtual Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const util::Deadline& deadline, const std::function<bool()>& give_up) = 0;
-  // Fresh fds of a zero-copy publisher's cuMem chunks (VersionStore::ExportAllocationFds), sent
-  // after the Welcome that WaitLayout returned; none for other stores.
-  virtual Result<std::vector<util::UniqueFd>> ExportAllocationFds() = 0;
+  // A fresh fd of chunk `index` of a zero-copy publisher's cuMem memory
+  // (VersionStore::ExportAllocationFd), sent after the Welcome that WaitLayout returned.
+  virtual Result<util::UniqueFd> ExportAllocationFd(uint32_t index) = 0;
   // Waits until a version satisfies `request`, pins it and describes it. A StepBegin whose step
   // equals request.after_step means "up to date" and pins nothing.
   virtual Result<Pin> Acquire(const wire::UpdateRequest& request, const util::Deadline& deadline,

@@ -39,14 +39,12 @@ class ZeroCopyGpuStore final : public VersionStore {
   Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
                  const util::Deadline& deadline) override;
   int fd() const override { return -1; }  // the allocations travel as IPC handles or chunk fds
-  Result<std::vector<util::UniqueFd>> ExportAllocationFds() const override {
-    std::vector<util::UniqueFd> fds;
-    fds.reserve(chunks_.size());
-    for (const cuda::RetainedChunk& c : chunks_) {
-      WS_ASSIGN_OR_RETURN(util::UniqueFd fd, c.ExportFd());
-      fds.push_back(std::move(fd));
+  Result<util::UniqueFd> ExportAllocationFd(uint32_t index) const override {
+    if (index >= chunks_.size()) {
+      return Status::FailedPrecondition("allocation fd ", index, ": the store has ", chunks_.size(),
+                                        " cuMem chunks");
     }
-    return fds;
+    return chunks_[index].ExportFd();
   }
   const uint8_t* base() const override { return nullptr; }
   uint32_t digest_count() const override { return digest_count_; }

@@ -71,10 +71,11 @@ class VersionStore {
   virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
                          const util::Deadline& deadline) = 0;
   virtual int fd() const = 0;  // what subscribers on this host map
-  // Zero-copy store of cuMem memory: a fresh fd for each chunk of the Welcome's kPosixFdChunks
-  // allocations, in order, for one subscriber (closed once sent). Others: none.
-  virtual Result<std::vector<util::UniqueFd>> ExportAllocationFds() const {
-    return std::vector<util::UniqueFd>();
+  // Zero-copy store of cuMem memory: a fresh fd for chunk `index` of the Welcome's kPosixFdChunks
+  // allocations (counted in Welcome order), for one subscriber; sent and closed before the next
+  // is exported, so a session holds one at a time. Others have no chunks.
+  virtual Result<util::UniqueFd> ExportAllocationFd(uint32_t index) const {
+    return Status::FailedPrecondition("allocation fd ", index, ": this store has no cuMem chunks");
   }
   virtual const uint8_t* base() const = 0;    // host store: offset 0 here (tcp sends from it)
   virtual uint32_t digest_count() const = 0;  // per version, after Freeze

@@ -5,6 +5,7 @@
 // a publisher that sends frames out of order or without their fd is refused on the subscriber's.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@ namespace {
 using std::chrono::milliseconds;
 using transport::link::Channel;
 using util::UniqueFd;
+
+Status EnsureFdRoomFor(uint64_t count) { return transport::link::EnsureFdRoom(count); }
 
 // A zero-copy layout: one tensor in one allocation of `chunks` cuMem chunks of 4096 bytes.
 wire::Welcome ChunkedWelcome(int chunks) {
@@ -62,7 +65,7 @@ std::string ContentOf(const UniqueFd& fd) {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
-// Serves one chunked layout; exports `exported` fds for it. Never a version.
+// Serves one chunked layout; exports the fds of its first `exported` chunks. Never a version.
 class ChunkedSource final : public transport::link::VersionSource {
  public:
   ChunkedSource(wire::Welcome welcome, int exported)
@@ -71,10 +74,11 @@ class ChunkedSource final : public transport::link::VersionSource {
                                                           const std::function<bool()>&) override {
     return std::make_pair(static_cast<const wire::Welcome*>(&welcome_), -1);
   }
-  Result<std::vector<UniqueFd>> ExportAllocationFds() override {
-    std::vector<UniqueFd> fds;
-    for (int i = 0; i < exported_; ++i) fds.push_back(ChunkFd(i));
-    return fds;
+  Result<UniqueFd> ExportAllocationFd(uint32_t index) override {
+    if (static_cast<int>(index) >= exported_) {
+      return Status::Internal("chunk ", index, " cannot be exported");
+    }
+    return ChunkFd(static_cast<int>(index));
   }
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest&, const util::Deadline&,
                                        const std::function<bool()>&) override {
@@ -125,15 +129,57 @@ TEST(AllocationFds, EveryChunkFdArrivesInWelcomeOrder) {
   EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
 }
 
-// The publisher checks what its store exported against its own Welcome, and says so.
-TEST(AllocationFds, AStoreExportingTooFewIsRefusedByThePublisher) {
+// A chunk the publisher cannot export ends the session with its reason, not a subscriber left
+// waiting for the frame.
+TEST(AllocationFds, AChunkThePublisherCannotExportIsReportedToTheSubscriber) {
   ChunkedSource source(ChunkedWelcome(3), 2);
   Served served = Serve(&source);
   ASSERT_NE(served.server, nullptr);
   std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(served.endpoint);
   EXPECT_STATUS_IS(kInternal, link->Connect(util::Deadline(milliseconds(3000))).status(),
-                   "the store exported 2 allocation fds for 3 cuMem chunks");
+                   "chunk 2 cannot be exported");
   ASSERT_OK(served.server->Close());
+}
+
+// Every chunk's fd is held until all are imported: a soft open-file limit too low for them is
+// raised (as far as the hard limit allows) before they arrive.
+TEST(AllocationFds, ASoftOpenFileLimitTooLowForTheChunksIsRaised) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 2048) GTEST_SKIP() << "hard limit";
+  constexpr int kChunks = 600;
+  ChunkedSource source(ChunkedWelcome(kChunks), kChunks);
+  Served served = Serve(&source);
+  ASSERT_NE(served.server, nullptr);
+  const rlimit low{256, saved.rlim_max};  // fewer than the chunks
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(served.endpoint);
+  const Status connected = link->Connect(util::Deadline(milliseconds(10000))).status();
+  rlimit now{};
+  ::getrlimit(RLIMIT_NOFILE, &now);
+  const std::vector<UniqueFd> fds = link->TakeAllocationFds();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_OK(connected);
+  EXPECT_EQ(fds.size(), static_cast<size_t>(kChunks));
+  EXPECT_GT(now.rlim_cur, static_cast<rlim_t>(kChunks));
+  EXPECT_EQ(ContentOf(fds.back()), "chunk " + std::to_string(kChunks - 1));
+  ASSERT_OK(link->Release());
+  ASSERT_OK(served.server->Close());
+}
+
+[[noreturn]] void RefuseUnderALowHardLimit() {
+  const rlimit low{300, 300};
+  if (::setrlimit(RLIMIT_NOFILE, &low) != 0) std::_Exit(2);
+  const Status s = EnsureFdRoomFor(1000);
+  const bool named = s.code() == StatusCode::kResourceExhausted &&
+                     s.message().find("hard limit is 300") != std::string::npos;
+  std::_Exit(named ? 0 : 1);
+}
+
+// When the hard limit leaves no room, the subscriber says so before any chunk arrives (in a
+// child process: a lowered hard limit cannot be raised again).
+TEST(AllocationFds, AHardOpenFileLimitTooLowIsRefusedNamingIt) {
+  EXPECT_EXIT(RefuseUnderALowHardLimit(), ::testing::ExitedWithCode(0), "");
 }
 
 // A raw publisher on the endpoint's socket: answers the Hello with `welcome`, then runs `send`.

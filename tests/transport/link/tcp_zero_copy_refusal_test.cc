@@ -21,8 +21,8 @@ class FixedLayout final : public transport::link::VersionSource {
                                                           const std::function<bool()>&) override {
     return std::make_pair(static_cast<const wire::Welcome*>(&welcome_), -1);
   }
-  Result<std::vector<util::UniqueFd>> ExportAllocationFds() override {
-    return std::vector<util::UniqueFd>();
+  Result<util::UniqueFd> ExportAllocationFd(uint32_t) override {
+    return Status::Unavailable("no chunks");
   }
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest&, const util::Deadline&,
                                        const std::function<bool()>&) override {
