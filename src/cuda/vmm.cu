@@ -7,6 +7,7 @@
 // The explicit moves in `return std::move(x)` are needed by nvcc's front end, redundant to g++'s.
 #pragma GCC diagnostic ignored "-Wredundant-move"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -603,10 +604,11 @@ Result<std::optional<VmmChunk>> VmmChunkAt(const void* p) {
   const Driver& d = GetDriver();
   WS_RETURN_IF_ERROR(d.status);
   CUmemGenericAllocationHandle handle = 0;
-  // Only cuMem memory has an allocation handle to retain: anything else is not ours to export.
-  if (d.MemRetainAllocationHandle(&handle, const_cast<void*>(p)) != CUDA_SUCCESS) {
-    return std::optional<VmmChunk>();
-  }
+  // Only cuMem memory has an allocation handle to retain (the driver says invalid value for any
+  // other pointer); another failure is the driver's, and said.
+  const CUresult retained = d.MemRetainAllocationHandle(&handle, const_cast<void*>(p));
+  if (retained == CUDA_ERROR_INVALID_VALUE) return std::optional<VmmChunk>();
+  if (retained != CUDA_SUCCESS) return DriverError(retained, "cuMemRetainAllocationHandle");
   WS_CU(d.MemRelease(handle), "cuMemRelease (a retained handle)");
   CUdeviceptr base = 0;
   size_t bytes = 0;
@@ -643,9 +645,11 @@ Result<util::UniqueFd> RetainedChunk::ExportFd() const {
   int fd = -1;
   WS_CU(GetDriver().MemExportToShareableHandle(&fd, handle_,
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-        "cuMemExportToShareableHandle (a cuMem allocation created without "
-        "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared)");
-  return util::UniqueFd(fd);
+        "cuMemExportToShareableHandle");
+  util::UniqueFd owned(fd);
+  // Not inherited by a program the trainer runs while a subscriber connects.
+  if (::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return Status::FromErrno(errno, "fcntl(FD_CLOEXEC)");
+  return std::move(owned);  // nvcc's front end needs the explicit move
 }
 
 Status RetainedChunk::Close() {

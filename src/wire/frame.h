@@ -20,6 +20,8 @@
 namespace weightsync::wire {
 
 inline constexpr uint32_t kMagic = 0x4E595357u;
+// 5: zero-copy Welcomes list the publisher's allocations (IPC handles or cuMem chunks, whose fds
+// follow in AllocationFd frames); 4: Welcome tensors may be regions, Select names byte ranges;
 // 3: Welcome carries the publisher's lineage, UpdateRequest the subscriber's wait (2: nccl steps
 // are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv). The header check refuses a peer
 // of another version at once.

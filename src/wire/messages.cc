@@ -384,6 +384,11 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   m->allocations.clear();
   if (m->arena_kind == ArenaKind::kCudaIpc) {
     WS_ASSIGN_OR_RETURN(uint32_t n, r.Count("allocation count", kMaxAllocations, 21));
+    // Each allocation holds a tensor: bounded by the tensors before anything is allocated.
+    if (n > m->tensors.size()) {
+      return Status::ProtocolError(kWelcomeWhat, ": allocation count ", n, " exceeds the ",
+                                   m->tensors.size(), " tensors");
+    }
     m->allocations.resize(n);
     uint64_t chunks = 0;
     for (GpuAllocation& a : m->allocations) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/ipc.h"
 #include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/publisher_process.h"
@@ -187,8 +188,9 @@ TEST_P(ZeroCopy, AStalledReaderIsRevokedAndCommitsNothing) {
   EXPECT_EQ(Holds(dst, 3), "");
 }
 
-// CUDA opens a handle once per process: two subscribers here share each opened allocation, and
-// one closing leaves the other's mappings open.
+// CUDA opens a handle once per process: two subscribers here share each opened allocation (IPC
+// handles; cuMem chunks each import and map for themselves), and one closing leaves the other's
+// mappings open.
 TEST_P(ZeroCopy, TwoSubscribersInOneProcessShareTheOpenedAllocations) {
   auto pub = StartPublisher(/*zero_copy=*/true);
   std::vector<NamedTensor> dst_a, dst_b;
@@ -264,6 +266,35 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
       {{"v", {small.as<uint8_t>() + 2048, DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
   EXPECT_STATUS_IS(kInvalidArgument, b->Publish(1),
                    "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
+}
+
+// A publisher's chunk sizes are its word: a chunk smaller than claimed must fail at the import's
+// mapping (the driver's check), not fault a later copy; the claimed size mapped, the memory reads
+// back what the owner wrote.
+TEST(ImportedChunks, AChunkSmallerThanClaimedIsRefusedAndATrueOneReadsBack) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation memory, cuda::ChunkedAllocation::Create(0, 2 << 20));
+  ASSERT_OK(cuda::MemsetDevice(memory.data(), 0x5A, memory.size()));
+  ASSERT_OK_AND_ASSIGN(auto chunk, cuda::VmmChunkAt(memory.data()));
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ(chunk->bytes, memory.chunk_bytes());
+  ASSERT_OK_AND_ASSIGN(cuda::RetainedChunk retained, cuda::RetainedChunk::Retain(*chunk));
+  ASSERT_OK_AND_ASSIGN(util::UniqueFd fd, retained.ExportFd());
+  const LedgerSnapshot before = ReadLedger();
+  const int fds[] = {fd.get()};
+  const uint64_t too_big[] = {2 * chunk->bytes};
+  EXPECT_FALSE(cuda::ImportedChunks::Import(fds, too_big, 0).ok());
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
+  const uint64_t exact[] = {chunk->bytes};
+  ASSERT_OK_AND_ASSIGN(cuda::ImportedChunks imported, cuda::ImportedChunks::Import(fds, exact, 0));
+  std::vector<uint8_t> back(4096);
+  ASSERT_OK(
+      cuda::CopyToHost(back.data(), imported.data() + chunk->bytes - back.size(), back.size()));
+  EXPECT_EQ(back, std::vector<uint8_t>(back.size(), 0x5A));
+  ASSERT_OK(imported.Close());
+  EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -368,7 +368,7 @@ TEST(WireWelcomeTest, RoundTripNoTensorsAndGeometryLimits) {
 // and cuMem chunk lists — and no other store kind encodes any (the field is absent from their
 // bytes).
 TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
-  Welcome in = WelcomeWith(3);
+  Welcome in = WelcomeWith(4);
   in.arena_kind = ArenaKind::kCudaIpc;
   for (int i = 0; i < 3; ++i) {
     GpuAllocation a;
@@ -403,6 +403,12 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
         {"allocation count " + std::to_string(count),
          count > kMaxAllocations ? "exceeds limit" : "needs at least 21000 bytes"}));
   }
+  // And by the tensors: each allocation holds one (5 with the bytes for them, 4 tensors).
+  std::vector<uint8_t> five = header;
+  const uint32_t count = 5;
+  std::memcpy(five.data() + five.size() - 4, &count, 4);
+  five.resize(five.size() + 5 * 21, 0);
+  EXPECT_TRUE(IsProtocolError(Decode(five, &out), {"allocation count 5 exceeds the 4 tensors"}));
   // So is a chunk count, and an allocation kind nobody defined is refused.
   Welcome one = none;
   one.allocations.push_back(chunks);
@@ -416,6 +422,17 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   const uint32_t too_many = kMaxAllocations + 1;
   std::memcpy(hostile.data() + kind_at + 1, &too_many, 4);
   EXPECT_TRUE(IsProtocolError(Decode(hostile, &out), {"allocation chunk count", "exceeds limit"}));
+
+  // The chunks of every allocation together are bounded too, not only each allocation's.
+  Welcome many = WelcomeWith(3);
+  many.arena_kind = ArenaKind::kCudaIpc;
+  GpuAllocation first = chunks, second = chunks;
+  first.chunk_bytes.assign(kMaxAllocations, 1);
+  second.chunk_bytes.assign(1, 1);
+  many.allocations = {first, second};
+  EXPECT_TRUE(
+      IsProtocolError(Decode(EncodeOf(many), &out),
+                      {"more than " + std::to_string(kMaxAllocations) + " allocation chunks"}));
 
   Welcome arena = in;
   arena.arena_kind = ArenaKind::kCudaMem;

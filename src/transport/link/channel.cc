@@ -1,6 +1,7 @@
 #include "transport/link/channel.h"
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -135,7 +136,15 @@ Status Channel::ReadExact(uint8_t* dst, size_t n, const util::Deadline& deadline
       }
     }
     if (msg.msg_flags & MSG_CTRUNC) {
-      return Status::ProtocolError(peer_, ": control data truncated (too many fds passed)");
+      // The kernel also truncates when it cannot install a passed fd here: say both.
+      rlimit limit{};
+      ::getrlimit(RLIMIT_NOFILE, &limit);
+      return Status::ProtocolError(
+          peer_,
+          ": control data truncated, a passed fd was dropped (too many fds passed, or this "
+          "process is out of open files: RLIMIT_NOFILE ",
+          static_cast<uint64_t>(limit.rlim_cur), " soft, ", static_cast<uint64_t>(limit.rlim_max),
+          " hard)");
     }
     if (r == 0) {
       if (first && got == 0) return Status::PeerLost(peer_, ": connection closed");

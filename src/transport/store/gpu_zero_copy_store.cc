@@ -44,7 +44,13 @@ class ZeroCopyGpuStore final : public VersionStore {
       return Status::FailedPrecondition("allocation fd ", index, ": the store has ", chunks_.size(),
                                         " cuMem chunks");
     }
-    return chunks_[index].ExportFd();
+    Result<util::UniqueFd> fd = chunks_[index].ExportFd();
+    if (!fd.ok()) {
+      return fd.status().WithContext("exporting cuMem chunk " + std::to_string(index) + " of " +
+                                     std::to_string(chunks_.size()) +
+                                     " (is this process out of open files?)");
+    }
+    return fd;
   }
   const uint8_t* base() const override { return nullptr; }
   uint32_t digest_count() const override { return digest_count_; }
@@ -83,9 +89,11 @@ struct Holding {
 };
 
 // Adds the memory under tensor `name` ([p, p + bytes)) to `holdings`, keyed by base address.
+// A cuMem chunk seen for the first time is recorded with `name` in `chunk_tensor`.
 Status AddHolding(const std::string& name, const uint8_t* p, uint64_t bytes,
                   std::map<const uint8_t*, Holding>* holdings,
-                  std::map<const uint8_t*, cuda::VmmChunk>* chunks) {
+                  std::map<const uint8_t*, cuda::VmmChunk>* chunks,
+                  std::map<const uint8_t*, std::string>* chunk_tensor) {
   WS_ASSIGN_OR_RETURN(std::optional<cuda::VmmChunk> first, cuda::VmmChunkAt(p));
   if (first.has_value()) {
     // cuMem memory: every chunk the tensor touches (a tensor may span several pages).
@@ -95,7 +103,7 @@ Status AddHolding(const std::string& name, const uint8_t* p, uint64_t bytes,
         return Status::InvalidArgument("zero-copy: tensor '", name, "' (", bytes,
                                        " bytes) runs past the cuMem memory it starts in");
       }
-      chunks->emplace(c->base, *c);
+      if (chunks->emplace(c->base, *c).second) chunk_tensor->emplace(c->base, name);
       at = c->base + c->bytes;
     }
     return Status::Ok();
@@ -122,12 +130,9 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
       return Status::NotSupported("zero-copy: tensor '", name, "' is not a registered CUDA tensor");
     }
     if (t.placement.spec.nbytes == 0 || t.alias_of >= 0) continue;
-    const size_t known = vmm_chunks.size();
-    WS_RETURN_IF_ERROR(AddHolding(name, t.source, t.placement.spec.nbytes, &holdings, &vmm_chunks)
-                           .WithContext("zero-copy: the CUDA allocation of tensor '" + name + "'"));
-    if (vmm_chunks.size() != known) {
-      for (auto& [base, c] : vmm_chunks) chunk_tensor.emplace(base, name);
-    }
+    WS_RETURN_IF_ERROR(
+        AddHolding(name, t.source, t.placement.spec.nbytes, &holdings, &vmm_chunks, &chunk_tensor)
+            .WithContext("zero-copy: the CUDA allocation of tensor '" + name + "'"));
   }
   // Back-to-back chunks become one run, mapped as one range by the subscriber (a tensor may span
   // chunks; two runs never touch, or they would be one).
@@ -170,7 +175,12 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
         // Exported once now so that an allocation nobody can share fails this Publish, not each
         // subscriber's connection.
         Result<util::UniqueFd> probe = chunk->ExportFd();
-        if (!probe.ok()) return probe.status().WithContext(context);
+        if (!probe.ok()) {
+          return probe.status().WithContext(
+              context +
+              " (a cuMem allocation created without "
+              "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared)");
+        }
         WS_RETURN_IF_ERROR(probe->Close());
         retained->push_back(std::move(chunk).value());
         a.chunk_bytes.push_back(c.bytes);

@@ -4,9 +4,12 @@
 #include "transport/link/channel.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -103,6 +106,45 @@ TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
   EXPECT_EQ(p.channel->max_payload(), kMaxPayloadBytes);
   Channel wide(util::UniqueFd(), "nobody", 0xFFFFFFFFu);
   EXPECT_EQ(wide.max_payload(), kMaxPayloadBytes);
+}
+
+// An fd the kernel cannot install (this process is out of open files) is dropped with the frame
+// still delivered: the error says that may be why (in a child: the limit is lowered there).
+[[noreturn]] void ReceiveAnFdWithNoRoomForIt() {
+  Pair pair;
+  util::UniqueFd passed(::dup(0));
+  const std::vector<uint8_t> frame = FrameBytes(FrameType::kCopyDone, {});
+  iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  const int fd = passed.get();
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (::sendmsg(pair.raw.get(), &msg, 0) != static_cast<ssize_t>(frame.size())) std::_Exit(2);
+  // No free slot: every number below the limit is taken.
+  const int highest = ::dup(0);
+  const rlimit none{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+  if (::setrlimit(RLIMIT_NOFILE, &none) != 0) std::_Exit(3);
+  while (::dup(0) >= 0) {  // fill any holes below it
+  }
+  util::UniqueFd received;
+  Result<FrameHeader> h =
+      pair.channel->Receive(Deadline(std::chrono::milliseconds(1000)), &received);
+  const bool named =
+      !h.ok() && h.status().code() == StatusCode::kProtocolError &&
+      h.status().message().find("out of open files: RLIMIT_NOFILE") != std::string::npos;
+  std::_Exit(named ? 0 : 1);
+}
+
+TEST(WireChannelFds, AnFdDroppedForWantOfOpenFilesSaysSo) {
+  EXPECT_EXIT(ReceiveAnFdWithNoRoomForIt(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
