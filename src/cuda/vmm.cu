@@ -604,11 +604,12 @@ Result<std::optional<VmmChunk>> VmmChunkAt(const void* p) {
   const Driver& d = GetDriver();
   WS_RETURN_IF_ERROR(d.status);
   CUmemGenericAllocationHandle handle = 0;
-  // Only cuMem memory has an allocation handle to retain (the driver says invalid value for any
-  // other pointer); another failure is the driver's, and said.
-  const CUresult retained = d.MemRetainAllocationHandle(&handle, const_cast<void*>(p));
-  if (retained == CUDA_ERROR_INVALID_VALUE) return std::optional<VmmChunk>();
-  if (retained != CUDA_SUCCESS) return DriverError(retained, "cuMemRetainAllocationHandle");
+  // Only cuMem memory has an allocation handle to retain. cudaMalloc memory answers invalid value
+  // (measured); other kinds (pools, managed memory) may answer otherwise, and all of them are
+  // "not cuMem" here: the caller then tries a CUDA IPC handle, whose error says what failed.
+  if (d.MemRetainAllocationHandle(&handle, const_cast<void*>(p)) != CUDA_SUCCESS) {
+    return std::optional<VmmChunk>();
+  }
   WS_CU(d.MemRelease(handle), "cuMemRelease (a retained handle)");
   CUdeviceptr base = 0;
   size_t bytes = 0;

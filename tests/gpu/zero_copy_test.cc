@@ -284,7 +284,7 @@ TEST(ImportedChunks, AChunkSmallerThanClaimedIsRefusedAndATrueOneReadsBack) {
   const LedgerSnapshot before = ReadLedger();
   const int fds[] = {fd.get()};
   const uint64_t too_big[] = {2 * chunk->bytes};
-  EXPECT_FALSE(cuda::ImportedChunks::Import(fds, too_big, 0).ok());
+  EXPECT_STATUS_IS(kIoError, cuda::ImportedChunks::Import(fds, too_big, 0).status(), "cuMemMap");
   LedgerSnapshot last;
   EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
   const uint64_t exact[] = {chunk->bytes};

@@ -97,6 +97,11 @@ Status Channel::SendPayload(wire::FrameType type, std::span<const uint8_t> paylo
         return Status::PeerLost(peer_, ": connection closed while sending ",
                                 wire::FrameTypeName(type));
       }
+      if (errno == ETOOMANYREFS) {
+        return Status::ResourceExhausted(
+            peer_, ": sendmsg ", wire::FrameTypeName(type),
+            ": too many fds in flight for this process's open-file limit (RLIMIT_NOFILE)");
+      }
       return Status::FromErrno(errno,
                                peer_ + ": sendmsg " + std::string(wire::FrameTypeName(type)));
     }

@@ -4,7 +4,9 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "plan/plan.h"
 #include "transport/link/step_exchange.h"
@@ -74,44 +76,79 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
 
 namespace {
 
-// Fds open in this process now (/proc/self/fd, less the directory's own).
-uint64_t OpenFds() {
+// Fds open in this process now (/proc/self/fd, less the directory's own); `full` when it cannot
+// be read (most likely: no fd left to read it with).
+uint64_t OpenFds(uint64_t full) {
   DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
+  if (dir == nullptr) return full;
   uint64_t n = 0;
   while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
   ::closedir(dir);
   return n > 0 ? n - 1 : 0;
 }
 
+// Fds promised to FdRoom holders and not yet released: links (and sessions) making room at the
+// same time count each other's.
+std::mutex& FdRoomMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+uint64_t& PendingFds() {
+  static uint64_t pending = 0;
+  return pending;
+}
+
 }  // namespace
 
-Status EnsureFdRoom(uint64_t count) {
-  if (count == 0) return Status::Ok();
+Result<FdRoom> FdRoom::Make(uint64_t count) {
+  FdRoom room;
+  if (count == 0) return room;
+  std::lock_guard<std::mutex> lock(FdRoomMutex());
   rlimit r{};
   if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return Status::FromErrno(errno, "getrlimit(NOFILE)");
   constexpr uint64_t kSpare = 64;  // for what the process opens meanwhile
-  const uint64_t need = OpenFds() + count + kSpare;
-  if (r.rlim_cur == RLIM_INFINITY || r.rlim_cur >= need) return Status::Ok();
-  if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need) {
-    return Status::ResourceExhausted("the publisher's cuMem memory arrives as ", count,
-                                     " fds (one per chunk), which needs ", need,
-                                     " open files but RLIMIT_NOFILE's hard limit is ", r.rlim_max,
-                                     " (raise it, e.g. ulimit -Hn, or publish without zero_copy)");
+  const uint64_t soft = r.rlim_cur == RLIM_INFINITY ? ~uint64_t{0} : r.rlim_cur;
+  const uint64_t need = OpenFds(soft) + PendingFds() + count + kSpare;
+  if (soft < need) {
+    if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need) {
+      return Status::ResourceExhausted(
+          "the publisher's cuMem memory travels as ", count, " fds (one per chunk), which needs ",
+          need, " open files but RLIMIT_NOFILE's hard limit is ", r.rlim_max,
+          " (an administrator raises it: limits.conf, systemd LimitNOFILE=, docker --ulimit "
+          "nofile=; or publish without zero_copy)");
+    }
+    // Only ever raised: another holder's room stays.
+    const rlimit raised{need, r.rlim_max};
+    if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+      return Status::FromErrno(errno, "setrlimit(NOFILE) to " + std::to_string(need));
+    }
+    WS_LOG(INFO, "link") << "raised this process's open-file limit from " << soft << " to " << need
+                         << " for " << count << " cuMem chunk fds";
   }
-  const rlimit raised{need, r.rlim_max};
-  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    return Status::FromErrno(errno, "setrlimit(NOFILE) to " + std::to_string(need));
+  PendingFds() += count;
+  room.count_ = count;
+  return room;
+}
+
+FdRoom& FdRoom::operator=(FdRoom&& o) noexcept {
+  if (this != &o) {
+    Release();
+    count_ = std::exchange(o.count_, 0);
   }
-  WS_LOG(INFO, "link") << "raised this process's open-file limit from " << r.rlim_cur << " to "
-                       << need << " for " << count << " cuMem chunk fds";
-  return Status::Ok();
+  return *this;
+}
+
+void FdRoom::Release() {
+  if (count_ == 0) return;
+  std::lock_guard<std::mutex> lock(FdRoomMutex());
+  PendingFds() -= std::exchange(count_, 0);
 }
 
 Status Link::ReceiveAllocationFds(const Deadline& deadline) {
   const uint32_t count = plan::AllocationFdCount(welcome_);
   // Every chunk's fd is held until the path imports them all.
-  WS_RETURN_IF_ERROR(EnsureFdRoom(count).WithContext(peer_));
+  Result<FdRoom> room = FdRoom::Make(count);
+  if (!room.ok()) return room.status().WithContext(peer_);
   allocation_fds_.clear();
   allocation_fds_.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
@@ -124,10 +161,10 @@ Status Link::ReceiveAllocationFds(const Deadline& deadline) {
                                    " of ", count, " was due");
     }
     if (!fd.valid()) {
-      // A full fd table drops the fd silently (MSG_CTRUNC is reported above, not always set).
+      // (An fd this process had no room for is reported by the channel, as truncated control
+      // data naming the open-file limit.)
       return Status::ProtocolError(peer_, ": allocation fd frame ", i, " of ", count,
-                                   " carried no fd (is this process out of fds? RLIMIT_NOFILE "
-                                   "must leave room for one per cuMem chunk)");
+                                   " carried no fd (the publisher attached none)");
     }
     allocation_fds_.push_back(std::move(fd));
   }

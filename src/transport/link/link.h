@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "plan/plan.h"
@@ -92,10 +93,23 @@ class Link {
   wire::StepEnd end_;
 };
 
-// Room in this process's fd table for `count` more fds (a zero-copy publisher's cuMem chunks all
-// arrive before any is imported): raises the soft RLIMIT_NOFILE as far as the hard limit allows,
-// ResourceExhausted saying so when that is not enough.
-Status EnsureFdRoom(uint64_t count);
+// Room in this process's fd table for `count` more fds while it lives: a zero-copy publisher's
+// cuMem chunks all arrive at a subscriber before any is imported, and a publisher's fds in flight
+// count against its own limit (sendmsg fails with ETOOMANYREFS past it). Make raises the soft
+// RLIMIT_NOFILE (never lowers it) to the fds open now, plus those promised to other live rooms,
+// plus `count` and a spare; ResourceExhausted saying so when the hard limit is lower.
+class FdRoom {
+ public:
+  FdRoom() = default;
+  static Result<FdRoom> Make(uint64_t count);
+  FdRoom(FdRoom&& o) noexcept { *this = std::move(o); }
+  FdRoom& operator=(FdRoom&& o) noexcept;
+  ~FdRoom() { Release(); }
+  void Release();  // the promised fds are no longer this room's
+
+ private:
+  uint64_t count_ = 0;
+};
 
 // Ok if a plan reading `ranges` byte ranges of a tcp publisher's tensors fits one select frame;
 // ResourceExhausted saying why not (row-parallel regions read one range per row).

@@ -159,6 +159,8 @@ void UnixServer::AcceptLoop() {
 
 Status UnixServer::SendAllocationFds(Channel& ch, const wire::Welcome& welcome) {
   const uint32_t count = plan::AllocationFdCount(welcome);
+  // Fds in flight count against this process's open-file limit (sendmsg: ETOOMANYREFS).
+  WS_ASSIGN_OR_RETURN(FdRoom room, FdRoom::Make(count));
   const Deadline deadline(options_.timeout);
   for (uint32_t i = 0; i < count; ++i) {
     // One at a time: a model of a thousand chunks never holds a thousand fds here.

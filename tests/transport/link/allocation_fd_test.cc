@@ -1,8 +1,9 @@
 // A zero-copy publisher of cuMem memory (PyTorch's expandable segments) shares each chunk as a
 // POSIX fd: one AllocationFd frame per chunk right after the Welcome. These tests drive that
 // exchange with memfds standing in for the chunks (no GPU needed): the real Unix server and link
-// pass them in order, a store that exports the wrong number is refused on the publisher side, and
-// a publisher that sends frames out of order or without their fd is refused on the subscriber's.
+// pass them in order, a chunk the publisher cannot export ends the session with its reason, the
+// open-file limit is made room for (or its hard limit named), and a publisher that sends frames
+// out of order or without their fd is refused on the subscriber's side.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,7 +30,7 @@ using std::chrono::milliseconds;
 using transport::link::Channel;
 using util::UniqueFd;
 
-Status EnsureFdRoomFor(uint64_t count) { return transport::link::EnsureFdRoom(count); }
+Status FdRoomFor(uint64_t count) { return transport::link::FdRoom::Make(count).status(); }
 
 // A zero-copy layout: one tensor in one allocation of `chunks` cuMem chunks of 4096 bytes.
 wire::Welcome ChunkedWelcome(int chunks) {
@@ -141,38 +143,15 @@ TEST(AllocationFds, AChunkThePublisherCannotExportIsReportedToTheSubscriber) {
   ASSERT_OK(served.server->Close());
 }
 
-// Every chunk's fd is held until all are imported: a soft open-file limit too low for them is
-// raised (as far as the hard limit allows) before they arrive.
-TEST(AllocationFds, ASoftOpenFileLimitTooLowForTheChunksIsRaised) {
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 2048) GTEST_SKIP() << "hard limit";
-  constexpr int kChunks = 600;
-  ChunkedSource source(ChunkedWelcome(kChunks), kChunks);
-  Served served = Serve(&source);
-  ASSERT_NE(served.server, nullptr);
-  const rlimit low{256, saved.rlim_max};  // fewer than the chunks
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(served.endpoint);
-  const Status connected = link->Connect(util::Deadline(milliseconds(10000))).status();
-  rlimit now{};
-  ::getrlimit(RLIMIT_NOFILE, &now);
-  const std::vector<UniqueFd> fds = link->TakeAllocationFds();
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
-  ASSERT_OK(connected);
-  EXPECT_EQ(fds.size(), static_cast<size_t>(kChunks));
-  EXPECT_GT(now.rlim_cur, static_cast<rlim_t>(kChunks));
-  EXPECT_EQ(ContentOf(fds.back()), "chunk " + std::to_string(kChunks - 1));
-  ASSERT_OK(link->Release());
-  ASSERT_OK(served.server->Close());
-}
-
 [[noreturn]] void RefuseUnderALowHardLimit() {
-  const rlimit low{300, 300};
+  rlimit now{};
+  if (::getrlimit(RLIMIT_NOFILE, &now) != 0) std::_Exit(2);
+  const rlim_t hard = std::min<rlim_t>(300, now.rlim_max);
+  const rlimit low{hard, hard};
   if (::setrlimit(RLIMIT_NOFILE, &low) != 0) std::_Exit(2);
-  const Status s = EnsureFdRoomFor(1000);
+  const Status s = FdRoomFor(1000);
   const bool named = s.code() == StatusCode::kResourceExhausted &&
-                     s.message().find("hard limit is 300") != std::string::npos;
+                     s.message().find("hard limit is " + std::to_string(hard)) != std::string::npos;
   std::_Exit(named ? 0 : 1);
 }
 
@@ -204,6 +183,53 @@ void RawPublisher(const transport::link::Endpoint& endpoint, const wire::Welcome
   connect();
   publisher.join();
   ::unlink(endpoint.socket_path.c_str());
+}
+
+// Every chunk's fd is held until all are imported: a soft open-file limit too low for them is
+// raised (as far as the hard limit allows) before they arrive. The raw publisher holds its frames
+// back until the limit moved, so only the subscriber's raise can make that room.
+TEST(AllocationFds, ASoftOpenFileLimitTooLowForTheChunksIsRaisedBeforeTheyArrive) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 2048) GTEST_SKIP() << "hard limit";
+  auto endpoint = transport::link::ParseEndpoint(testing::UniqueEndpoint("raw-fd-limit"));
+  ASSERT_OK(endpoint.status());
+  constexpr int kChunks = 600;
+  constexpr rlim_t kLow = 256;  // fewer than the chunks
+  Status connected;
+  rlimit raised{};
+  std::vector<UniqueFd> fds;
+  const rlimit low{kLow, saved.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  RawPublisher(
+      *endpoint, ChunkedWelcome(kChunks),
+      [&](Channel& ch) {
+        for (int wait = 0; wait < 300; ++wait) {
+          rlimit now{};
+          if (::getrlimit(RLIMIT_NOFILE, &now) == 0 && now.rlim_cur > kLow) break;
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+        const util::Deadline deadline(milliseconds(5000));
+        for (uint32_t i = 0; i < kChunks; ++i) {
+          UniqueFd fd = ChunkFd(static_cast<int>(i));
+          if (!ch.Send(wire::FrameType::kAllocationFd, wire::AllocationFd{i}, deadline, fd.get())
+                   .ok()) {
+            return;
+          }
+        }
+      },
+      [&] {
+        std::unique_ptr<transport::link::Link> link = transport::link::NewUnixLink(*endpoint);
+        connected = link->Connect(util::Deadline(milliseconds(10000))).status();
+        ::getrlimit(RLIMIT_NOFILE, &raised);
+        fds = link->TakeAllocationFds();
+        (void)link->Release();
+      });
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_OK(connected);
+  ASSERT_EQ(fds.size(), static_cast<size_t>(kChunks));
+  EXPECT_GT(raised.rlim_cur, static_cast<rlim_t>(kChunks));
+  EXPECT_EQ(ContentOf(fds.back()), "chunk " + std::to_string(kChunks - 1));
 }
 
 TEST(AllocationFds, TheSubscriberRefusesFramesOutOfOrderOrWithoutTheirFd) {

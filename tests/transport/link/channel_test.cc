@@ -3,6 +3,7 @@
 // itself: computed from the encodings of the frames a peer may send before it is authenticated.
 #include "transport/link/channel.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -112,7 +113,7 @@ TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
 // still delivered: the error says that may be why (in a child: the limit is lowered there).
 [[noreturn]] void ReceiveAnFdWithNoRoomForIt() {
   Pair pair;
-  util::UniqueFd passed(::dup(0));
+  util::UniqueFd passed(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   const std::vector<uint8_t> frame = FrameBytes(FrameType::kCopyDone, {});
   iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -128,11 +129,11 @@ TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
   const int fd = passed.get();
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   if (::sendmsg(pair.raw.get(), &msg, 0) != static_cast<ssize_t>(frame.size())) std::_Exit(2);
-  // No free slot: every number below the limit is taken.
-  const int highest = ::dup(0);
-  const rlimit none{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
-  if (::setrlimit(RLIMIT_NOFILE, &none) != 0) std::_Exit(3);
-  while (::dup(0) >= 0) {  // fill any holes below it
+  // No free slot: the limit just above the fds open now, and every number below it taken.
+  const int next = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const rlimit none{static_cast<rlim_t>(next + 1), static_cast<rlim_t>(next + 1)};
+  if (next < 0 || ::setrlimit(RLIMIT_NOFILE, &none) != 0) std::_Exit(3);
+  while (::open("/dev/null", O_RDONLY | O_CLOEXEC) >= 0) {  // any lower numbers still free
   }
   util::UniqueFd received;
   Result<FrameHeader> h =
