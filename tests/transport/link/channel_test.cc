@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -141,10 +142,14 @@ TEST(WireChannelCap, CapAppliesToSendingAndNeverExceedsTheFormat) {
   const bool named =
       !h.ok() && h.status().code() == StatusCode::kProtocolError &&
       h.status().message().find("out of open files: RLIMIT_NOFILE") != std::string::npos;
+  if (!named) std::fprintf(stderr, "got: %s\n", h.ok() ? "ok" : h.status().ToString().c_str());
   std::_Exit(named ? 0 : 1);
 }
 
 TEST(WireChannelFds, AnFdDroppedForWantOfOpenFilesSaysSo) {
+  // The sanitizers' runtimes open fds of their own to check memory (UBSan's vptr check reports a
+  // false error when it cannot); the plain build runs this.
+  if (testing::kUnderSanitizer) GTEST_SKIP() << "a sanitizer runtime needs free fds";
   EXPECT_EXIT(ReceiveAnFdWithNoRoomForIt(), ::testing::ExitedWithCode(0), "");
 }
 
