@@ -163,9 +163,12 @@ void BindPublisher(nb::module_& m) {
           "__init__",
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
-             int64_t resume_from_step, bool zero_copy) {
+             int64_t resume_from_step, bool zero_copy, int ring_buckets,
+             uint64_t ring_bucket_bytes) {
             PublisherOptions o;
             o.zero_copy = zero_copy;
+            o.ring_buckets = ring_buckets;
+            o.ring_bucket_bytes = ring_bucket_bytes;
             o.lineage = Utf8Arg(lineage, "lineage");
             o.resume_from_step = resume_from_step;
             o.endpoint = Utf8Arg(endpoint, "endpoint");
@@ -184,11 +187,12 @@ void BindPublisher(nb::module_& m) {
           },
           "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
           "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
-          "resume_from_step"_a = -1, "zero_copy"_a = false,
+          "resume_from_step"_a = -1, "zero_copy"_a = false, "ring_buckets"_a = 0,
+          "ring_bucket_bytes"_a = 0,
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
                   "segment_bytes: int = 8388608, copy_threads: int = 0, max_connections: int = "
-                  "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False) "
-                  "-> None"),
+                  "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False, "
+                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0) -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
@@ -198,7 +202,11 @@ void BindPublisher(nb::module_& m) {
           "zero_copy (CUDA tensors, local:// only): the registered tensors are the published\n"
           "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
           "call begin_write() before the optimizer changes them (PyTorch's caching allocator,\n"
-          "with or without expandable segments).")
+          "with or without expandable segments).\n"
+          "ring_buckets (host tensors, local:// only; >= 2): a ring of that many buckets of\n"
+          "ring_bucket_bytes (0: from free memory) instead of `slots` copies of the model;\n"
+          "publish() only hashes, each update streams the tensors through the ring, and\n"
+          "begin_write() fences the optimizer's writes as with zero_copy.")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

@@ -11,6 +11,7 @@
 #include "plan/plan.h"
 #include "transport/link/endpoint.h"
 #include "transport/link/server.h"
+#include "transport/store/bucket_ring.h"
 #include "transport/store/version_store.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
@@ -75,6 +76,8 @@ struct Publisher::Impl final : transport::link::VersionSource {
   // its versions in a GPU store instead, chosen at the first Publish.
   std::unique_ptr<transport::store::VersionStore> host_store;
   std::unique_ptr<transport::store::VersionStore> store;  // set by Freeze
+  // Ring publishers (options.ring_buckets): who reads which bucket, set by Freeze.
+  std::unique_ptr<transport::store::BucketRing> ring;
   int cuda_device = -1;  // ≥ 0: registered tensors are on this CUDA device
 
   // Registration (before the first Publish), in manifest order.
@@ -124,7 +127,23 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Result<util::UniqueFd> ExportAllocationFd(uint32_t index) override;
   Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
                                        const std::function<bool()>& give_up) override;
+  // Acquire without the ring: the version pinned.
+  Result<transport::link::Pin> PinVersion(const wire::UpdateRequest& request,
+                                          const Deadline& deadline,
+                                          const std::function<bool()>& give_up);
   Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
+  Result<uint32_t> AwaitBucket(const transport::link::Pin& pin, uint32_t bucket,
+                               const Deadline& deadline) override {
+    return ring->Await(pin.ring_member, bucket, deadline);
+  }
+  Status ReleaseBucket(const transport::link::Pin& pin, uint32_t bucket) override {
+    return ring->Release(pin.ring_member, bucket);
+  }
+  // Revokes the readers of `v` and, on a ring, every member of its round.
+  void RevokeReaders(Version* v) WS_REQUIRES(mu) {
+    Revoke(v);
+    if (ring) ring->RevokeAll();
+  }
   const uint8_t* arena_base() const override { return store->base(); }
 };
 
@@ -161,6 +180,21 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   if (!options.lineage.empty()) {
     WS_RETURN_IF_ERROR(wire::CheckLineage(options.lineage).WithContext("PublisherOptions"));
   }
+  if (options.ring_buckets != 0 &&
+      (options.ring_buckets < 2 || options.ring_buckets > static_cast<int>(wire::kMaxSlots))) {
+    return Status::InvalidArgument("PublisherOptions.ring_buckets = ", options.ring_buckets,
+                                   ": must be 0 (no ring) or 2..", wire::kMaxSlots,
+                                   " (one bucket is filled while subscribers read another)");
+  }
+  if (options.ring_bucket_bytes > 0 && options.ring_buckets == 0) {
+    return Status::InvalidArgument("PublisherOptions.ring_bucket_bytes = ",
+                                   options.ring_bucket_bytes, " without ring_buckets");
+  }
+  if (options.ring_buckets > 0 && options.zero_copy) {
+    return Status::InvalidArgument(
+        "PublisherOptions.ring_buckets with zero_copy: a zero-copy publisher stages nothing, a "
+        "ring stages through buckets; choose one");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   // A new session per Create: subscribers never take this publisher's step N for a step N of an
@@ -174,6 +208,11 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
         "PublisherOptions.zero_copy with endpoint '", options.endpoint,
         "': zero-copy subscribers open this process's GPU memory by CUDA IPC handle, on this "
         "host only: use a local:// endpoint (or publish without zero_copy over tcp)");
+  }
+  if (options.ring_buckets > 0 && impl->endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
+    return Status::NotSupported("PublisherOptions.ring_buckets with endpoint '", options.endpoint,
+                                "': a ring streams to subscribers on this host (local://) only; "
+                                "over tcp the bytes stream from the publisher's slots");
   }
   WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
   transport::link::ServerOptions server_options;
@@ -218,6 +257,12 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   }
   if (device >= 0 && d.has_direct) {
     return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
+  }
+  if (d.options.ring_buckets > 0 && device >= 0) {
+    return Status::NotSupported("tensor '", tensors[0].name, "' is on cuda:", device,
+                                ": a ring of buckets (PublisherOptions.ring_buckets) holds host "
+                                "tensors only so far; publish CUDA tensors with zero_copy, or "
+                                "through the GPU arena");
   }
   if (d.options.zero_copy && device < 0 && !tensors.empty()) {
     return Status::InvalidArgument("tensor '", tensors[0].name, "' is on cpu: a zero_copy ",
@@ -284,6 +329,11 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
         "Allocate() on a zero_copy publisher: register CUDA "
         "tensors, which are published where they are");
   }
+  if (d.options.ring_buckets > 0) {
+    return Status::FailedPrecondition(
+        "Allocate() on a ring publisher (PublisherOptions.ring_buckets): register the tensors; "
+        "allocated tensors are read in place and need no ring");
+  }
   if (d.cuda_device >= 0) {
     return Status::NotSupported("Allocate() on a publisher of CUDA tensors (cuda:", d.cuda_device,
                                 "): arena-allocated GPU tensors are not supported "
@@ -310,6 +360,10 @@ Status Publisher::Impl::Freeze() {
     // ones.
     WS_ASSIGN_OR_RETURN(store, transport::store::NewZeroCopyGpuStore(cuda_device));
     has_direct = true;
+  } else if (options.ring_buckets > 0 && !store) {
+    // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones.
+    WS_ASSIGN_OR_RETURN(store, transport::store::NewHostRingStore(endpoint.name));
+    has_direct = true;
   } else if (cuda_device >= 0 && !store) {
     WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuStore(cuda_device));
   } else if (!store) {
@@ -321,11 +375,24 @@ Status Publisher::Impl::Freeze() {
   layout.slots = static_cast<uint32_t>(options.slots);
   layout.segment_bytes = options.segment_bytes;
   layout.copy_threads = options.copy_threads;
+  layout.ring_slots = static_cast<uint32_t>(options.ring_buckets);
+  layout.ring_bucket_bytes = options.ring_bucket_bytes;
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
   WS_FAIL_POINT_RETURN("publisher.freeze");
-  versions.resize(options.slots);
-  digests.assign(options.slots, std::vector<uint64_t>(store->digest_count(), 0));
+  // A ring holds one version: the tensors themselves, streamed on demand.
+  const int held = options.ring_buckets > 0 ? 1 : options.slots;
+  if (options.ring_buckets > 0) {
+    ring = std::make_unique<transport::store::BucketRing>(
+        welcome.slot_count, store->version_buckets(), options.max_connections, options.timeout,
+        [store = store.get()](uint32_t bucket, uint32_t slot) {
+          // Tests: a fill after the first, so that a subscriber has copied part of the version.
+          if (bucket > 0) WS_FAIL_POINT_RETURN("publisher.ring_fill");
+          return store->FillBucket(bucket, slot);
+        });
+  }
+  versions.resize(held);
+  digests.assign(held, std::vector<uint64_t>(store->digest_count(), 0));
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << tensors.size() << " tensors, "
                             << manifest.total_bytes() << " bytes (" << welcome.direct_bytes
                             << " arena-allocated), " << store->Describe();
@@ -352,7 +419,7 @@ Status Publisher::BeginWrite() {
       // read is revoked. It gets a typed error at the end of its step instead of the digests,
       // so it never commits what it read while the trainer writes (staged: its old weights
       // stay; in place: they are marked invalid).
-      for (auto& v : d.versions) d.Revoke(&v);
+      for (auto& v : d.versions) d.RevokeReaders(&v);
       d.revoked_reads += readers;
       WS_LOG(WARN, "publisher") << d.bound_endpoint << " BeginWrite: revoked the read of "
                                 << readers << " subscriber(s) still reading after "
@@ -425,7 +492,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
                                   << v.readers << " read(s) of step " << replaced
                                   << " still going after " << d.options.timeout.count()
                                   << " ms, to reuse its slot";
-        d.Revoke(&v);
+        d.RevokeReaders(&v);
         break;
       }
       d.cv.WaitFor(&d.mu, kWaitSlice);
@@ -493,6 +560,22 @@ Result<util::UniqueFd> Publisher::Impl::ExportAllocationFd(uint32_t index) {
 Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
                                                       const Deadline& deadline,
                                                       const std::function<bool()>& give_up) {
+  WS_ASSIGN_OR_RETURN(transport::link::Pin pin, PinVersion(request, deadline, give_up));
+  if (!ring || pin.begin.slot == wire::kNoSlot) return pin;
+  // The ring is joined outside `mu`: joining may wait for another round to end.
+  Result<int> member = ring->Join(pin.begin.step, deadline, give_up);
+  if (!member.ok()) {
+    wire::StepEnd unused;
+    (void)Unpin(pin, &unused);  // nothing was read
+    return member.status();
+  }
+  pin.ring_member = *member;
+  return pin;
+}
+
+Result<transport::link::Pin> Publisher::Impl::PinVersion(const wire::UpdateRequest& request,
+                                                         const Deadline& deadline,
+                                                         const std::function<bool()>& give_up) {
   util::MutexLock lock(&mu);
   if (request.step >= 0 && request.step <= request.after_step) {
     return Status::FailedPrecondition("step ", request.step,
@@ -539,7 +622,9 @@ Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest&
 }
 
 Status Publisher::Impl::Unpin(const transport::link::Pin& pin, wire::StepEnd* end) {
-  Status result;
+  // A ring member revoked for holding a bucket too long (or a failed fill) has read nothing it
+  // may commit, whatever the version's epoch says.
+  Status result = pin.ring_member >= 0 ? ring->Leave(pin.ring_member) : Status::Ok();
   {
     util::MutexLock lock(&mu);
     Version& v = versions[pin.begin.slot];
@@ -551,6 +636,8 @@ Status Publisher::Impl::Unpin(const transport::link::Pin& pin, wire::StepEnd* en
                                options.timeout.count(),
                                " ms (PublisherOptions.timeout) for this subscriber to finish; "
                                "nothing it read may be committed");
+    } else if (!result.ok()) {
+      --v.readers;
     } else {
       end->step = pin.begin.step;
       end->digests.assign(digests[pin.begin.slot].begin(), digests[pin.begin.slot].end());

@@ -102,6 +102,28 @@ Status CheckRange(std::string_view what, uint64_t offset, uint64_t size, uint64_
   return Status::Ok();
 }
 
+// A ring store: two slots at least (one filled while another is read), no arena-allocated
+// tensors, and `*version_bytes` (version_buckets × slot_bytes) not overflowing.
+Status CheckRing(const wire::Welcome& welcome, uint64_t* version_bytes) {
+  if (welcome.version_buckets == 0) {
+    return Status::ProtocolError("welcome: a ring store with version_buckets 0");
+  }
+  if (welcome.slot_count < 2 || welcome.slot_bytes == 0) {
+    return Status::ProtocolError("welcome: a ring store needs 2 or more slots of > 0 bytes, has ",
+                                 welcome.slot_count, " of ", welcome.slot_bytes);
+  }
+  if (welcome.direct_bytes > 0) {
+    return Status::ProtocolError("welcome: a ring store with a direct region of ",
+                                 welcome.direct_bytes, " bytes");
+  }
+  if (__builtin_mul_overflow(welcome.slot_bytes, uint64_t{welcome.version_buckets},
+                             version_bytes)) {
+    return Status::ProtocolError("welcome: version_buckets ", welcome.version_buckets,
+                                 " * slot_bytes ", welcome.slot_bytes, " overflows uint64");
+  }
+  return Status::Ok();
+}
+
 // A kCudaIpc store's allocations: sorted, disjoint, inside the direct region, and every direct
 // tensor inside one of them; other stores have none.
 Status CheckAllocations(const wire::Welcome& welcome) {
@@ -183,6 +205,12 @@ Status ValidateLayout(const wire::Welcome& welcome) {
                                   welcome.arena_bytes, "arena size"));
   }
 
+  // A ring's slots are its buckets; a version is version_buckets of them, streamed through.
+  uint64_t version_bytes = welcome.slot_bytes;
+  if (wire::IsRing(welcome.arena_kind)) {
+    WS_RETURN_IF_ERROR(CheckRing(welcome, &version_bytes));
+  }
+
   // Names must be unique: the plan matches by name, and a duplicate would make the match depend
   // on which copy happened to be found.
   std::unordered_map<std::string_view, size_t> seen;
@@ -205,7 +233,7 @@ Status ValidateLayout(const wire::Welcome& welcome) {
           return Status::ProtocolError("welcome: tensor '", name,
                                        "' is in a slot but slot_count is 0");
         }
-        region_bytes = welcome.slot_bytes;
+        region_bytes = version_bytes;
         break;
       default:
         return Status::ProtocolError("welcome: tensor '", name, "' region ",

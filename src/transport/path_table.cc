@@ -29,6 +29,11 @@ constexpr PathEntry kPaths[] = {
     {"shm", "host store -> host memory: CPU threads copy from the store mapped read-only",
      &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kHost>,
      &Make<path::HostCopyPath>},
+    {"shm-ring",
+     "ring of host buckets -> host memory: CPU threads copy each bucket as the publisher fills "
+     "it from its tensors",
+     &Serves<LinkKind::kUnix, ArenaKind::kHostRing, DestinationKind::kHost>,
+     &Make<path::HostCopyPath>},
     {"host-to-gpu", "host store -> one CUDA device: the copy engines read the store, pinned once",
      &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kCuda>,
      &Make<path::HostToGpuPath>},
@@ -57,6 +62,8 @@ std::string StoreText(const wire::Welcome& welcome) {
       return "GPU memory (cuda:" + std::to_string(welcome.device) + ")";
     case ArenaKind::kCudaIpc:
       return "its own GPU tensors (zero-copy, cuda:" + std::to_string(welcome.device) + ")";
+    case ArenaKind::kHostRing:
+      return "a ring of buckets in host memory";
     default:
       return "host memory";
   }

@@ -71,6 +71,10 @@ std::string_view FrameTypeName(FrameType type) {
       return "allocation_fd";
     case FrameType::kNcclId:
       return "nccl_id";
+    case FrameType::kRingBucketReady:
+      return "ring_bucket_ready";
+    case FrameType::kRingBucketDone:
+      return "ring_bucket_done";
   }
   return "unknown";
 }

@@ -21,6 +21,7 @@ constexpr std::string_view kUpdateRequestWhat = "update_request";
 constexpr std::string_view kStepBeginWhat = "step_begin";
 constexpr std::string_view kCopyDoneWhat = "copy_done";
 constexpr std::string_view kAllocationFdWhat = "allocation_fd";
+constexpr std::string_view kRingBucketWhat = "ring_bucket";
 constexpr std::string_view kStepEndWhat = "step_end";
 constexpr std::string_view kErrorWhat = "error";
 
@@ -304,6 +305,7 @@ void Encode(const Welcome& m, std::vector<uint8_t>* out) {
     for (int64_t dim : t.shard.global_shape) w.I64(dim);
     for (int64_t offset : t.shard.offset) w.I64(offset);
   }
+  if (IsRing(m.arena_kind)) w.U32(m.version_buckets);
   if (m.arena_kind != ArenaKind::kCudaIpc) return;
   w.U32(static_cast<uint32_t>(m.allocations.size()));
   for (const GpuAllocation& a : m.allocations) {
@@ -341,9 +343,9 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
     return Status::ProtocolError(kWelcomeWhat, ": segment_bytes 0, expected > 0");
   }
   WS_ASSIGN_OR_RETURN(uint8_t arena_kind, r.U8("arena_kind"));
-  if (arena_kind > static_cast<uint8_t>(ArenaKind::kCudaIpc)) {
+  if (arena_kind > static_cast<uint8_t>(ArenaKind::kHostRing)) {
     return Status::ProtocolError(kWelcomeWhat, ": unknown arena_kind ", int(arena_kind),
-                                 ", expected 0..3");
+                                 ", expected 0..4");
   }
   m->arena_kind = static_cast<ArenaKind>(arena_kind);
   WS_ASSIGN_OR_RETURN(uint32_t device, r.U32("device"));
@@ -379,6 +381,14 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
     if (!inserted) {
       return Status::ProtocolError(kWelcomeWhat, ": tensor ", i, " ", Quote(t.spec.name),
                                    " duplicates the name of tensor ", it->second);
+    }
+  }
+  m->version_buckets = 0;
+  if (IsRing(m->arena_kind)) {
+    WS_ASSIGN_OR_RETURN(m->version_buckets, r.U32("version_buckets"));
+    if (m->version_buckets == 0 || m->version_buckets > kMaxVersionBuckets) {
+      return Status::ProtocolError(kWelcomeWhat, ": version_buckets ", m->version_buckets,
+                                   ", expected 1..", kMaxVersionBuckets);
     }
   }
   m->allocations.clear();
@@ -486,6 +496,23 @@ void Encode(const AllocationFd& m, std::vector<uint8_t>* out) {
 Status Decode(std::span<const uint8_t> payload, AllocationFd* m) {
   Reader r(payload, kAllocationFdWhat);
   WS_ASSIGN_OR_RETURN(m->index, r.U32("index"));
+  return r.ExpectEnd();
+}
+
+// ---- RingBucket: i64 step, u32 bucket, u32 slot ----
+
+void Encode(const RingBucket& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.I64(m.step);
+  w.U32(m.bucket);
+  w.U32(m.slot);
+}
+
+Status Decode(std::span<const uint8_t> payload, RingBucket* m) {
+  Reader r(payload, kRingBucketWhat);
+  WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
+  WS_ASSIGN_OR_RETURN(m->bucket, r.U32("bucket"));
+  WS_ASSIGN_OR_RETURN(m->slot, r.U32("slot"));
   return r.ExpectEnd();
 }
 

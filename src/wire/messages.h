@@ -60,7 +60,12 @@ enum class ArenaKind : uint8_t {
   // Welcome::allocations (no fd with the Welcome). The direct region is a virtual range in which
   // every allocation has its place, so tensors are placed by one offset as in an arena.
   kCudaIpc = 3,
+  // Host memory, a bounded ring (PublisherOptions::ring_buckets): a sealed memfd of slot_count
+  // buckets of slot_bytes (fd passed). A version is version_buckets buckets long; it streams
+  // through the ring, bucket b in slot b % slot_count, announced by ring_bucket frames.
+  kHostRing = 4,
 };
+inline constexpr bool IsRing(ArenaKind kind) { return kind == ArenaKind::kHostRing; }
 // How a kCudaIpc allocation is shared.
 enum class AllocationKind : uint8_t {
   kIpcHandle = 0,  // cudaMalloc memory: a CUDA IPC handle of its base
@@ -109,6 +114,9 @@ struct Welcome {
   std::vector<TensorPlacement> tensors;  // ≤ kMaxTensors
   // kCudaIpc only (empty otherwise): by offset, disjoint, inside the direct region.
   std::vector<GpuAllocation> allocations;
+  // Ring kinds only (IsRing): a version's bucket count, ≥ 1; tensors lie in a virtual slot of
+  // version_buckets × slot_bytes.
+  uint32_t version_buckets = 0;
 };
 inline constexpr uint32_t kMaxSlots = 64;
 
@@ -141,6 +149,17 @@ struct CopyDone {
   int64_t step = -1;
 };
 
+// Ring publishers: bucket `bucket` of `step` is in ring slot `slot` (ring_bucket_ready, publisher
+// → subscriber); the subscriber has read it and the slot may be refilled (ring_bucket_done, the
+// same three fields back).
+struct RingBucket {
+  int64_t step = -1;
+  uint32_t bucket = 0;
+  uint32_t slot = 0;
+};
+// A version's buckets at most: with 64-byte buckets (the smallest), 1 GiB of tensors.
+inline constexpr uint32_t kMaxVersionBuckets = 1u << 24;
+
 // Digests of every segment, publisher manifest order, each tensor split into
 // ceil(nbytes / segment_bytes) segments (a zero-byte tensor has none).
 // 2^22 digests × 8 bytes = 32 MiB: fits the 64 MiB frame limit with room to spare.
@@ -164,6 +183,7 @@ void Encode(const UpdateRequest& m, std::vector<uint8_t>* out);
 void Encode(const StepBegin& m, std::vector<uint8_t>* out);
 void Encode(const CopyDone& m, std::vector<uint8_t>* out);
 void Encode(const AllocationFd& m, std::vector<uint8_t>* out);
+void Encode(const RingBucket& m, std::vector<uint8_t>* out);
 void Encode(const StepEnd& m, std::vector<uint8_t>* out);
 void Encode(const ErrorMessage& m, std::vector<uint8_t>* out);
 
@@ -173,6 +193,7 @@ Status Decode(std::span<const uint8_t> payload, UpdateRequest* m);
 Status Decode(std::span<const uint8_t> payload, StepBegin* m);
 Status Decode(std::span<const uint8_t> payload, CopyDone* m);
 Status Decode(std::span<const uint8_t> payload, AllocationFd* m);
+Status Decode(std::span<const uint8_t> payload, RingBucket* m);
 // Reuses m->digests' capacity: steady-state decoding does not allocate.
 Status Decode(std::span<const uint8_t> payload, StepEnd* m);
 Status Decode(std::span<const uint8_t> payload, ErrorMessage* m);

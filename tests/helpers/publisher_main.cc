@@ -5,8 +5,11 @@
 // Prints "ready ENDPOINT" (the bound endpoint: tcp://HOST:0 gets its port), then answers each
 // command with one line (testing/command_loop.h; also arm and quit):
 //   publish S   → "ok S" | "error <status>"      (fills the synthetic model for step S first)
-// Fail points come from $WEIGHTSYNC_FAILPOINTS or `arm`.
+// Fail points come from $WEIGHTSYNC_FAILPOINTS or `arm`. WS_TEST_RING=BUCKETS:BYTES makes it a ring
+// publisher (PublisherOptions::ring_buckets, ring_bucket_bytes), which fences each write of the
+// model with BeginWrite().
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -47,6 +50,14 @@ int main(int argc, char** argv) {
                          argc > 5 ? std::atoi(argv[5]) : 1);
   }
   if (argc > 4) options.slots = std::atoi(argv[4]);
+  if (const char* ring = std::getenv("WS_TEST_RING"); ring != nullptr) {
+    unsigned long long bytes = 0;
+    if (std::sscanf(ring, "%d:%llu", &options.ring_buckets, &bytes) != 2) {
+      return ws::testing::SetUpFailed(
+          ws::Status::InvalidArgument("WS_TEST_RING='", ring, "': expected BUCKETS:BYTES"));
+    }
+    options.ring_bucket_bytes = bytes;
+  }
   ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto publisher = ws::Publisher::Create(options);
   if (!publisher.ok()) return ws::testing::SetUpFailed(publisher.status());
@@ -58,6 +69,9 @@ int main(int argc, char** argv) {
   loop.On("publish", [&](std::istream& args) {
     int64_t step = 0;
     if (!(args >> step)) return std::string("error publish needs a step");
+    if (options.ring_buckets > 0) {
+      if (ws::Status s = (*publisher)->BeginWrite(); !s.ok()) return Answer(s, "");
+    }
     model.Fill(step);
     return Answer((*publisher)->Publish(step).status(), "ok " + std::to_string(step));
   });

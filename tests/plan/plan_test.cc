@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/status_matchers.h"
+
 namespace weightsync::plan {
 namespace {
 
@@ -137,6 +139,36 @@ TEST(ValidateLayoutTest, AcceptsValidLayoutIncludingTensorsEndingAtRegionEnd) {
   ASSERT_EQ(w.tensors[0].spec.nbytes, w.direct_bytes);
   Status s = ValidateLayout(w);
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// A ring: tensors lie in a version of version_buckets × slot_bytes, longer than one slot.
+TEST(ValidateLayoutTest, ARingHoldsTensorsAcrossItsBucketsAndIsCheckedAsARing) {
+  wire::Welcome w = WelcomeBuilder(4096).Add(Raw("w1", 6000)).Add(Raw("w2", 123)).Build();
+  w.arena_kind = wire::ArenaKind::kHostRing;
+  const uint64_t version = w.slot_bytes;
+  w.slot_bytes = 1024;
+  w.slot_count = 2;
+  w.version_buckets = static_cast<uint32_t>((version + 1023) / 1024);
+  w.arena_bytes = w.slots_offset + 2 * 1024;
+  ASSERT_OK(ValidateLayout(w));
+  wire::Welcome shorter = w;
+  --shorter.version_buckets;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(shorter), "exceeds slot size");
+  wire::Welcome one_slot = w;
+  one_slot.slot_count = 1;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(one_slot), "2 or more slots");
+  wire::Welcome no_buckets = w;
+  no_buckets.version_buckets = 0;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(no_buckets), "version_buckets 0");
+  wire::Welcome direct = w;
+  direct.direct_bytes = 64;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(direct), "direct region");
+  wire::Welcome huge = w;
+  huge.slot_bytes = uint64_t{1} << 62;
+  huge.arena_bytes = ~uint64_t{0};
+  huge.slots_offset = 0;
+  huge.version_buckets = 8;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(huge), "overflows");
 }
 
 TEST(ValidateLayoutTest, AcceptsEmptyWelcome) {

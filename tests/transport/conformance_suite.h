@@ -57,6 +57,8 @@ struct PathRow {
   // A zero-copy GPU publisher (PublisherOptions::zero_copy) of tensors in cudaMalloc memory ("1")
   // or in cuMem chunks as PyTorch's expandable segments ("vmm"): WS_TEST_ZERO_COPY's value.
   const char* zero_copy = nullptr;
+  // A ring publisher (PublisherOptions::ring_buckets): "BUCKETS:BYTES", WS_TEST_RING's value.
+  const char* ring = nullptr;
 
   bool staged() const { return mode == UpdateMode::kStaged; }
   bool nccl() const { return tcp && gpu_store; }
@@ -75,7 +77,9 @@ inline std::vector<PathRow> InBothModes(std::vector<PathRow> paths) {
 }
 
 inline std::vector<PathRow> HostRows() {
-  return InBothModes({{"shm", false, false, false, {}}, {"tcp", false, false, true, {}}});
+  return InBothModes({{"shm", false, false, false, {}},
+                      {"shm-ring", false, false, false, {}, nullptr, "2:65536"},
+                      {"tcp", false, false, true, {}}});
 }
 
 inline std::vector<PathRow> GpuRows() {
@@ -164,6 +168,7 @@ class Conformance : public ::testing::TestWithParam<PathRow> {
     std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
     if (row.tcp) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
     if (row.zero_copy != nullptr) env.push_back(std::string("WS_TEST_ZERO_COPY=") + row.zero_copy);
+    if (row.ring != nullptr) env.push_back(std::string("WS_TEST_RING=") + row.ring);
     publisher_ = std::make_unique<testing::PublisherProcess>(
         row.gpu_store ? "gpu_publisher" : "publisher", std::move(args), std::move(env));
     ASSERT_NO_FATAL_FAILURE(publisher_->Start(row.tcp ? std::string("tcp://127.0.0.1:0")

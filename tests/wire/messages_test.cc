@@ -60,6 +60,7 @@ void ExpectSameWelcome(const Welcome& a, const Welcome& b) {
   EXPECT_EQ(a.device, b.device);
   EXPECT_EQ(a.digest_kind, b.digest_kind);
   EXPECT_EQ(a.lineage, b.lineage);
+  EXPECT_EQ(a.version_buckets, b.version_buckets);
   EXPECT_EQ(a.resumed_from, b.resumed_from);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) {
@@ -441,6 +442,38 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   EXPECT_EQ(EncodeOf(arena).size() + 4 + 3 * 81 + (8 + 8 + 1 + 4 + 3 * 8), bytes.size());
 }
 
+TEST(WireWelcomeTest, RoundTripRingAndItsBucketCountBounded) {
+  Welcome in = WelcomeWith(4);
+  in.arena_kind = ArenaKind::kHostRing;
+  in.version_buckets = 17;
+  const std::vector<uint8_t> bytes = EncodeOf(in);
+  Welcome out;
+  ASSERT_OK(Decode(bytes, &out));
+  ExpectSameWelcome(in, out);
+  ExpectEveryPrefixRejected<Welcome>(bytes);
+  ExpectTrailingByteRejected<Welcome>(bytes);
+  for (uint32_t hostile : {0u, kMaxVersionBuckets + 1}) {
+    Welcome bad = in;
+    bad.version_buckets = hostile;
+    EXPECT_STATUS_IS(kProtocolError, Decode(EncodeOf(bad), &out), "version_buckets");
+  }
+  // Only a ring carries the count.
+  Welcome plain = in;
+  plain.arena_kind = ArenaKind::kHostMemfd;
+  EXPECT_EQ(EncodeOf(plain).size() + 4, bytes.size());
+}
+
+TEST(WireRingBucketTest, RoundTrip) {
+  RingBucket in{-5, 123456, 63}, out;
+  const std::vector<uint8_t> bytes = EncodeOf(in);
+  ASSERT_OK(Decode(bytes, &out));
+  EXPECT_EQ(out.step, in.step);
+  EXPECT_EQ(out.bucket, in.bucket);
+  EXPECT_EQ(out.slot, in.slot);
+  ExpectEveryPrefixRejected<RingBucket>(bytes);
+  ExpectTrailingByteRejected<RingBucket>(bytes);
+}
+
 TEST(WireAllocationFdTest, RoundTrip) {
   AllocationFd in{77}, out;
   const std::vector<uint8_t> bytes = EncodeOf(in);
@@ -713,9 +746,9 @@ TEST(WireWelcomeTest, GeometryLimits) {
       IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: slot_count 65 exceeds limit 64"}));
   raw.slot_count = 1;
   raw.segment_bytes = 1;
-  raw.arena_kind = 4;
+  raw.arena_kind = 5;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
-                              {"welcome: unknown arena_kind 4", "expected 0..3"}));
+                              {"welcome: unknown arena_kind 5", "expected 0..4"}));
   raw.arena_kind = 0;
   raw.digest_kind = 2;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown digest_kind 2"}));

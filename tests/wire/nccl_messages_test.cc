@@ -39,7 +39,11 @@ TEST(WireNcclFrames, TypesAndNames) {
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kNcclSetup), 12);
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kNcclId), 13);
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kAllocationFd), 14);
-  EXPECT_EQ(kMaxFrameType, 14);
+  EXPECT_EQ(static_cast<uint16_t>(FrameType::kRingBucketReady), 15);
+  EXPECT_EQ(static_cast<uint16_t>(FrameType::kRingBucketDone), 16);
+  EXPECT_EQ(kMaxFrameType, 16);
+  EXPECT_EQ(FrameTypeName(FrameType::kRingBucketReady), "ring_bucket_ready");
+  EXPECT_EQ(FrameTypeName(FrameType::kRingBucketDone), "ring_bucket_done");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclId), "nccl_id");
   // Both frame types pass the header check (type range) and carry their payload checksum.

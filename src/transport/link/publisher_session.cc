@@ -70,7 +70,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
       continue;
     }
     if (s.ok()) {
-      s = delivery.Deliver(begin, ch,
+      s = delivery.Deliver(pin, ch,
                            delivery.BoundedByPublisher() ? Deadline(config.timeout)
                                                          : PeerWaitDeadline(request.wait_ms),
                            streaming);

@@ -41,4 +41,20 @@ Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& chann
   return std::span<const uint64_t>(end->digests);
 }
 
+Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std::string& peer,
+                                    int64_t step, uint32_t bucket, uint32_t slot_count,
+                                    const util::Deadline& deadline) {
+  wire::RingBucket ready;
+  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kRingBucketReady, &ready, deadline));
+  if (ready.step != step || ready.bucket != bucket) {
+    return Status::ProtocolError(peer, ": ring bucket ", ready.bucket, " of step ", ready.step,
+                                 " announced, expected bucket ", bucket, " of step ", step);
+  }
+  if (ready.slot >= slot_count) {
+    return Status::ProtocolError(peer, ": ring bucket ", bucket, " in slot ", ready.slot,
+                                 ", the ring has ", slot_count);
+  }
+  return ready.slot;
+}
+
 }  // namespace weightsync::transport::link

@@ -23,8 +23,8 @@ class SocketDelivery final : public StepDelivery {
  public:
   SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, const uint8_t* base)
       : welcome_(welcome), select_(select), base_(base), parts_(select.ranges.size()) {}
-  Status Deliver(const wire::StepBegin& begin, Channel& ch, const Deadline& deadline,
-                 bool* streaming) override {
+  Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline, bool* streaming) override {
+    const wire::StepBegin& begin = pin.begin;
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
     for (size_t i = 0; i < parts_.size(); ++i) {
       const wire::SelectRange& range = select_.ranges[i];
@@ -60,10 +60,10 @@ class NcclDelivery final : public StepDelivery {
  public:
   NcclDelivery(path::NcclSender* sender, const cuda::nccl::Watch& watch)
       : sender_(sender), watch_(watch) {}
-  Status Deliver(const wire::StepBegin& begin, Channel& /*ch*/, const Deadline& deadline,
+  Status Deliver(const Pin& pin, Channel& /*ch*/, const Deadline& deadline,
                  bool* /*streaming*/) override {
     // Unpinned only once NCCL has read the whole slot (or the communicator was aborted).
-    return sender_->Send(begin.slot, deadline, watch_);
+    return sender_->Send(pin.begin.slot, deadline, watch_);
   }
   // A broadcast waiting on a stalled receiver keeps NCCL kernels running on the publisher's GPU:
   // it is aborted at the publisher's timeout.

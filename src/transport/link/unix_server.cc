@@ -17,6 +17,7 @@
 #include "transport/link/publisher_session.h"
 #include "transport/link/server.h"
 #include "transport/link/session_threads.h"
+#include "util/fail_point.h"
 #include "util/ledger.h"
 #include "util/logging.h"
 #include "util/thread.h"
@@ -100,11 +101,19 @@ class UnixServer final : public Server {
   bool closed_ = false;
 };
 
-// The subscriber reads a pinned step from the shared store itself and says when it is done.
+// The subscriber reads a pinned step from the shared store itself and says when it is done. From
+// a ring, it reads bucket by bucket: each announced once it is in the ring, and released when
+// the subscriber says it has read it. This session fills the next bucket (if no other reader's
+// session has) while its subscriber copies the current one, so two ring slots keep it busy.
 class CopyDoneDelivery final : public StepDelivery {
  public:
-  Status Deliver(const wire::StepBegin& begin, Channel& ch, const Deadline& deadline,
+  CopyDoneDelivery(VersionSource* source, const wire::Welcome& welcome)
+      : source_(source), buckets_(welcome.version_buckets), slot_count_(welcome.slot_count) {}
+
+  Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline,
                  bool* /*streaming*/) override {
+    const wire::StepBegin& begin = pin.begin;
+    if (buckets_ > 0) WS_RETURN_IF_ERROR(DeliverRing(pin, ch, deadline));
     wire::CopyDone done;
     WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kCopyDone, &done, deadline));
     if (done.step != begin.step) {
@@ -112,6 +121,39 @@ class CopyDoneDelivery final : public StepDelivery {
     }
     return Status::Ok();
   }
+
+ private:
+  Status DeliverRing(const Pin& pin, Channel& ch, const Deadline& deadline) {
+    wire::RingBucket ready{pin.begin.step, 0, 0};
+    wire::RingBucket done;
+    WS_ASSIGN_OR_RETURN(ready.slot, source_->AwaitBucket(pin, 0, deadline));
+    for (uint32_t b = 0; b < buckets_; ++b) {
+      ready.bucket = b;
+      // Tests: a slot past the ring, which the subscriber must refuse.
+      wire::RingBucket offered = ready;
+      if (util::FailPoints::Check("publisher.ring_bad_slot").action == util::FailAction::kFlip) {
+        offered.slot = slot_count_;
+      }
+      WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kRingBucketReady, offered, deadline));
+      uint32_t next_slot = 0;
+      if (b + 1 < buckets_) {
+        WS_ASSIGN_OR_RETURN(next_slot, source_->AwaitBucket(pin, b + 1, deadline));
+      }
+      WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kRingBucketDone, &done, deadline));
+      if (done.step != ready.step || done.bucket != b || done.slot != ready.slot) {
+        return Status::ProtocolError("ring_bucket_done for step ", done.step, " bucket ",
+                                     done.bucket, " slot ", done.slot, ", expected step ",
+                                     ready.step, " bucket ", b, " slot ", ready.slot);
+      }
+      WS_RETURN_IF_ERROR(source_->ReleaseBucket(pin, b));
+      ready.slot = next_slot;
+    }
+    return Status::Ok();
+  }
+
+  VersionSource* source_;
+  uint32_t buckets_;
+  uint32_t slot_count_;
 };
 
 void UnixServer::AcceptLoop() {
@@ -186,7 +228,7 @@ void UnixServer::Serve(int fd, int id) {
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, *layout.first, Deadline(options_.timeout),
                                layout.second));
     WS_RETURN_IF_ERROR(SendAllocationFds(ch, *layout.first));
-    CopyDoneDelivery delivery;
+    CopyDoneDelivery delivery(source_, *layout.first);
     return ServeSteps(ch, config, *layout.first, delivery, &streaming);
   }();
   EndSession(ch, config, s, streaming, "shm");

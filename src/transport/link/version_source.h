@@ -20,6 +20,7 @@ namespace weightsync::transport::link {
 struct Pin {
   wire::StepBegin begin;
   uint64_t epoch = 0;
+  int ring_member = -1;  // ring publishers: this reader's place in the round (store/bucket_ring.h)
 };
 
 // What the server needs from the publisher core.
@@ -40,6 +41,16 @@ class VersionSource {
   // meanwhile (BeginWrite stopped waiting for this reader and the trainer may be writing the
   // bytes it read), Timeout saying so: the subscriber must not commit what it read.
   virtual Status Unpin(const Pin& pin, wire::StepEnd* end) = 0;
+  // Ring publishers (Welcome::version_buckets > 0), while `pin` is held: the ring slot holding
+  // bucket `bucket` of the pinned step, filled first if need be (buckets in order); and the
+  // subscriber having read it. A revoked read fails with Timeout saying why.
+  virtual Result<uint32_t> AwaitBucket(const Pin& pin, uint32_t bucket,
+                                       const util::Deadline& deadline) {
+    return Status::FailedPrecondition("bucket ", bucket, ": this publisher has no ring");
+  }
+  virtual Status ReleaseBucket(const Pin& pin, uint32_t bucket) {
+    return Status::FailedPrecondition("bucket ", bucket, ": this publisher has no ring");
+  }
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "transport/link/step_exchange.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 #include "util/worker_pool.h"
@@ -22,17 +23,46 @@ Status HostCopyPath::Prepare(const PathContext& ctx) {
                                                     /*writable=*/false, "arena of " + peer_));
   // The mapping keeps the memory alive; the fd is no longer needed.
   WS_RETURN_IF_ERROR(fd.Close());
-  const int threads =
-      std::min<int>(ctx.CopyThreads(), std::max<size_t>(ctx.plan->buckets.size(), 1));
-  return landing_.Prepare(ctx.plan, *ctx.destinations, ctx.mode, threads);
+  link_ = ctx.link;
+  // From a ring, every bucket's pieces are shared among the workers.
+  const size_t work =
+      welcome_->version_buckets > 0 ? ctx.plan->segments.size() : ctx.plan->buckets.size();
+  const int threads = std::min<int>(ctx.CopyThreads(), std::max<size_t>(work, 1));
+  WS_RETURN_IF_ERROR(landing_.Prepare(ctx.plan, *ctx.destinations, ctx.mode, threads));
+  if (welcome_->version_buckets > 0) {
+    landing_.PrepareRing(welcome_->slot_bytes, welcome_->version_buckets);
+  }
+  return Status::Ok();
+}
+
+Status HostCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline) {
+  const uint8_t* slots = mapping_.data() + welcome_->slots_offset;
+  for (uint32_t b = 0; b < welcome_->version_buckets; ++b) {
+    WS_ASSIGN_OR_RETURN(uint32_t slot, link::ReceiveBucketReady(link_->channel(), peer_, begin.step,
+                                                                b, welcome_->slot_count, deadline));
+    // Tests: a subscriber slow inside the ring (sleep), holding the bucket it was given.
+    (void)util::FailPoints::Check("subscriber.ring_bucket");
+    landing_.CopyRingBucket(b, slots + uint64_t{slot} * welcome_->slot_bytes);
+    wire::RingBucket done{begin.step, b, slot};
+    // Tests: a done that does not echo the ready, which the publisher must refuse.
+    if (util::FailPoints::Check("subscriber.ring_bad_done").action == util::FailAction::kFlip) {
+      ++done.bucket;
+    }
+    WS_RETURN_IF_ERROR(link_->channel().Send(wire::FrameType::kRingBucketDone, done, deadline));
+  }
+  return Status::Ok();
 }
 
 Status HostCopyPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
                           const util::Deadline& deadline) {
   const uint8_t* arena = mapping_.data();
-  landing_.CopyFromArena(
-      arena + welcome_->slots_offset + uint64_t{begin.slot} * welcome_->slot_bytes,
-      arena + welcome_->direct_offset);
+  if (welcome_->version_buckets > 0) {
+    WS_RETURN_IF_ERROR(CopyFromRing(begin, deadline));
+  } else {
+    landing_.CopyFromArena(
+        arena + welcome_->slots_offset + uint64_t{begin.slot} * welcome_->slot_bytes,
+        arena + welcome_->direct_offset);
+  }
   landing_.MaybeInjectBitFlip();
   // Bytes in shared memory cannot be "lost"; a publisher that died or was stopped meanwhile is
   // caught by the step's end, which needs its confirmation before anything is committed.

@@ -1,6 +1,7 @@
 // HostCopyPath: a publisher's host store (shared memory on this host) into host destinations —
 // the store mapped read-only once, each step copied by CPU threads bucket by bucket (host
-// landing: staging, or the destinations in place).
+// landing: staging, or the destinations in place). From a ring store, bucket by bucket as the
+// publisher announces each (ring_bucket_ready), confirming each once copied (ring_bucket_done).
 #pragma once
 
 #include "transport/path/data_path.h"
@@ -20,6 +21,9 @@ class HostCopyPath final : public DataPath {
   Status Release() override;
 
  private:
+  Status CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline);
+
+  link::Link* link_ = nullptr;
   const wire::Welcome* welcome_ = nullptr;
   std::string peer_;
   store::Mapping mapping_;

@@ -46,6 +46,11 @@ class HostLanding {
   // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
   // arena-allocated ones.
   void CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base);
+  // From a ring store (Welcome::version_buckets > 0): cuts every segment at the edges of the
+  // version's buckets of `bucket_bytes`, once; then CopyRingBucket copies what bucket `bucket`
+  // (at `bucket_base`) holds of the plan's segments.
+  void PrepareRing(uint64_t bucket_bytes, uint32_t buckets);
+  void CopyRingBucket(uint32_t bucket, const uint8_t* bucket_base);
   // Checks every received segment against `digests` (computed with `kind`). Corruption names the
   // first failing tensor and byte range and counts the failing segments.
   Status Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step);
@@ -61,6 +66,16 @@ class HostLanding {
 
  private:
   static void CopyBucket(void* context, uint32_t bucket);
+  static void CopyRingPiece(void* context, uint32_t index);
+  struct RingPiece {  // `bytes` of segment `segment`, `at` bytes into it, from `offset` of a bucket
+    uint32_t segment = 0;
+    uint64_t at = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<RingPiece> ring_pieces_;
+  std::vector<uint32_t> ring_first_;  // bucket b's pieces: [ring_first_[b], ring_first_[b + 1])
+  uint32_t ring_bucket_ = 0;          // per bucket, set before each parallel run
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);
   static void ConvertTensor(void* context, uint32_t index);

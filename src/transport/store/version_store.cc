@@ -24,6 +24,13 @@ SegmentLayout CutSegments(const StoreLayout& layout) {
   return out;
 }
 
+uint64_t DefaultRingBucketBytes(uint64_t free_bytes, uint32_t slots, uint64_t version_bytes) {
+  constexpr uint64_t kMin = 64ull << 20, kMax = 1ull << 30;
+  uint64_t bytes = std::clamp<uint64_t>(free_bytes / 4 / std::max<uint32_t>(slots, 1), kMin, kMax);
+  bytes = std::min(bytes, (version_bytes + 63) / 64 * 64);
+  return std::max<uint64_t>(bytes, 64);
+}
+
 Result<uint64_t> VersionStore::AllocateDirect(uint64_t /*bytes*/) {
   return Status::NotSupported("this store holds no tensors of its own");
 }

@@ -37,7 +37,17 @@ struct StoreLayout {
   uint32_t slots = 2;
   uint64_t segment_bytes = 0;  // > 0
   int copy_threads = 0;        // host store: copy + hash workers (0: default)
+  // Ring stores: slots (buckets held at once, ≥ 2) and bytes per bucket (0:
+  // DefaultRingBucketBytes).
+  uint32_t ring_slots = 0;
+  uint64_t ring_bucket_bytes = 0;
 };
+
+// A ring's bucket when none is asked for: a quarter of `free_bytes` spread over the ring's
+// `slots`, within [64 MiB, 1 GiB] (1 GiB buckets already run at the copy limit; smaller ones
+// leave memory to a colocated engine), and never more than the version (`version_bytes`, rounded
+// up to 64).
+uint64_t DefaultRingBucketBytes(uint64_t free_bytes, uint32_t slots, uint64_t version_bytes);
 
 // The digest ranges of a layout, shared by the stores: each tensor cut into segments of at most
 // segment_bytes, digests numbered in manifest order; a tied tensor's digests are copied from its
@@ -77,6 +87,13 @@ class VersionStore {
   virtual Result<util::UniqueFd> ExportAllocationFd(uint32_t index) const {
     return Status::FailedPrecondition("allocation fd ", index, ": this store has no cuMem chunks");
   }
+  // Ring stores (NewHostRingStore): a version's bucket count (Welcome::version_buckets), and the
+  // copy of bucket `bucket` of the registered tensors into ring slot `slot`, finished when it
+  // returns. Publish only hashes the tensors where they are. Others have no ring.
+  virtual uint32_t version_buckets() const { return 0; }
+  virtual Status FillBucket(uint32_t bucket, uint32_t slot) {
+    return Status::FailedPrecondition("bucket ", bucket, ": this store is not a ring");
+  }
   virtual const uint8_t* base() const = 0;    // host store: offset 0 here (tcp sends from it)
   virtual uint32_t digest_count() const = 0;  // per version, after Freeze
   virtual uint64_t copy_bytes() const = 0;    // bytes one Publish copies
@@ -87,6 +104,10 @@ class VersionStore {
 
 // The host store: a memfd arena reserving address space now (AllocateDirect works before Freeze).
 Result<std::unique_ptr<VersionStore>> NewHostStore(const std::string& name);
+// The host ring store (host_ring_store.cc): StoreLayout::ring_slots buckets in a memfd; the
+// registered host tensors stream through them bucket by bucket as subscribers read
+// (BucketRing), so the store holds ring_slots × bucket bytes instead of slots × the model.
+Result<std::unique_ptr<VersionStore>> NewHostRingStore(const std::string& name);
 // The GPU store on `device`: a cuMem arena allocated at Freeze.
 Result<std::unique_ptr<VersionStore>> NewGpuStore(int device);
 // The zero-copy GPU store on `device` (gpu_zero_copy_store.cc): the registered tensors themselves,

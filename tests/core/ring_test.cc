@@ -1,0 +1,254 @@
+// Bounded staging: a host publisher with a ring of buckets (PublisherOptions::ring_buckets) over a
+// real Unix socket and a real memfd ring. A model ten times one bucket arrives bit-exact through
+// two buckets, staged and in place, verified; several subscribers share a round; the trainer's
+// write is fenced; a failed fill and a stalled reader end only their reads, with the old weights
+// intact; what a ring cannot do is refused up front.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "testing/publisher_process.h"
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::SyntheticModel;
+using util::FailAction;
+using util::FailPoints;
+
+constexpr uint64_t kBucket = 64 << 10;
+
+class Ring : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override { FailPoints::DisarmAll(); }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  // 10 tensors of 8 KiB..: about ten buckets of 64 KiB, tensors straddling bucket edges.
+  void Start(milliseconds timeout = milliseconds(5000)) {
+    PublisherOptions o;
+    o.endpoint = testing::UniqueEndpoint("ring");
+    o.ring_buckets = 2;
+    o.ring_bucket_bytes = kBucket;
+    o.segment_bytes = 4096;
+    o.timeout = timeout;
+    ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
+    ASSERT_OK(pub_->Register(tensors_));
+    ASSERT_GE(model_.total_bytes(), 10 * kBucket) << "the model must span ten buckets";
+  }
+  std::unique_ptr<Subscriber> Connect(std::vector<NamedTensor>& views) {
+    SubscriberOptions o;
+    o.endpoint = pub_->endpoint();
+    o.mode = GetParam();
+    o.verify = true;
+    o.timeout = milliseconds(testing::kUnderSanitizer ? 20000 : 8000);
+    return testing::NewSubscriber(o, views);
+  }
+  Status Write(int64_t step) {
+    WS_RETURN_IF_ERROR(pub_->BeginWrite());
+    model_.Fill(step);
+    return pub_->Publish(step).status();
+  }
+
+  SyntheticModel model_{10, 20000};
+  std::vector<NamedTensor> tensors_ = model_.Tensors();
+  std::unique_ptr<Publisher> pub_;
+};
+
+TEST_P(Ring, AModelTenTimesABucketArrivesBitExactThroughTwoBuckets) {
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_OK(Write(step));
+    ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+    EXPECT_EQ(stats.step, step);
+    std::string why;
+    EXPECT_TRUE(SyntheticModel::Holds(dst, step, &why)) << "step " << step << ": " << why;
+  }
+}
+
+TEST_P(Ring, SubscribersUpdatingTogetherShareTheRingAndEachGetsEveryByte) {
+  Start();
+  constexpr int kSubscribers = 3;
+  std::vector<std::vector<std::vector<uint8_t>>> storage(kSubscribers);
+  std::vector<std::vector<NamedTensor>> dst(kSubscribers);
+  std::vector<std::unique_ptr<Subscriber>> subs;
+  for (int i = 0; i < kSubscribers; ++i) {
+    storage[i] = SyntheticModel::PoisonedStorage(tensors_);
+    dst[i] = SyntheticModel::Views(tensors_, storage[i]);
+    subs.push_back(Connect(dst[i]));
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_OK(Write(step));
+    std::vector<std::future<Result<UpdateStats>>> updates;
+    for (auto& s : subs) {
+      updates.push_back(std::async(std::launch::async, [&s] { return s->Update(); }));
+    }
+    for (int i = 0; i < kSubscribers; ++i) {
+      Status s = updates[i].get().status();
+      ASSERT_TRUE(s.ok()) << "subscriber " << i << ": " << s;
+      std::string why;
+      EXPECT_TRUE(SyntheticModel::Holds(dst[i], step, &why)) << "subscriber " << i << ": " << why;
+    }
+  }
+}
+
+TEST_P(Ring, BeginWriteWaitsForAReaderStreamingTheRing) {
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(Write(2));
+  FailPoints::Arm("subscriber.before_copy", FailAction::kSleep, 300, 1);
+  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
+  ASSERT_OK(pub_->BeginWrite());  // held until the subscriber streamed all of step 2
+  ASSERT_OK(update.get().status());
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << "the write did not wait: " << why;
+  model_.Fill(3);
+  ASSERT_OK(pub_->Publish(3).status());
+  ASSERT_OK(sub->Update());
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 3, &why)) << why;
+}
+
+TEST_P(Ring, AFailedFillFailsTheUpdateAndTheNextOneLandsIt) {
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(Write(2));
+  // The second bucket's fill fails: the subscriber has copied the first bucket of step 2.
+  FailPoints::Arm("publisher.ring_fill", FailAction::kError, 0, 1);
+  Result<UpdateStats> failed = sub->Update();
+  EXPECT_STATUS_IS(kInternal, failed.status(), "ring fill of step 2", "publisher.ring_fill");
+  EXPECT_EQ(sub->committed_step(), 1);
+  std::string why;
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(SyntheticModel::Holds(dst, 1, &why)) << "staged weights changed: " << why;
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  ASSERT_OK(sub->Update());
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+}
+
+TEST_P(Ring, AReaderStalledInsideTheRingIsRevokedWithinTheTimeoutAndCommitsNothing) {
+  const milliseconds timeout(testing::kUnderSanitizer ? 1000 : 400);
+  Start(timeout);
+  auto s1 = SyntheticModel::PoisonedStorage(tensors_);
+  auto d1 = SyntheticModel::Views(tensors_, s1);
+  auto s2 = SyntheticModel::PoisonedStorage(tensors_);
+  auto d2 = SyntheticModel::Views(tensors_, s2);
+  auto fast = Connect(d1);
+  auto stalled = Connect(d2);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(fast->Update());
+  ASSERT_OK(stalled->Update());
+  ASSERT_OK(Write(2));
+  // The stalled subscriber's copy of the first bucket sleeps far past the publisher's timeout:
+  // the other one's third bucket needs its slot.
+  FailPoints::Arm("subscriber.ring_bucket", FailAction::kSleep,
+                  testing::kUnderSanitizer ? 6000 : 3000, 1);
+  auto held = std::async(std::launch::async, [&] { return stalled->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.ring_bucket"));
+  Result<UpdateStats> went_on = fast->Update();
+  ASSERT_TRUE(went_on.ok()) << "one stalled reader stalled the round: " << went_on.status();
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(d1, 2, &why)) << why;
+  Result<UpdateStats> revoked = held.get();
+  EXPECT_STATUS_IS(kTimeout, revoked.status(), "held a ring bucket longer");
+  EXPECT_EQ(stalled->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(SyntheticModel::Holds(d2, 1, &why)) << "staged weights changed: " << why;
+  }
+}
+
+TEST_P(Ring, ABucketAnnouncedInASlotPastTheRingIsAProtocolErrorAndNothingIsCommitted) {
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(Write(2));
+  FailPoints::Arm("publisher.ring_bad_slot", FailAction::kFlip, 0, 1);
+  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring bucket 0 in slot 2",
+                   "the ring has 2");
+  EXPECT_EQ(sub->committed_step(), 1);
+  ASSERT_OK(sub->Update());
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+}
+
+TEST_P(Ring, ADoneForAnotherBucketEndsTheSessionAndNothingIsCommitted) {
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(Write(2));
+  FailPoints::Arm("subscriber.ring_bad_done", FailAction::kFlip, 0, 1);
+  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring_bucket_done for step 2 bucket 1",
+                   "expected step 2 bucket 0");
+  EXPECT_EQ(sub->committed_step(), 1);
+  ASSERT_OK(sub->Update());
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Ring, ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
+                         });
+
+TEST(RingOptions, WhatARingCannotDoIsRefusedUpFront) {
+  PublisherOptions o;
+  o.endpoint = testing::UniqueEndpoint("ring-opts");
+  o.ring_buckets = 1;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "ring_buckets = 1", "2..");
+  o.ring_buckets = 0;
+  o.ring_bucket_bytes = 1 << 20;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "without ring_buckets");
+  o.ring_buckets = 2;
+  o.zero_copy = true;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "choose one");
+  o.zero_copy = false;
+  o.endpoint = "tcp://127.0.0.1:0";
+  EXPECT_STATUS_IS(kNotSupported, Publisher::Create(o).status(), "local://");
+  o.endpoint = testing::UniqueEndpoint("ring-opts");
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  EXPECT_STATUS_IS(kFailedPrecondition, pub->Allocate("a", DType::kFloat32, {4}).status(),
+                   "ring publisher");
+}
+
+TEST(RingOptions, ARingSubscriberIntoCudaTensorsIsToldNoPathServesIt) {
+  PublisherOptions o;
+  o.endpoint = testing::UniqueEndpoint("ring-cuda");
+  o.ring_buckets = 2;
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  std::vector<float> w(1024, 1.0f);
+  ASSERT_OK(pub->Register({{"w", {w.data(), DType::kFloat32, {1024}}}}));
+  ASSERT_OK(pub->Publish(1).status());
+  std::vector<float> dst(1024);
+  SubscriberOptions so;
+  so.endpoint = pub->endpoint();
+  so.timeout = milliseconds(3000);
+  auto sub = testing::NewSubscriber(
+      so, {{"w", {dst.data(), DType::kFloat32, {1024}, Device{Device::Kind::kCUDA, 0}}}});
+  EXPECT_STATUS_IS(kNotSupported, sub->Update().status(), "a ring of buckets in host memory",
+                   "CUDA tensors");
+}
+
+}  // namespace
+}  // namespace weightsync
