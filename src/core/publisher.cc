@@ -570,6 +570,18 @@ Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest&
     return member.status();
   }
   pin.ring_member = *member;
+  bool revoked = false;
+  {
+    // Publish or BeginWrite may have revoked the pin before it joined (RevokeAll did not see this
+    // member then): leave at once rather than stream tensors the trainer is writing.
+    util::MutexLock lock(&mu);
+    revoked = versions[pin.begin.slot].epoch != pin.epoch;
+  }
+  if (revoked) {
+    wire::StepEnd unused;
+    Status s = Unpin(pin, &unused);  // the revocation's Timeout
+    return s.ok() ? Status::Internal("a revoked pin unpinned without an error") : s;
+  }
   return pin;
 }
 

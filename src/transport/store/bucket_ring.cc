@@ -16,7 +16,8 @@ BucketRing::BucketRing(uint32_t slots, uint32_t buckets, int max_members,
       hold_timeout_(hold_timeout),
       fill_(std::move(fill)),
       members_(std::max(max_members, 1)),
-      holding_(slots, -1) {}
+      holding_(slots, -1),
+      filled_at_(slots) {}
 
 bool BucketRing::SlotFree(uint32_t slot) const {
   const int64_t held = holding_[slot];
@@ -29,27 +30,33 @@ bool BucketRing::SlotFree(uint32_t slot) const {
 Status BucketRing::RevokedError(const Member& m) const {
   switch (m.revoked) {
     case Revoked::kHeldSlot:
-      return Status::Timeout("the read of step ", step_,
+      return Status::Timeout("the read of step ", m.step,
                              " was revoked: it held a ring bucket longer than the publisher's "
                              "timeout of ",
                              hold_timeout_.count(),
                              " ms (PublisherOptions.timeout) while other subscribers waited for "
                              "its slot; nothing it read may be committed");
     case Revoked::kWriter:
-      return Status::Timeout("the read of step ", step_,
+      return Status::Timeout("the read of step ", m.step,
                              " was revoked: the publisher took its tensors back to write them "
                              "(BeginWrite or the next Publish, after waiting ",
                              hold_timeout_.count(), " ms); nothing it read may be committed");
     case Revoked::kFillFailed:
-      return fill_error_.WithContext("ring fill of step " + std::to_string(step_));
+      return m.error.WithContext("ring fill of step " + std::to_string(m.step));
     case Revoked::kNo:
       break;
   }
   return Status::Ok();
 }
 
+void BucketRing::Revoke(Member* m, Revoked why) {
+  if (!m->in_use || m->revoked != Revoked::kNo) return;
+  m->revoked = why;
+  --live_members_;
+}
+
 void BucketRing::EndRoundIfEmpty() {
-  if (active_members_ > 0) return;
+  if (live_members_ > 0) return;
   round_ = false;
   filled_ = 0;
   std::fill(holding_.begin(), holding_.end(), -1);
@@ -76,8 +83,8 @@ Result<int> BucketRing::Join(int64_t step, const util::Deadline& deadline,
         fill_error_ = Status::Ok();
         std::fill(holding_.begin(), holding_.end(), -1);
       }
-      *free = Member{true, Revoked::kNo, 0};
-      ++active_members_;
+      *free = Member{true, Revoked::kNo, 0, step, Status::Ok(), std::chrono::steady_clock::now()};
+      ++live_members_;
       return static_cast<int>(free - members_.begin());
     }
     if (give_up()) return Status::PeerLost("subscriber left while waiting for the ring");
@@ -96,7 +103,6 @@ Result<uint32_t> BucketRing::Await(int member, uint32_t bucket, const util::Dead
   }
   util::MutexLock lock(&mu_);
   Member& m = members_[member];
-  std::chrono::steady_clock::time_point waiting_since{};
   while (true) {
     if (m.revoked != Revoked::kNo) return RevokedError(m);
     if (bucket < filled_) return bucket % slots_;
@@ -114,26 +120,34 @@ Result<uint32_t> BucketRing::Await(int member, uint32_t bucket, const util::Dead
         if (!s.ok()) {
           fill_error_ = s;
           for (Member& other : members_) {
-            if (other.in_use && other.revoked == Revoked::kNo) other.revoked = Revoked::kFillFailed;
+            if (other.in_use && other.revoked == Revoked::kNo) other.error = s;
+            Revoke(&other, Revoked::kFillFailed);
           }
+          EndRoundIfEmpty();
         } else {
           holding_[slot] = bucket;
+          filled_at_[slot] = std::chrono::steady_clock::now();
           filled_ = bucket + 1;
         }
         cv_.NotifyAll();
         continue;
       }
-      // Other members still read the bucket this slot holds: wait for them, but not past the
-      // publisher's timeout, then revoke them so that the rest of the round goes on.
+      // Other members still read the bucket this slot holds: wait for them, but none longer
+      // than the publisher's timeout since it had the bucket (it was filled, or the member
+      // joined, whichever is later), then revoke it so that the rest of the round goes on.
       const auto now = std::chrono::steady_clock::now();
-      if (waiting_since == std::chrono::steady_clock::time_point{}) waiting_since = now;
-      if (now - waiting_since >= hold_timeout_) {
-        for (Member& other : members_) {
-          if (other.in_use && other.revoked == Revoked::kNo &&
-              int64_t{other.released} <= holding_[slot] && &other != &m) {
-            other.revoked = Revoked::kHeldSlot;
-          }
+      bool revoked = false;
+      for (Member& other : members_) {
+        if (!other.in_use || other.revoked != Revoked::kNo || &other == &m ||
+            int64_t{other.released} > holding_[slot]) {
+          continue;
         }
+        if (now - std::max(filled_at_[slot], other.joined) >= hold_timeout_) {
+          Revoke(&other, Revoked::kHeldSlot);
+          revoked = true;
+        }
+      }
+      if (revoked) {
         cv_.NotifyAll();
         continue;
       }
@@ -163,8 +177,8 @@ Status BucketRing::Leave(int member) {
   util::MutexLock lock(&mu_);
   Member& m = members_[member];
   Status s = RevokedError(m);
+  if (m.revoked == Revoked::kNo) --live_members_;
   m = Member{};
-  --active_members_;
   EndRoundIfEmpty();
   cv_.NotifyAll();
   return s;
@@ -174,11 +188,10 @@ int BucketRing::RevokeAll() {
   util::MutexLock lock(&mu_);
   int revoked = 0;
   for (Member& m : members_) {
-    if (m.in_use && m.revoked == Revoked::kNo) {
-      m.revoked = Revoked::kWriter;
-      ++revoked;
-    }
+    if (m.in_use && m.revoked == Revoked::kNo) ++revoked;
+    Revoke(&m, Revoked::kWriter);
   }
+  EndRoundIfEmpty();
   cv_.NotifyAll();
   return revoked;
 }

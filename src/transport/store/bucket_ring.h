@@ -3,15 +3,16 @@
 // A version streams through `slots` ring slots, bucket b in slot b % slots. The subscribers that
 // read it together form a *round*: the first to ask starts one, and others join while no slot
 // has been refilled yet (every bucket filled so far is still in the ring for them). A later one
-// waits for the next round. A bucket is filled by whichever member's session asks for it first,
-// once every member has released the bucket that slot held before; so a session filling bucket
-// b + 1 while its subscriber copies bucket b keeps the ring full (two slots suffice).
+// waits for the next round, which starts once every member has left or been revoked. A bucket is
+// filled by whichever member's session asks for it first, once every member has released the bucket
+// that slot held before; so a session filling bucket b + 1 while its subscriber copies bucket b
+// keeps the ring full (two slots suffice).
 //
-// Nothing waits without bound: a member that holds a slot others wait for past `hold_timeout`
-// (PublisherOptions::timeout) is revoked, as is every member when the publisher needs the
-// tensors back (RevokeAll, from BeginWrite); a revoked member's calls fail with Timeout saying
-// why, and it commits nothing. A failed fill ends the round for all its members with that error.
-// Members are slots in a table sized once (max_members): a step allocates nothing.
+// Nothing waits without bound: a member that holds a slot others wait for, `hold_timeout`
+// (PublisherOptions::timeout) after it had that slot's bucket, is revoked, as is every member when
+// the publisher needs the tensors back (RevokeAll, from BeginWrite); a revoked member's calls fail
+// with Timeout saying why, and it commits nothing. A failed fill ends the round for all its members
+// with that error. Members are slots in a table sized once (max_members): a step allocates nothing.
 #pragma once
 
 #include <chrono>
@@ -57,9 +58,13 @@ class BucketRing {
     bool in_use = false;
     Revoked revoked = Revoked::kNo;
     uint32_t released = 0;  // buckets [0, released) released
+    int64_t step = -1;      // its round's step, for its errors once the round is over
+    Status error;           // kFillFailed: the fill's error
+    std::chrono::steady_clock::time_point joined;
   };
   bool SlotFree(uint32_t slot) const WS_REQUIRES(mu_);
   Status RevokedError(const Member& m) const WS_REQUIRES(mu_);
+  void Revoke(Member* m, Revoked why) WS_REQUIRES(mu_);
   void EndRoundIfEmpty() WS_REQUIRES(mu_);
 
   const uint32_t slots_;
@@ -70,7 +75,11 @@ class BucketRing {
   util::CondVar cv_;
   std::vector<Member> members_ WS_GUARDED_BY(mu_);
   std::vector<int64_t> holding_ WS_GUARDED_BY(mu_);  // per slot: the bucket in it, -1: none
-  int active_members_ WS_GUARDED_BY(mu_) = 0;
+  std::vector<std::chrono::steady_clock::time_point> filled_at_ WS_GUARDED_BY(mu_);  // per slot
+  // Members of the round not revoked: the round ends when none is left, even while revoked ones
+  // have not left yet (their sessions may wait on their subscribers for a while; they no longer
+  // hold any slot, and their calls only fail).
+  int live_members_ WS_GUARDED_BY(mu_) = 0;
   bool round_ WS_GUARDED_BY(mu_) = false;
   int64_t step_ WS_GUARDED_BY(mu_) = -1;
   uint32_t filled_ WS_GUARDED_BY(mu_) = 0;  // buckets [0, filled_) of this round filled

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "testing/status_matchers.h"
@@ -89,22 +90,72 @@ TEST(BucketRing, ALateReaderWaitsForTheNextRoundOnceASlotWasRefilled) {
   ASSERT_OK(ring.Leave(l));
 }
 
-TEST(BucketRing, AReaderArrivingWhileTheFirstSlotsFillJoinsTheRound) {
+TEST(BucketRing, AReaderArrivingWhileNoSlotWasRefilledJoinsTheRound) {
   Recorder r;
-  BucketRing ring(2, 4, 4, milliseconds(5000), r.fill());
+  BucketRing ring(3, 5, 4, milliseconds(5000), r.fill());
   ASSERT_OK_AND_ASSIGN(int a, ring.Join(1, Soon(), kNever));
   ASSERT_OK(ring.Await(a, 0, Soon()).status());
   ASSERT_OK(ring.Await(a, 1, Soon()).status());
   ASSERT_OK_AND_ASSIGN(int b, ring.Join(1, Soon(), kNever));
-  for (uint32_t k = 0; k < 4; ++k) {
+  for (uint32_t k = 0; k < 5; ++k) {
     ASSERT_OK(ring.Await(b, k, Soon()).status());
     ASSERT_OK(ring.Release(b, k));
-    if (k + 1 < 4) ASSERT_OK(ring.Release(a, k));
-    if (k + 2 < 4) ASSERT_OK(ring.Await(a, k + 2, Soon()).status());
+    if (k + 1 < 5) ASSERT_OK(ring.Release(a, k));
+    if (k + 2 < 5) ASSERT_OK(ring.Await(a, k + 2, Soon()).status());
   }
-  EXPECT_EQ(r.fills.size(), 4u);
+  EXPECT_EQ(r.fills.size(), 5u);
   ASSERT_OK(ring.Leave(a));
   ASSERT_OK(ring.Leave(b));
+}
+
+// With every slot filled, the next fill waits for bucket 0's slot, which a stalled member holds.
+// A reader joining then holds that slot from its first moment: it is given the publisher's timeout
+// from its join, not from when the waiting member began to wait.
+TEST(BucketRing, AReaderJoiningWhileOthersWaitForItsFirstSlotGetsTheWholeTimeout) {
+  Recorder r;
+  BucketRing ring(2, 4, 4, milliseconds(600), r.fill());
+  ASSERT_OK_AND_ASSIGN(int a, ring.Join(1, Soon(), kNever));
+  ASSERT_OK_AND_ASSIGN(int stalled, ring.Join(1, Soon(), kNever));
+  ASSERT_OK(ring.Await(stalled, 0, Soon()).status());  // and never released
+  for (uint32_t k = 0; k < 2; ++k) {
+    ASSERT_OK(ring.Await(a, k, Soon()).status());
+    ASSERT_OK(ring.Release(a, k));
+  }
+  auto waiter = std::async(std::launch::async, [&] { return ring.Await(a, 2, Soon(5000)); });
+  std::this_thread::sleep_for(milliseconds(400));
+  ASSERT_OK_AND_ASSIGN(int b, ring.Join(1, Soon(), kNever));
+  std::this_thread::sleep_for(milliseconds(350));  // `a` has waited 750 ms, `b` held 350
+  Result<uint32_t> first = ring.Await(b, 0, Soon());
+  ASSERT_TRUE(first.ok()) << "a reader that just joined was revoked: " << first.status();
+  ASSERT_OK(ring.Release(b, 0));
+  ASSERT_OK(waiter.get().status());
+  EXPECT_STATUS_IS(kTimeout, ring.Leave(stalled), "held a ring bucket");
+  ASSERT_OK(ring.Leave(a));
+  for (uint32_t k = 1; k < 4; ++k) {
+    ASSERT_OK(ring.Await(b, k, Soon()).status());
+    ASSERT_OK(ring.Release(b, k));
+  }
+  ASSERT_OK(ring.Leave(b));
+}
+
+// A revoked reader whose session has not left yet (it waits on its subscriber) holds nothing:
+// the round ends without it and the next one starts.
+TEST(BucketRing, ARevokedReaderThatHasNotLeftDoesNotHoldUpTheNextRound) {
+  Recorder r;
+  BucketRing ring(2, 3, 4, milliseconds(100), r.fill());
+  ASSERT_OK_AND_ASSIGN(int fast, ring.Join(1, Soon(), kNever));
+  ASSERT_OK_AND_ASSIGN(int stalled, ring.Join(1, Soon(), kNever));
+  ASSERT_OK(ring.Await(stalled, 0, Soon()).status());
+  for (uint32_t k = 0; k < 3; ++k) {  // bucket 2 revokes `stalled`
+    ASSERT_OK(ring.Await(fast, k, Soon()).status());
+    ASSERT_OK(ring.Release(fast, k));
+  }
+  ASSERT_OK(ring.Leave(fast));
+  ASSERT_OK_AND_ASSIGN(int next, ring.Join(2, Soon(500), kNever));
+  ASSERT_OK(ring.Await(next, 0, Soon()).status());
+  EXPECT_STATUS_IS(kTimeout, ring.Leave(stalled), "the read of step 1", "held a ring bucket");
+  ASSERT_OK(ring.Release(next, 0));
+  ASSERT_OK(ring.Leave(next));
 }
 
 TEST(BucketRing, AReaderHoldingASlotPastTheTimeoutIsRevokedAndTheOthersGoOn) {
