@@ -217,6 +217,8 @@ TEST(RingOptions, WhatARingCannotDoIsRefusedUpFront) {
   o.endpoint = testing::UniqueEndpoint("ring-opts");
   o.ring_buckets = 1;
   EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "ring_buckets = 1", "2..");
+  o.ring_buckets = 65;
+  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "ring_buckets = 65", "2..64");
   o.ring_buckets = 0;
   o.ring_bucket_bytes = 1 << 20;
   EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "without ring_buckets");

@@ -157,6 +157,9 @@ TEST(ValidateLayoutTest, ARingHoldsTensorsAcrossItsBucketsAndIsCheckedAsARing) {
   wire::Welcome one_slot = w;
   one_slot.slot_count = 1;
   EXPECT_STATUS_IS(kProtocolError, ValidateLayout(one_slot), "2 or more slots");
+  wire::Welcome empty_slots = w;
+  empty_slots.slot_bytes = 0;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(empty_slots), "2 or more slots of > 0 bytes");
   wire::Welcome no_buckets = w;
   no_buckets.version_buckets = 0;
   EXPECT_STATUS_IS(kProtocolError, ValidateLayout(no_buckets), "version_buckets 0");
