@@ -4,8 +4,9 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
-//                 [--only peer,model,zerocopy,fp8,fp8dst,tiny,nccl,many,h2d,d2h]   (rows to run)
+//                 [--only peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,many,h2d,d2h]   (rows)
 //                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
+//                 [--ring-buckets 2 --ring-bytes 1073741824]   (the ring row's ring)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
 // of the same 339 tensors shrunk to a few bytes each (host overhead per step); heap allocations
 // per steady update; and the peer-copy limit: one 2 GiB copy-engine transfer src → dst, timed the
@@ -70,6 +71,8 @@ struct Args {
   // cudaMalloc, 256-byte aligned, as a caching-allocator segment) or "cumem" (20 MiB cuMem chunks
   // back to back, as PyTorch's expandable segments).
   std::string memory = "per-tensor";
+  int ring_buckets = 0;            // > 0: a ring publisher (PublisherOptions::ring_buckets)
+  uint64_t ring_bucket_bytes = 0;  // its buckets (0: its default, from free GPU memory)
   int64_t many = 0;  // > 0: instead of the model, `many` bf16 tensors of 64 KiB (MoE experts)
   double h2d_scale = 0.25;  // the host → GPU rows use a smaller model (host publish is CPU copies)
   std::string only;         // empty: every row the flags above allow; else a comma-separated subset
@@ -181,6 +184,8 @@ int RunPublisher(const Args& a) {
   o.endpoint = a.endpoint;
   o.timeout = std::chrono::milliseconds(60000);
   o.zero_copy = a.zero_copy;
+  o.ring_buckets = a.ring_buckets;
+  o.ring_bucket_bytes = a.ring_bucket_bytes;
   auto pub = ws::Publisher::Create(o);
   if (!pub.ok()) Die("publisher", pub.status());
   if (auto s = (*pub)->Register(tensors); !s.ok()) Die("register", s);
@@ -189,10 +194,10 @@ int RunPublisher(const Args& a) {
   std::string cmd;
   int64_t step;
   while (std::cin >> cmd >> step) {
-    // A zero-copy trainer fences its next write (here: none; the tensors keep their bytes) on
-    // the readers of the last step; the wait is part of what publishing costs it.
+    // A zero-copy or ring trainer fences its next write (here: none; the tensors keep their
+    // bytes) on the readers of the last step; the wait is part of what publishing costs it.
     const auto t0 = Clock::now();
-    if (a.zero_copy) {
+    if (a.zero_copy || a.ring_buckets > 0) {
       if (auto s = (*pub)->BeginWrite(); !s.ok()) Die("begin_write", s);
     }
     auto r = (*pub)->Publish(step);
@@ -238,7 +243,11 @@ Child Spawn(const Args& a, double scale, const std::string& endpoint) {
                                    "--memory",
                                    a.memory,
                                    "--many",
-                                   std::to_string(a.many)};
+                                   std::to_string(a.many),
+                                   "--ring-buckets",
+                                   std::to_string(a.ring_buckets),
+                                   "--ring-bytes",
+                                   std::to_string(a.ring_bucket_bytes)};
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
@@ -380,6 +389,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   double med = Median(steady);
   const char* what = tcp                   ? "weightsync_nccl"
                      : a.zero_copy         ? "weightsync_cuda_ipc_zero_copy"
+                     : a.ring_buckets > 0  ? "weightsync_cuda_ipc_ring"
                      : a.host              ? "weightsync_shm_to_gpu"
                      : a.host_destinations ? "weightsync_cuda_ipc_to_host"
                                            : "weightsync_cuda_ipc";
@@ -498,6 +508,10 @@ int main(int argc, char** argv) {
       a.zero_copy = v == "1";
     else if (k == "--memory")
       a.memory = v;
+    else if (k == "--ring-buckets")
+      a.ring_buckets = std::atoi(v.c_str());
+    else if (k == "--ring-bytes")
+      a.ring_bucket_bytes = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--h2d-scale")
       a.h2d_scale = std::atof(v.c_str());
     else {
@@ -506,6 +520,11 @@ int main(int argc, char** argv) {
     }
   }
   if (a.role == "publisher") return RunPublisher(a);
+  // Only the ring row's publisher has a ring (--ring-buckets / --ring-bytes shape it).
+  const int ring_buckets = a.ring_buckets;
+  const uint64_t ring_bytes = a.ring_bucket_bytes;
+  a.ring_buckets = 0;
+  a.ring_bucket_bytes = 0;
   if (auto s = ws::cuda::CudaAvailable(); !s.ok()) Die("CUDA", s);
   if (ws::cuda::DeviceCount() < 2) {
     // One GPU: every row runs on it, except nccl, which cannot put two ranks on one device.
@@ -528,6 +547,18 @@ int main(int argc, char** argv) {
       zero.memory = memory;
       Measure(zero, a.scale, std::string("model_") + memory, /*tcp=*/false);
     }
+  }
+  if (a.Row("ring")) {
+    // The same model through a ring of two 1 GiB buckets on the trainer's GPU: Publish only
+    // hashes; each update streams the model through the ring (fill bucket b + 1 while copying b).
+    // --ring-buckets / --ring-bytes try other rings (labelled by their shape).
+    Args ring = a;
+    ring.ring_buckets = ring_buckets > 0 ? ring_buckets : 2;
+    ring.ring_bucket_bytes = ring_bytes > 0 ? ring_bytes : 1ull << 30;
+    Measure(ring, a.scale,
+            "model_ring_" + std::to_string(ring.ring_buckets) + "x" +
+                std::to_string(ring.ring_bucket_bytes >> 20) + "MiB",
+            /*tcp=*/false);
   }
   if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
   if (a.fp8 && a.Row("fp8dst")) {

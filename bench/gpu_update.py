@@ -38,9 +38,10 @@ def main():
     if not args.skip_staged:
         rows += [dict(r, run="staged_verify") for r in
                  run_json_lines([exe, "--steps", args.steps, "--mode", "staged", "--verify", "1",
-                                 "--nccl", "0", "--fp8", "0", "--only", "model,zerocopy,tiny"],
+                                 "--nccl", "0", "--fp8", "0", "--only", "model,zerocopy,ring,tiny"],
                                 env)
-                 if r["what"] in ("weightsync_cuda_ipc", "weightsync_cuda_ipc_zero_copy")]
+                 if r["what"] in ("weightsync_cuda_ipc", "weightsync_cuda_ipc_zero_copy",
+                                  "weightsync_cuda_ipc_ring")]
     if not args.skip_torch:
         rows += run_json_lines([sys.executable, os.path.join(HERE, "torch_baselines.py")], env)
     with open(args.json, "w") as f:
@@ -54,6 +55,7 @@ def main():
     peer = by.get("peer_copy_limit")
     ws_in = by.get("weightsync_cuda_ipc/model")
     ws_zero = by.get("weightsync_cuda_ipc_zero_copy/model")
+    ws_ring = by.get("weightsync_cuda_ipc_ring/model_ring_2x1024MiB")
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
     ws_nccl = by.get("weightsync_nccl/model")
     ws_fp8 = by.get("weightsync_cuda_ipc/model_fp8")
@@ -95,6 +97,25 @@ def main():
              ws_in["publisher_extra_gpu_bytes"] / 2**20)
         line("zero-copy extra GPU MiB on the engine's GPU",
              ws_zero["subscriber_extra_gpu_bytes"] / 2**20)
+    if ws_ring and ws_in:
+        # On one GPU the ring's update moves the bytes twice (fill, then copy out) through the
+        # same HBM, as the arena's publish + update do; on two the fill is local and overlaps.
+        line("ring (2 x 1 GiB) steady update ms", ws_ring["steady_median_s"] * 1e3,
+             "arena steady ms", ws_in["steady_median_s"] * 1e3)
+        line("ring steady ms vs arena publish + update",
+             ws_ring["steady_median_s"] * 1e3 + ws_ring["publish_median_s"] * 1e3,
+             "arena publish + update ms",
+             (ws_in["steady_median_s"] + ws_in["publish_median_s"]) * 1e3)
+        if peer:
+            line("ring steady GB/s", ws_ring["steady_GBps"], "peer copy GB/s", peer["GBps"],
+                 higher_better=True)
+        line("ring trainer-visible publish ms", ws_ring["publish_median_s"] * 1e3,
+             "arena publish ms", ws_in["publish_median_s"] * 1e3)
+        line("ring extra GPU MiB on the trainer's GPU",
+             ws_ring["publisher_extra_gpu_bytes"] / 2**20, "arena MiB",
+             ws_in["publisher_extra_gpu_bytes"] / 2**20)
+        line("ring extra GPU MiB on the engine's GPU",
+             ws_ring["subscriber_extra_gpu_bytes"] / 2**20)
     for memory, what in (("packed", "one cudaMalloc"), ("cumem", "20 MiB cuMem chunks")):
         r = by.get(f"weightsync_cuda_ipc_zero_copy/model_{memory}")
         if r and ws_in:

@@ -3,6 +3,7 @@
 // under fuzz/corpus/<target>/ (small on purpose: libFuzzer grows its own working corpus).
 //
 //   gen_corpus OUT_DIR   → OUT_DIR/{frame_fuzz,messages_fuzz,handshake_fuzz}/<name>
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -88,9 +89,32 @@ wire::Welcome MakeWelcome(const std::vector<TensorSpec>& specs, uint64_t segment
   return w;
 }
 
+// A ring publisher's Welcome: `specs` in a version of buckets of `bucket_bytes`, streamed through
+// `slots` ring slots (tensors straddle bucket edges where bucket_bytes is small).
+wire::Welcome MakeRingWelcome(const std::vector<TensorSpec>& specs, uint64_t segment_bytes,
+                              wire::ArenaKind kind, uint64_t bucket_bytes, uint32_t slots) {
+  wire::Welcome w = MakeWelcome(specs, segment_bytes, true, false);
+  uint64_t version = 0;
+  for (const wire::TensorPlacement& p : w.tensors) {
+    version = std::max(version, p.offset + p.spec.nbytes);
+  }
+  w.arena_kind = kind;
+  w.slots_offset = 0;
+  w.slot_bytes = bucket_bytes;
+  w.slot_count = slots;
+  w.arena_bytes = bucket_bytes * slots;
+  w.version_buckets =
+      static_cast<uint32_t>(std::max<uint64_t>(RoundUp(version, bucket_bytes) / bucket_bytes, 1));
+  if (kind == wire::ArenaKind::kCudaRing) {
+    w.device = 0;
+    w.digest_kind = wire::DigestKind::kGpu64;
+  }
+  return w;
+}
+
 // messages_fuzz selector: type 1 (Welcome), bucket index, destination set.
 uint8_t WelcomeSelector(int bucket, int set) {
-  return static_cast<uint8_t>(1 + 7 * (bucket + 4 * set));
+  return static_cast<uint8_t>(1 + 8 * (bucket + 4 * set));
 }
 
 void Messages() {
@@ -185,6 +209,21 @@ void Messages() {
     }
     Write(t, "welcome_sharded", WithSelector(WelcomeSelector(1, 0), Payload(w)));
   }
+  {
+    // Ring publishers: 5 host buckets of 64 bytes in 3 slots (so bucket b wraps to slot b % 3);
+    // 4 GPU buckets of 80 bytes in 2 slots, with 24-byte segments crossing bucket edges.
+    wire::Welcome w = MakeRingWelcome(dests, 16, wire::ArenaKind::kHostRing, 64, 3);
+    Write(t, "welcome_host_ring", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+    w = MakeRingWelcome(dests, 24, wire::ArenaKind::kCudaRing, 80, 2);
+    Write(t, "welcome_cuda_ring", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+    Write(t, "welcome_converting_ring",
+          WithSelector(WelcomeSelector(0, 2),
+                       Payload(MakeRingWelcome(weightsync::fuzz::ConvertingPublisherSpecs(), 100,
+                                               wire::ArenaKind::kHostRing, 256, 2))));
+    // A ring of one slot: ValidateLayout refuses it.
+    w = MakeRingWelcome(dests, 16, wire::ArenaKind::kHostRing, 64, 1);
+    Write(t, "welcome_ring_one_slot", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+  }
   Write(t, "welcome_empty",
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));
 
@@ -202,6 +241,10 @@ void Messages() {
   Write(t, "error_utf8",
         WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kCorruption,
                                                    "tensor 'w\xc3\xa9ight' digest mismatch"})));
+  Write(t, "ring_bucket", WithSelector(7, Payload(wire::RingBucket{7, 4, 1})));
+  std::vector<uint8_t> short_bucket = WithSelector(7, Payload(wire::RingBucket{7, 4, 1}));
+  short_bucket.pop_back();
+  Write(t, "ring_bucket_truncated", short_bucket);
 }
 
 void Handshake() {
@@ -238,6 +281,9 @@ void Frames() {
         Frame(wire::FrameType::kHello, Payload(wire::Hello{1, wire::Role::kSubscriber, 1})));
   Write(t, "welcome",
         Frame(wire::FrameType::kWelcome, Payload(MakeWelcome(dests, 16, false, false))));
+  Write(t, "welcome_ring",
+        Frame(wire::FrameType::kWelcome,
+              Payload(MakeRingWelcome(dests, 16, wire::ArenaKind::kCudaRing, 64, 2))));
   Write(t, "update_request",
         Frame(wire::FrameType::kUpdateRequest, Payload(wire::UpdateRequest{})));
   Write(t, "step_begin", Frame(wire::FrameType::kStepBegin, Payload(wire::StepBegin{3, 0})));
@@ -255,6 +301,10 @@ void Frames() {
         Frame(wire::FrameType::kSelect, Payload(wire::Select{{{0, 0, 4}, {2, 0, 8}}})));
   Write(t, "nccl_setup", Frame(wire::FrameType::kNcclSetup, Payload(wire::NcclSetup{22809, 0})));
   Write(t, "nccl_id", Frame(wire::FrameType::kNcclId, Payload(wire::NcclId{22809, {}})));
+  Write(t, "ring_bucket_ready",
+        Frame(wire::FrameType::kRingBucketReady, Payload(wire::RingBucket{3, 0, 1})));
+  Write(t, "ring_bucket_done",
+        Frame(wire::FrameType::kRingBucketDone, Payload(wire::RingBucket{3, 0, 1})));
   Write(t, "empty_payload", Frame(wire::FrameType::kCopyDone, {}));
   std::vector<uint8_t> truncated =
       Frame(wire::FrameType::kStepEnd, Payload(wire::StepEnd{3, {9, 8}}));

@@ -5,10 +5,10 @@
 // and plan::BuildRegionPlan against destinations wanting half of each), executed likewise.
 //
 // Input: one selector byte, then the message payload.
-//   selector % 7        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
-//                       StepEnd, Error)
-//   (selector / 7) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
-//   (selector / 28) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
+//   selector % 8        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
+//                       StepEnd, Error, RingBucket)
+//   (selector / 8) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
+//   (selector / 32) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
 //                       duplicated name, which BuildPlan must refuse, 2: the converting set,
 //                       planned with convert_dtypes on)
 //
@@ -18,16 +18,18 @@
 //     ignored fields or lossy conversions would show up here), also when decoded into a message
 //     object that already holds a previous decode;
 //   - ToStatus of a decoded ErrorMessage is never OK;
-//   - a layout ValidateLayout accepts keeps every tensor inside its region and every region
-//     inside the arena (checked here independently, in 128-bit arithmetic);
+//   - a layout ValidateLayout accepts keeps every tensor inside its region (for a ring, the
+//     version's version_buckets × slot_bytes) and every region inside the arena (checked here
+//     independently, in 128-bit arithmetic), and a ring has ≥ 2 slots and no direct region;
 //   - a plan BuildPlan returns only pairs same-named, same-dtype (or, converting, a supported
 //     transform with its fp8 scale destination), same-shape tensors, covers each
 //     planned tensor exactly with segments inside their source region, destination and shadow
 //     buffer, numbers digests inside digest_count, and groups segments into contiguous buckets;
 //   - executing the plan's copies (staged: arena → shadow → destinations; in place: arena →
-//     destinations or the landing buffer) and its conversions (the CPU transforms, into the
-//     destination and scale buffers) against exactly-sized heap buffers stays in bounds (ASan
-//     checks every byte).
+//     destinations or the landing buffer; from a ring, each segment cut at the version's bucket
+//     edges, bucket b read from ring slot b % slot_count) and its conversions (the CPU
+//     transforms, into the destination and scale buffers) against exactly-sized heap buffers
+//     stays in bounds (ASan checks every byte).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -110,8 +112,10 @@ const Destinations& GetDestinations(int set) {
   return sets[set];
 }
 
-uint64_t RegionBytes(const wire::Welcome& w, wire::Region region) {
-  return region == wire::Region::kDirect ? w.direct_bytes : w.slot_bytes;
+// A ring's slot tensors lie in a virtual slot of version_buckets ring slots.
+u128 RegionBytes(const wire::Welcome& w, wire::Region region) {
+  if (region == wire::Region::kDirect) return w.direct_bytes;
+  return wire::IsRing(w.arena_kind) ? u128{w.slot_bytes} * w.version_buckets : w.slot_bytes;
 }
 
 void CheckLayout(const wire::Welcome& w) {
@@ -124,6 +128,16 @@ void CheckLayout(const wire::Welcome& w) {
                   "slots outside the arena");
   }
   WS_FUZZ_CHECK(w.segment_bytes > 0, "segment_bytes 0 accepted");
+  if (wire::IsRing(w.arena_kind)) {
+    // ExecutePlan's bucket arithmetic relies on these.
+    WS_FUZZ_CHECK(w.version_buckets > 0 && w.slot_count >= 2 && w.slot_bytes > 0 &&
+                      w.direct_bytes == 0 && RegionBytes(w, wire::Region::kSlot) <= ~uint64_t{0},
+                  "ring of %u slots of %llu bytes, %u buckets a version, %llu direct bytes",
+                  w.slot_count, (unsigned long long)w.slot_bytes, w.version_buckets,
+                  (unsigned long long)w.direct_bytes);
+  } else {
+    WS_FUZZ_CHECK(w.version_buckets == 0, "version_buckets %u outside a ring", w.version_buckets);
+  }
   u128 digests = 0;
   for (const wire::TensorPlacement& p : w.tensors) {
     WS_FUZZ_CHECK(p.region == wire::Region::kDirect || p.region == wire::Region::kSlot,
@@ -238,10 +252,10 @@ void CheckPlan(const wire::Welcome& w, const Destinations& dests, MatchPolicy po
 }
 
 // The copies a subscriber makes from a plan, into buffers of exactly the sizes it would have:
-// reads from the mapped arena (shm: CopyBucket in src/transport/shm/shm_handle.cc; a GPU arena is
-// read at the same offsets), writes to the shadow buffer (staged) or the destinations (in place),
-// and the commit from shadow to destinations. A tcp arena (ArenaKind::kNone) has nothing mapped:
-// its bytes arrive on the connection, so only the writes are checked.
+// reads from the mapped arena (shm: HostLanding in src/transport/path/host_landing.cc; a GPU
+// arena is read at the same offsets), writes to the shadow buffer (staged) or the destinations
+// (in place), and the commit from shadow to destinations. A tcp arena (ArenaKind::kNone) has
+// nothing mapped: its bytes arrive on the connection, so only the writes are checked.
 void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::Plan& p) {
   const bool mapped = w.arena_kind != wire::ArenaKind::kNone;
   if (mapped && w.arena_bytes > kMaxSimulatedArena) return;
@@ -252,22 +266,46 @@ void ExecutePlan(const wire::Welcome& w, const Destinations& dests, const plan::
   for (const TensorSpec& s : dests.specs) dst.emplace_back(new uint8_t[s.nbytes]);
   std::unique_ptr<uint8_t[]> shadow(new uint8_t[p.shadow_bytes]);
   std::unique_ptr<uint8_t[]> landing(new uint8_t[p.landing_bytes]);
-  // The subscriber reads the slot StepBegin names, which it checks against slot_count.
-  const uint32_t slot = w.slot_count > 0 ? w.slot_count - 1 : 0;
-  const uint64_t slot_base = w.slots_offset + uint64_t{slot} * w.slot_bytes;
-  for (const plan::Bucket& b : p.buckets) {
-    for (uint32_t i = 0; i < b.segment_count; ++i) {
-      const plan::Segment& s = p.segments[b.first_segment + i];
-      // A tcp segment is received into a buffer of segment size; bytes ≤ segment_bytes.
-      if (!mapped && s.bytes > received.size()) continue;
-      const uint8_t* src = mapped
-                               ? arena.get() + s.src_offset +
-                                     (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
-                               : received.data();
-      std::memcpy(shadow.get() + s.shadow_offset, src, s.bytes);  // staged
-      uint8_t* in_place =
-          s.converted ? landing.get() + s.landing_offset : dst[s.destination].get() + s.dst_offset;
-      std::memcpy(in_place, src, s.bytes);  // in place
+  // `n` bytes of segment `s`, `at` bytes into it, from `src`.
+  auto land = [&](const plan::Segment& s, uint64_t at, const uint8_t* src, uint64_t n) {
+    std::memcpy(shadow.get() + s.shadow_offset + at, src, n);  // staged
+    uint8_t* in_place =
+        s.converted ? landing.get() + s.landing_offset : dst[s.destination].get() + s.dst_offset;
+    std::memcpy(in_place + at, src, n);  // in place
+  };
+  if (wire::IsRing(w.arena_kind)) {
+    // As HostLanding::PrepareRing/CopyRingBucket: pieces cut at bucket edges, bucket b in the
+    // ring slot ring_bucket_ready names (checked against slot_count; the publisher's b % count).
+    for (const plan::Segment& s : p.segments) {
+      WS_FUZZ_CHECK(s.region == wire::Region::kSlot, "a ring plan reads the direct region");
+      for (uint64_t at = 0; at < s.bytes;) {
+        const uint64_t pos = s.src_offset + at;
+        const uint64_t b = pos / w.slot_bytes;
+        WS_FUZZ_CHECK(b < w.version_buckets, "segment reads bucket %llu of %u",
+                      (unsigned long long)b, w.version_buckets);
+        const uint64_t n = std::min(s.bytes - at, (b + 1) * w.slot_bytes - pos);
+        land(s, at,
+             arena.get() + w.slots_offset + (b % w.slot_count) * w.slot_bytes +
+                 (pos - b * w.slot_bytes),
+             n);
+        at += n;
+      }
+    }
+  } else {
+    // The subscriber reads the slot StepBegin names, which it checks against slot_count.
+    const uint32_t slot = w.slot_count > 0 ? w.slot_count - 1 : 0;
+    const uint64_t slot_base = w.slots_offset + uint64_t{slot} * w.slot_bytes;
+    for (const plan::Bucket& b : p.buckets) {
+      for (uint32_t i = 0; i < b.segment_count; ++i) {
+        const plan::Segment& s = p.segments[b.first_segment + i];
+        // A tcp segment is received into a buffer of segment size; bytes ≤ segment_bytes.
+        if (!mapped && s.bytes > received.size()) continue;
+        const uint8_t* src =
+            mapped ? arena.get() + s.src_offset +
+                         (s.region == wire::Region::kSlot ? slot_base : w.direct_offset)
+                   : received.data();
+        land(s, 0, src, s.bytes);
+      }
     }
   }
   for (const plan::Segment& s : p.segments) {
@@ -396,12 +434,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t selector = data[0];
   std::span<const uint8_t> payload(data + 1, size - 1);
-  switch (selector % 7) {
+  switch (selector % 8) {
     case 0:
       FuzzSimple<wire::Hello>(payload);
       break;
     case 1:
-      FuzzWelcome(payload, static_cast<uint8_t>(selector / 7));
+      FuzzWelcome(payload, static_cast<uint8_t>(selector / 8));
       break;
     case 2:
       FuzzSimple<wire::UpdateRequest>(payload);
@@ -424,6 +462,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 7:
+      FuzzSimple<wire::RingBucket>(payload);
+      break;
   }
   return 0;
 }

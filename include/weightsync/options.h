@@ -72,17 +72,19 @@ struct PublisherOptions {
   // cudaMalloc memory (PyTorch's default allocator; not expandable segments), and stay allocated
   // until Close(): subscribers map them until their next update, sleep or close.
   bool zero_copy = false;
-  // Bounded staging, host tensors, local:// endpoints: ≥ 2 keeps versions in a ring of this many
-  // buckets of `ring_bucket_bytes` instead of `slots` copies of the model. As for zero_copy,
-  // Publish(step) only hashes the registered tensors (no copy, returns at once) and the trainer
-  // calls BeginWrite() before changing them; each subscriber's update then streams the version
-  // through the ring, bucket b + 1 filled from the tensors while it copies bucket b. Subscribers
-  // updating at the same time share one pass through the ring (a round); one arriving after the
-  // ring has moved on waits for the round to end, then starts the next. A subscriber holding a
-  // bucket past `timeout` while others wait for its slot is revoked (it commits nothing). 0: off.
+  // Bounded staging, local:// endpoints: ≥ 2 keeps versions in a ring of this many buckets of
+  // `ring_bucket_bytes` instead of `slots` copies of the model — in host memory for host tensors,
+  // in one cuMem allocation on their GPU for CUDA tensors (read by cuda-ipc subscribers). As for
+  // zero_copy, Publish(step) only hashes the registered tensors (no copy, returns at once) and the
+  // trainer calls BeginWrite() before changing them; each subscriber's update then streams the
+  // version through the ring, bucket b + 1 filled from the tensors while it copies bucket b.
+  // Subscribers updating at the same time share one pass through the ring (a round); one arriving
+  // after the ring has moved on waits for the round to end, then starts the next. A subscriber
+  // holding a bucket past `timeout` while others wait for its slot is revoked (it commits nothing).
+  // 0: off.
   int ring_buckets = 0;
-  // Bytes per ring bucket, rounded up to whole pages; 0: a quarter of the free host memory over
-  // the buckets, within [64 MiB, 1 GiB], and never more than the model.
+  // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)
+  // memory over the buckets, within [64 MiB, 1 GiB], and never more than the model.
   uint64_t ring_bucket_bytes = 0;
 };
 

@@ -57,6 +57,16 @@ struct PublishStats {
   // and how many reads it revoked when they outlasted PublisherOptions::timeout.
   double wait_for_readers_seconds = 0;
   int revoked_reads = 0;
+  // The memory the publisher's store holds for versions, besides the tensors themselves (the
+  // extra memory publishing costs the trainer), as allocated: every slot of the arena (slots ×
+  // the registered tensors, a slot rounded up to whole pages on the host, to 2 MiB on a GPU), or
+  // the ring's buckets (ring_buckets × the bucket, in whole pages); on a GPU the allocation is
+  // rounded up to the cuMem granularity. 0 for zero_copy, whose version is the registered
+  // tensors. Allocate()d tensors (the arena's direct region) are the tensors themselves and not
+  // counted, nor are digests and GPU digest scratch (the ledger's device_bytes has those). The
+  // same on every Publish: the store is sized at the first.
+  uint64_t store_bytes = 0;
+  int store_device = -1;  // where store_bytes is: -1 host memory (a memfd), else the CUDA device
 };
 
 class Publisher {

@@ -44,6 +44,15 @@ struct UpdateStats {
   // This update replaced a version of another publisher session: the publisher restarted (same
   // lineage, e.g. resumed from a checkpoint) or a new lineage took over. Logged as well.
   bool lineage_changed = false;
+  // The extra memory this subscriber holds to receive, host or device memory: bytes of the
+  // staging buffers its prepared transfer handles hold (all publishers', with several) — the
+  // shadow of staged mode (every received tensor, each 64-byte aligned); in place only the
+  // landing buffer of tensors transformed at commit (convert_dtypes, or region pieces received
+  // whole), 0 when there are none or they convert straight from the publisher's GPU. Held from
+  // the update that prepared them (handle_created) until Sleep(), Close() or a failed update;
+  // this subscriber's share of the ledger's staging_bytes. The publisher's store, mapped or
+  // imported (the ledger's mapped_bytes), is not counted.
+  uint64_t staging_bytes = 0;
 };
 
 }  // namespace weightsync

@@ -17,6 +17,7 @@ nb::dict LedgerDict() {
   d["threads"] = s.threads;
   d["staging_bytes"] = s.staging_bytes;
   d["pinned_bytes"] = s.pinned_bytes;
+  d["device_bytes"] = s.device_bytes;
   d["handles"] = s.handles;
   d["connections"] = s.connections;
   d["release_failures"] = s.release_failures;
@@ -66,7 +67,8 @@ NB_MODULE(_weightsync, m) {
   BindSubscriber(m);
   m.def("ledger", &LedgerDict, nb::sig("def ledger() -> dict[str, int]"),
         "Live counts of what weightsync holds in this process (fds, segments, mappings,\n"
-        "threads, staging bytes, handles, connections) and cumulative release failures.");
+        "threads, staging bytes, pinned bytes, GPU memory it allocated (device_bytes), handles,\n"
+        "connections) and cumulative release failures.");
   nb::class_<PyCudaStatus>(
       m, "CudaStatus",
       "What weightsync.cuda_status() returns. True (bool()) when the GPU paths can be used.")

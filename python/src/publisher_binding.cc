@@ -143,12 +143,20 @@ void BindPublisher(nb::module_& m) {
               "How long the begin_write() before this publish waited for subscribers reading.")
       .def_ro("revoked_reads", &PublishStats::revoked_reads,
               "Reads that begin_write() revoked when they outlasted the publisher's timeout.")
+      .def_ro("store_bytes", &PublishStats::store_bytes,
+              "Memory the publisher's store holds for versions besides the tensors themselves:\n"
+              "every slot of the arena, or the ring's buckets, as allocated; 0 for zero_copy.\n"
+              "allocate()d tensors are not counted.")
+      .def_ro("store_device", &PublishStats::store_device,
+              "Where store_bytes is: -1 host memory, else the CUDA device index.")
       .def("__repr__", [](const PublishStats& s) {
         return "PublishStats(step=" + std::to_string(s.step) +
                ", bytes_copied=" + std::to_string(s.bytes_copied) +
                ", seconds=" + std::to_string(s.seconds) + ", gbps=" + std::to_string(s.gbps) +
                ", wait_for_readers_seconds=" + std::to_string(s.wait_for_readers_seconds) +
-               ", revoked_reads=" + std::to_string(s.revoked_reads) + ")";
+               ", revoked_reads=" + std::to_string(s.revoked_reads) +
+               ", store_bytes=" + std::to_string(s.store_bytes) +
+               ", store_device=" + std::to_string(s.store_device) + ")";
       });
 
   nb::class_<PyPublisher>(
@@ -203,8 +211,9 @@ void BindPublisher(nb::module_& m) {
           "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
           "call begin_write() before the optimizer changes them (PyTorch's caching allocator,\n"
           "with or without expandable segments).\n"
-          "ring_buckets (host tensors, local:// only; >= 2): a ring of that many buckets of\n"
-          "ring_bucket_bytes (0: from free memory) instead of `slots` copies of the model;\n"
+          "ring_buckets (local:// only; >= 2): a ring of that many buckets of\n"
+          "ring_bucket_bytes (0: from free memory) instead of `slots` copies of the model, in\n"
+          "shared memory for host tensors, on the tensors' GPU for CUDA tensors;\n"
           "publish() only hashes, each update streams the tensors through the ring, and\n"
           "begin_write() fences the optimizer's writes as with zero_copy.")
       .def(

@@ -302,6 +302,10 @@ void BindSubscriber(nb::module_& m) {
       .def_ro("lineage_changed", &UpdateStats::lineage_changed,
               "This update replaced a version of another publisher session (a restarted\n"
               "trainer, or a new lineage).")
+      .def_ro("staging_bytes", &UpdateStats::staging_bytes,
+              "Bytes of staging this subscriber holds to receive (host or device memory): the\n"
+              "shadow in 'staged' mode; in 'in_place' only the landing buffer of converted\n"
+              "tensors (0 without). Held until sleep(), close() or a failed update.")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
@@ -310,7 +314,8 @@ void BindSubscriber(nb::module_& m) {
                ", prepare_count=" + std::to_string(s.prepare_count) +
                ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ", path='" +
                std::string(s.path) + "'" + ", lineage='" + std::string(s.lineage.view()) +
-               "', lineage_changed=" + b(s.lineage_changed) + ")";
+               "', lineage_changed=" + b(s.lineage_changed) +
+               ", staging_bytes=" + std::to_string(s.staging_bytes) + ")";
       });
 
   nb::class_<Received>(m, "Received",

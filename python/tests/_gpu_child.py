@@ -185,13 +185,19 @@ def main():
     ap.add_argument("--publisher-timeout", type=float, default=30.0)
     ap.add_argument("--zero-copy", action="store_true",
                     help="Publisher(zero_copy=True); each publish begins with begin_write()")
+    ap.add_argument("--ring", default="", metavar="BUCKETS:BYTES",
+                    help="Publisher(ring_buckets=, ring_bucket_bytes=); each publish begins with "
+                         "begin_write()")
     args = ap.parse_args()
     faulthandler.enable()
     faulthandler.dump_traceback_later(args.timeout, exit=True)  # start-up
     spec = [(n, d, tuple(s), k) for n, d, s, k in json.loads(args.spec)]
     tensors = FRAMEWORKS[args.framework](spec, args.device)
+    ring = [int(x) for x in args.ring.split(":")] if args.ring else [0, 0]
+    fenced = args.zero_copy or bool(args.ring)
     with weightsync.Publisher(args.endpoint, timeout=args.publisher_timeout,
-                              zero_copy=args.zero_copy) as pub:
+                              zero_copy=args.zero_copy, ring_buckets=ring[0],
+                              ring_bucket_bytes=ring[1]) as pub:
         tensors.register(pub)
         print("ready", pub.endpoint, expandable_segments(args.framework), flush=True)
         faulthandler.cancel_dump_traceback_later()
@@ -212,7 +218,7 @@ def main():
             contents = {name: content(i, dtype, shape, kind, args.seed, step)
                         for i, (name, dtype, shape, kind) in enumerate(spec)}
             if cmd == "publish":
-                if args.zero_copy:
+                if fenced:
                     pub.begin_write()  # subscribers read these very tensors
                 for name, c in contents.items():
                     tensors.fill(name, c)

@@ -64,7 +64,7 @@ class ChildPublisher:
     """_gpu_child.py in its own process; every answer is awaited with a deadline."""
 
     def __init__(self, endpoint, spec, device=GPU, framework=None, seed=0, timeout=120,
-                 env=None, zero_copy=False):
+                 env=None, zero_copy=False, ring=""):
         self.spec, self.seed, self.timeout = spec, seed, timeout
         # Host tensors from NumPy (starts in a fraction of torch's import time); CUDA: torch.
         framework = framework or ("numpy" if device == "cpu" else "torch")
@@ -72,7 +72,8 @@ class ChildPublisher:
         self.proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", CHILD, "--endpoint", endpoint, "--device",
              device, "--framework", framework, "--spec", json.dumps(spec), "--seed", str(seed),
-             "--timeout", str(timeout)] + (["--zero-copy"] if zero_copy else []),
+             "--timeout", str(timeout)] + (["--zero-copy"] if zero_copy else []) +
+            (["--ring", ring] if ring else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
         self.pid = self.proc.pid
         self.buf = b""
@@ -227,9 +228,10 @@ def ledger():
 # one cudaMalloc segment; with expandable segments, into cuMem chunks shared by fd).
 PUBLISHERS = [pytest.param("cpu", False, id="cpu"), pytest.param(GPU, False, id="cuda", marks=gpu),
               pytest.param(GPU, True, id="cuda-zero-copy", marks=gpu),
-              pytest.param(GPU, "expandable", id="cuda-zero-copy-expandable-segments", marks=gpu)]
+              pytest.param(GPU, "expandable", id="cuda-zero-copy-expandable-segments", marks=gpu),
+              pytest.param(GPU, "ring", id="cuda-ring", marks=gpu)]
 PATHS = {("cpu", False): "shm", (GPU, False): "cuda-ipc", (GPU, True): "cuda-ipc-zero-copy",
-         (GPU, "expandable"): "cuda-ipc-zero-copy"}
+         (GPU, "expandable"): "cuda-ipc-zero-copy", (GPU, "ring"): "cuda-ipc-ring"}
 
 
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
@@ -240,7 +242,10 @@ def test_torch_round_trip(endpoint, device, zero_copy, mode):
     need(device)
     expandable = zero_copy == "expandable"
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True") if expandable else None
-    with ChildPublisher(endpoint, SPEC, device, zero_copy=bool(zero_copy), env=env) as pub:
+    # The ring: two 16 KiB buckets on the trainer's GPU, the ~60 KB model streamed through them.
+    ring = "2:16384" if zero_copy == "ring" else ""
+    with ChildPublisher(endpoint, SPEC, device, zero_copy=zero_copy in (True, "expandable"),
+                        env=env, ring=ring) as pub:
         assert pub.expandable_segments == expandable, "the trainer's memory is not what the row says"
         dst = TorchDestinations(SPEC, device)
         with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:

@@ -305,6 +305,35 @@ def test_ring_of_two_buckets_streams_a_model_ten_times_a_bucket(endpoint, mode):
                 assert_bit_exact(dst, model)
 
 
+@pytest.mark.parametrize("mode", ["staged", "in_place"])
+def test_ring_stats_say_what_memory_each_side_holds(endpoint, mode):
+    # PublishStats.store_bytes: the ring's 2 buckets in host memory, not the model's copies;
+    # UpdateStats.staging_bytes: the subscriber's shadow (staged) or none (in place), exactly its
+    # share of the ledger's staging_bytes; no GPU memory anywhere (device_bytes).
+    model = make_model(seed=6, count=6, elements=40000)
+    total = sum(v.nbytes for v in model.values())
+    base = weightsync.ledger()
+    with weightsync.Publisher(endpoint, ring_buckets=2, ring_bucket_bytes=65536) as pub:
+        pub.register(model)
+        published = pub.publish(1)
+        assert (published.store_bytes, published.store_device) == (2 * 65536, -1)
+        assert published.bytes_copied == 0
+        assert "store_bytes=131072, store_device=-1" in repr(published)
+        with weightsync.Subscriber(endpoint, mode=mode, timeout=30) as sub:
+            sub.register(zeros_like_model(model))
+            stats = sub.update()
+            if mode == "staged":
+                assert total <= stats.staging_bytes < total + 64 * len(model)
+            else:
+                assert stats.staging_bytes == 0
+            held = weightsync.ledger()
+            assert stats.staging_bytes == held["staging_bytes"] - base["staging_bytes"]
+            assert held["device_bytes"] == base["device_bytes"]
+            assert f"staging_bytes={stats.staging_bytes}" in repr(stats)
+            sub.sleep()
+            assert weightsync.ledger()["staging_bytes"] == base["staging_bytes"]
+
+
 def test_ring_refuses_one_bucket_and_tcp(endpoint):
     with pytest.raises(weightsync.InvalidArgument, match="ring_buckets = 1"):
         weightsync.Publisher(endpoint, ring_buckets=1)

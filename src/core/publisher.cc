@@ -258,12 +258,6 @@ Status Publisher::Register(const std::vector<NamedTensor>& tensors) {
   if (device >= 0 && d.has_direct) {
     return Status::InvalidArgument("CUDA tensors cannot join arena-allocated host tensors");
   }
-  if (d.options.ring_buckets > 0 && device >= 0) {
-    return Status::NotSupported("tensor '", tensors[0].name, "' is on cuda:", device,
-                                ": a ring of buckets (PublisherOptions.ring_buckets) holds host "
-                                "tensors only so far; publish CUDA tensors with zero_copy, or "
-                                "through the GPU arena");
-  }
   if (d.options.zero_copy && device < 0 && !tensors.empty()) {
     return Status::InvalidArgument("tensor '", tensors[0].name, "' is on cpu: a zero_copy ",
                                    "publisher publishes CUDA tensors where they are (host tensors ",
@@ -362,7 +356,11 @@ Status Publisher::Impl::Freeze() {
     has_direct = true;
   } else if (options.ring_buckets > 0 && !store) {
     // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones.
-    WS_ASSIGN_OR_RETURN(store, transport::store::NewHostRingStore(endpoint.name));
+    if (cuda_device >= 0) {
+      WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuRingStore(cuda_device));
+    } else {
+      WS_ASSIGN_OR_RETURN(store, transport::store::NewHostRingStore(endpoint.name));
+    }
     has_direct = true;
   } else if (cuda_device >= 0 && !store) {
     WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuStore(cuda_device));
@@ -527,6 +525,8 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   d.cv.NotifyAll();
   stats.step = step;
   stats.bytes_copied = d.store->copy_bytes();
+  stats.store_bytes = d.store->held_bytes();
+  stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
   stats.wait_for_readers_seconds = d.wait_for_readers_seconds;
   stats.revoked_reads = d.revoked_reads;
   d.wait_for_readers_seconds = 0;

@@ -638,6 +638,8 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   step_text = std::to_string(*step);
   stats.lineage.Assign(active[0]->welcome->lineage);
   stats.path = active[0]->handle->transport_name();
+  // What the prepared handles hold, reported by up-to-date updates too (no allocation).
+  for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
   if (*step == after) {
     if (held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
       return Status::FailedPrecondition(

@@ -5,10 +5,14 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "util/ledger.h"
 #include "util/logging.h"
 
 namespace weightsync::cuda {
 namespace {
+
+using util::LedgerAdd;
+using util::LedgerItem;
 
 Status ProbeDevices(int* count) {
   *count = 0;
@@ -54,6 +58,7 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(uint64_t bytes) {
   if (bytes == 0) return Result<DeviceBuffer>(std::move(buffer));
   WS_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer.data_, bytes), "cudaMalloc of ", bytes, " bytes");
   buffer.size_ = bytes;
+  LedgerAdd(LedgerItem::kDeviceBytes, static_cast<int64_t>(bytes));
   return Result<DeviceBuffer>(std::move(buffer));
 }
 
@@ -74,8 +79,15 @@ Status DeviceBuffer::Close() {
   if (data_ == nullptr) return Status::Ok();
   void* data = std::exchange(data_, nullptr);
   const uint64_t size = std::exchange(size_, 0);
+  // Out of the ledger even if the free fails: the buffer no longer holds it either way.
+  LedgerAdd(LedgerItem::kDeviceBytes, -static_cast<int64_t>(size));
   WS_CUDA_RETURN_IF_ERROR(cudaFree(data), "cudaFree of ", size, " bytes at ", data);
   return Status::Ok();
+}
+
+void* DeviceBuffer::Release() {
+  LedgerAdd(LedgerItem::kDeviceBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
+  return std::exchange(data_, nullptr);
 }
 
 Status FreeDevice(void* device_ptr) {

@@ -28,7 +28,8 @@ Status CudaAvailable();
 // Number of usable devices; 0 when CudaAvailable() is not OK.
 int DeviceCount();
 
-// Device memory from cudaMalloc on the current device. Close() frees it and reports.
+// Device memory from cudaMalloc on the current device. Close() frees it and reports. Counted in
+// the ledger's device_bytes while it holds the memory (until Close, or Release to a caller).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -44,11 +45,9 @@ class DeviceBuffer {
   }
   uint64_t size() const { return size_; }
   Status Close();
-  // Gives the memory up to the caller, who frees it with FreeDevice().
-  void* Release() {
-    size_ = 0;
-    return std::exchange(data_, nullptr);
-  }
+  // Gives the memory up to the caller, who frees it with FreeDevice(): the caller's from here on,
+  // out of the ledger's device_bytes (as weightsync::DeviceMemory is).
+  void* Release();
 
  private:
   void* data_ = nullptr;

@@ -362,6 +362,7 @@ Result<ExportedAllocation> ExportedAllocation::Create(int device, uint64_t bytes
   LedgerAdd(LedgerItem::kSegments, 1);
   LedgerAdd(LedgerItem::kMappings, 1);
   LedgerAdd(LedgerItem::kMappedBytes, static_cast<int64_t>(a.size_));
+  LedgerAdd(LedgerItem::kDeviceBytes, static_cast<int64_t>(a.size_));  // the memory is ours
   return std::move(a);  // nvcc's front end does not apply C++20's implicit move here
 }
 
@@ -393,7 +394,8 @@ Status ExportedAllocation::Close() {
   Status s = Unmap(std::exchange(va_, 0), size_, std::exchange(handle_, 0));
   LedgerAdd(LedgerItem::kSegments, -1);
   LedgerAdd(LedgerItem::kMappings, -1);
-  LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
+  LedgerAdd(LedgerItem::kMappedBytes, -static_cast<int64_t>(size_));
+  LedgerAdd(LedgerItem::kDeviceBytes, -static_cast<int64_t>(std::exchange(size_, 0)));
   return s.WithContext("GPU arena on cuda:" + std::to_string(device_));
 }
 

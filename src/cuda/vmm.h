@@ -18,7 +18,8 @@
 
 namespace weightsync::cuda {
 
-// Device memory on `device` from cuMemCreate (POSIX-fd exportable), mapped read-write there.
+// Device memory on `device` from cuMemCreate (POSIX-fd exportable), mapped read-write there. In
+// the ledger as a segment, a mapping, mapped_bytes and device_bytes until Close.
 class ExportedAllocation {
  public:
   ExportedAllocation() = default;

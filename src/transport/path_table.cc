@@ -49,6 +49,11 @@ constexpr PathEntry kPaths[] = {
      "publisher's own allocations, opened by IPC handle",
      &Serves<LinkKind::kUnix, ArenaKind::kCudaIpc, DestinationKind::kCuda>,
      &Make<path::GpuCopyPath>},
+    {"cuda-ipc-ring",
+     "ring of GPU buckets -> one CUDA device: a copy-engine batch per bucket from the imported "
+     "ring as the publisher fills it from its tensors",
+     &Serves<LinkKind::kUnix, ArenaKind::kCudaRing, DestinationKind::kCuda>,
+     &Make<path::GpuCopyPath>},
     {"tcp", "host store -> host memory: the bytes stream on the connection into place",
      &Serves<LinkKind::kTcp, ArenaKind::kHostMemfd, DestinationKind::kHost>,
      &Make<path::TcpReadPath>},
@@ -64,6 +69,8 @@ std::string StoreText(const wire::Welcome& welcome) {
       return "its own GPU tensors (zero-copy, cuda:" + std::to_string(welcome.device) + ")";
     case ArenaKind::kHostRing:
       return "a ring of buckets in host memory";
+    case ArenaKind::kCudaRing:
+      return "a ring of buckets in GPU memory (cuda:" + std::to_string(welcome.device) + ")";
     default:
       return "host memory";
   }

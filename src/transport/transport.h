@@ -59,6 +59,8 @@ class TransferHandle {
   Status Prepare(const std::vector<plan::Destination>& destinations, const PrepareOptions& options,
                  const util::Deadline& deadline);
   const plan::Plan& plan() const { return plan_; }
+  // Bytes of staging the prepared path holds (DataPath::staging_bytes); 0 unprepared.
+  uint64_t staging_bytes() const { return path_ ? path_->staging_bytes() : 0; }
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher
   // holds for us. Returning `after_step` means "already up to date": no copy follows.

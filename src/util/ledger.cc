@@ -30,6 +30,7 @@ LedgerSnapshot ReadLedger() {
   s.threads = get(LedgerItem::kThreads);
   s.staging_bytes = get(LedgerItem::kStagingBytes);
   s.pinned_bytes = get(LedgerItem::kPinnedBytes);
+  s.device_bytes = get(LedgerItem::kDeviceBytes);
   s.handles = get(LedgerItem::kHandles);
   s.connections = get(LedgerItem::kConnections);
   s.release_failures = get(LedgerItem::kReleaseFailures);
@@ -40,7 +41,7 @@ bool LedgerSnapshot::SameLiveCounts(const LedgerSnapshot& o) const {
   return fds == o.fds && segments == o.segments && mappings == o.mappings &&
          mapped_bytes == o.mapped_bytes && threads == o.threads &&
          staging_bytes == o.staging_bytes && pinned_bytes == o.pinned_bytes &&
-         handles == o.handles && connections == o.connections;
+         device_bytes == o.device_bytes && handles == o.handles && connections == o.connections;
 }
 
 std::string LedgerSnapshot::ToString() const {
@@ -48,7 +49,7 @@ std::string LedgerSnapshot::ToString() const {
   os << "fds=" << fds << " segments=" << segments << " mappings=" << mappings
      << " mapped_bytes=" << mapped_bytes << " threads=" << threads
      << " staging_bytes=" << staging_bytes << " pinned_bytes=" << pinned_bytes
-     << " handles=" << handles << " connections=" << connections
+     << " device_bytes=" << device_bytes << " handles=" << handles << " connections=" << connections
      << " release_failures=" << release_failures;
   return os.str();
 }

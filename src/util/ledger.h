@@ -15,6 +15,7 @@ enum class LedgerItem {
   kThreads,
   kStagingBytes,
   kPinnedBytes,
+  kDeviceBytes,
   kHandles,
   kConnections,
   kReleaseFailures,

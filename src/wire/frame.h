@@ -20,12 +20,13 @@
 namespace weightsync::wire {
 
 inline constexpr uint32_t kMagic = 0x4E595357u;
-// 6: ring publishers (ArenaKind::kHostRing, ring_bucket_ready/done frames); 5: zero-copy Welcomes
-// list the publisher's allocations (IPC handles or cuMem chunks, whose fds follow in AllocationFd
-// frames); 4: Welcome tensors may be regions, Select names byte ranges; 3: Welcome carries the
-// publisher's lineage, UpdateRequest the subscriber's wait (2: nccl steps are grouped ncclBroadcast
-// calls; 1: grouped ncclSend/ncclRecv). The header check refuses a peer of another version at once.
-inline constexpr uint16_t kProtocolVersion = 6;
+// 7: GPU ring publishers (ArenaKind::kCudaRing); 6: ring publishers (ArenaKind::kHostRing,
+// ring_bucket_ready/done frames); 5: zero-copy Welcomes list the publisher's allocations (IPC
+// handles or cuMem chunks, whose fds follow in AllocationFd frames); 4: Welcome tensors may be
+// regions, Select names byte ranges; 3: Welcome carries the publisher's lineage, UpdateRequest the
+// subscriber's wait (2: nccl steps are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv).
+// The header check refuses a peer of another version at once.
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 
@@ -48,8 +49,8 @@ enum class FrameType : uint16_t {
   // Unix links to a zero-copy publisher of cuMem memory: one frame per chunk, right after the
   // Welcome, each carrying that chunk's POSIX fd (SCM_RIGHTS).
   kAllocationFd = 14,
-  // Ring publishers (ArenaKind::kHostRing), inside a step: bucket ready (publisher → subscriber)
-  // and bucket read (subscriber → publisher), each a RingBucket.
+  // Ring publishers (ArenaKind::kHostRing, kCudaRing), inside a step: bucket ready (publisher →
+  // subscriber) and bucket read (subscriber → publisher), each a RingBucket.
   kRingBucketReady = 15,
   kRingBucketDone = 16,
 };

@@ -343,9 +343,9 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
     return Status::ProtocolError(kWelcomeWhat, ": segment_bytes 0, expected > 0");
   }
   WS_ASSIGN_OR_RETURN(uint8_t arena_kind, r.U8("arena_kind"));
-  if (arena_kind > static_cast<uint8_t>(ArenaKind::kHostRing)) {
+  if (arena_kind > static_cast<uint8_t>(ArenaKind::kCudaRing)) {
     return Status::ProtocolError(kWelcomeWhat, ": unknown arena_kind ", int(arena_kind),
-                                 ", expected 0..4");
+                                 ", expected 0..5");
   }
   m->arena_kind = static_cast<ArenaKind>(arena_kind);
   WS_ASSIGN_OR_RETURN(uint32_t device, r.U32("device"));
@@ -512,7 +512,15 @@ Status Decode(std::span<const uint8_t> payload, RingBucket* m) {
   Reader r(payload, kRingBucketWhat);
   WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
   WS_ASSIGN_OR_RETURN(m->bucket, r.U32("bucket"));
+  if (m->bucket >= kMaxVersionBuckets) {
+    return Status::ProtocolError(kRingBucketWhat, ": bucket ", m->bucket, " exceeds limit ",
+                                 kMaxVersionBuckets - 1);
+  }
   WS_ASSIGN_OR_RETURN(m->slot, r.U32("slot"));
+  if (m->slot >= kMaxSlots) {
+    return Status::ProtocolError(kRingBucketWhat, ": slot ", m->slot, " exceeds limit ",
+                                 kMaxSlots - 1);
+  }
   return r.ExpectEnd();
 }
 

@@ -64,8 +64,13 @@ enum class ArenaKind : uint8_t {
   // buckets of slot_bytes (fd passed). A version is version_buckets buckets long; it streams
   // through the ring, bucket b in slot b % slot_count, announced by ring_bucket frames.
   kHostRing = 4,
+  // GPU memory, a bounded ring: a cuMem allocation (fd passed, as kCudaMem) of slot_count
+  // buckets of slot_bytes on the publisher's device, streamed through as kHostRing.
+  kCudaRing = 5,
 };
-inline constexpr bool IsRing(ArenaKind kind) { return kind == ArenaKind::kHostRing; }
+inline constexpr bool IsRing(ArenaKind kind) {
+  return kind == ArenaKind::kHostRing || kind == ArenaKind::kCudaRing;
+}
 // How a kCudaIpc allocation is shared.
 enum class AllocationKind : uint8_t {
   kIpcHandle = 0,  // cudaMalloc memory: a CUDA IPC handle of its base

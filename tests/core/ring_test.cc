@@ -173,7 +173,7 @@ TEST_P(Ring, AReaderStalledInsideTheRingIsRevokedWithinTheTimeoutAndCommitsNothi
   }
 }
 
-TEST_P(Ring, ABucketAnnouncedInASlotPastTheRingIsAProtocolErrorAndNothingIsCommitted) {
+TEST_P(Ring, ABucketAnnouncedInAnotherSlotThanItsOwnIsAProtocolErrorAndNothingIsCommitted) {
   Start();
   auto storage = SyntheticModel::PoisonedStorage(tensors_);
   auto dst = SyntheticModel::Views(tensors_, storage);
@@ -182,8 +182,8 @@ TEST_P(Ring, ABucketAnnouncedInASlotPastTheRingIsAProtocolErrorAndNothingIsCommi
   ASSERT_OK(sub->Update());
   ASSERT_OK(Write(2));
   FailPoints::Arm("publisher.ring_bad_slot", FailAction::kFlip, 0, 1);
-  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring bucket 0 in slot 2",
-                   "the ring has 2");
+  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring bucket 0 in slot 1",
+                   "expected slot 0 of the ring's 2");
   EXPECT_EQ(sub->committed_step(), 1);
   ASSERT_OK(sub->Update());
   std::string why;

@@ -1,9 +1,10 @@
 // Conversions in flight on the GPU (label gpu): a publisher process keeps the synthetic model's
 // CUDA tensors on cuda:0; this process subscribes into CUDA destinations of other dtypes on
 // cuda:1 (cuda:0 with one GPU for cuda-ipc) with SubscriberOptions.convert_dtypes: bf16 → fp8
-// e4m3 with float32 and with e8m0 block scales, and casts among f32/f16/bf16, over cuda-ipc and
-// nccl, staged and in place. Every destination must equal the CPU reference of the published
-// bytes, bit for bit, step after step, with the handle prepared once.
+// e4m3 with float32 and with e8m0 block scales, and casts among f32/f16/bf16, over cuda-ipc (from
+// the GPU arena, and from a GPU ring of 64 KiB buckets) and nccl, staged and in place. Every
+// destination must equal the CPU reference of the published bytes, bit for bit, step after step,
+// with the handle prepared once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,6 +38,9 @@ struct Param {
   UpdateMode mode;
   bool on_publisher_gpu = true;      // SubscriberOptions::convert_on_publisher_gpu
   bool break_publisher_gpu = false;  // fail point: preparing there fails, the fallback runs
+  // A GPU ring publisher (WS_TEST_RING): converted tensors land first (a bucket is gone once read)
+  // and convert at commit, some of them cut across bucket edges.
+  const char* ring = nullptr;
 };
 
 // What destination i becomes: its dtype, and for fp8 the scale tensor's dtype.
@@ -101,6 +105,7 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
     const std::string asked = nccl ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("gpuconvert");
     std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0"};
     if (nccl) env.push_back(std::string("WEIGHTSYNC_TOKEN=") + kToken);
+    if (GetParam().ring != nullptr) env.push_back(std::string("WS_TEST_RING=") + GetParam().ring);
     publisher_ = ChildProcess::Spawn({testing::HelperPath("gpu_publisher"), asked,
                                       std::to_string(kTensors), std::to_string(kElements), "0"},
                                      env);
@@ -229,9 +234,11 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   }
   if (!GetParam().nccl) {
     // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
-    // publisher's GPU (cuda:0) converts; otherwise the destinations' GPU does.
+    // publisher's GPU (cuda:0) converts; otherwise (and from a ring, whose tensors land first) the
+    // destinations' GPU does.
     const bool tried = GetParam().mode == UpdateMode::kInPlace && GetParam().on_publisher_gpu &&
-                       device_ != 0 && cuda::EnablePeerAccess(0, device_).ok();
+                       GetParam().ring == nullptr && device_ != 0 &&
+                       cuda::EnablePeerAccess(0, device_).ok();
     const bool at_source = tried && !GetParam().break_publisher_gpu;
     if (tried && GetParam().break_publisher_gpu) {
       EXPECT_EQ(util::FailPoints::Hits("cuda_ipc.publisher_gpu"), 1);
@@ -382,12 +389,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Param{false, UpdateMode::kStaged}, Param{false, UpdateMode::kInPlace},
                       Param{false, UpdateMode::kInPlace, /*on_publisher_gpu=*/false},
                       Param{false, UpdateMode::kInPlace, true, /*break_publisher_gpu=*/true},
-                      Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace}),
+                      Param{true, UpdateMode::kStaged}, Param{true, UpdateMode::kInPlace},
+                      Param{false, UpdateMode::kStaged, true, false, "2:65536"},
+                      Param{false, UpdateMode::kInPlace, true, false, "2:65536"}),
     [](const auto& info) {
       return std::string(info.param.nccl ? "nccl" : "cuda_ipc") +
              (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place") +
              (info.param.on_publisher_gpu ? "" : "_on_destination_gpu") +
-             (info.param.break_publisher_gpu ? "_after_publisher_gpu_failed" : "");
+             (info.param.break_publisher_gpu ? "_after_publisher_gpu_failed" : "") +
+             (info.param.ring != nullptr ? "_from_a_gpu_ring" : "");
     });
 
 }  // namespace

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/vmm.h"
+#include "testing/status_matchers.h"
 #include "testing/test_util.h"
 
 // Skips the test, with the reason, when no CUDA device can be used (no driver, no GPU, or a build
@@ -55,6 +59,33 @@ inline Result<std::vector<NamedTensor>> PoisonedDestinations(const std::vector<N
     keep->push_back(std::move(b));
   }
   return out;
+}
+
+// GPU memory in use on `device` by every process (cudaMemGetInfo), in bytes; the caller's device
+// stays current.
+inline int64_t UsedBytes(int device) {
+  ScopedDevice restore;
+  EXPECT_OK(SetDevice(device));
+  size_t free_bytes = 0, total = 0;
+  EXPECT_OK(MemInfo(&free_bytes, &total));
+  return static_cast<int64_t>(total - free_bytes);
+}
+
+// A verifying subscriber of `endpoint` in `mode` (10 s timeout) into poisoned CUDA destinations
+// on `device` shaped like `like`: the views go to `dst`, their buffers to `keep`.
+inline std::unique_ptr<Subscriber> ConnectVerifying(const std::string& endpoint, UpdateMode mode,
+                                                    const std::vector<NamedTensor>& like,
+                                                    int device, std::vector<NamedTensor>* dst,
+                                                    std::vector<DeviceBuffer>* keep) {
+  auto poisoned = PoisonedDestinations(like, device, keep);
+  EXPECT_OK(poisoned);
+  *dst = std::move(poisoned).value();
+  SubscriberOptions o;
+  o.endpoint = endpoint;
+  o.mode = mode;
+  o.verify = true;
+  o.timeout = std::chrono::milliseconds(10000);
+  return weightsync::testing::NewSubscriber(o, *dst);
 }
 
 // Downloads every CUDA destination in `dst` and checks it holds the synthetic model (shaped like

@@ -68,15 +68,8 @@ class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const ch
   std::unique_ptr<Subscriber> Connect(const testing::PublisherProcess& publisher,
                                       std::vector<NamedTensor>* dst,
                                       std::vector<cuda::DeviceBuffer>* buffers) {
-    auto poisoned = cuda::testing::PoisonedDestinations(like_, device_, buffers);
-    EXPECT_OK(poisoned);
-    *dst = std::move(poisoned).value();
-    SubscriberOptions o;
-    o.endpoint = publisher.endpoint();
-    o.mode = std::get<0>(GetParam());
-    o.verify = true;
-    o.timeout = std::chrono::milliseconds(10000);
-    return testing::NewSubscriber(o, *dst);
+    return cuda::testing::ConnectVerifying(publisher.endpoint(), std::get<0>(GetParam()), like_,
+                                           device_, dst, buffers);
   }
   std::string Holds(const std::vector<NamedTensor>& dst, int64_t step) {
     std::string why;
@@ -95,13 +88,7 @@ class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const ch
     return update;
   }
   // GPU memory in use on the publisher's device (cuda:0), in bytes.
-  int64_t UsedOnDeviceZero() {
-    cuda::ScopedDevice restore;
-    EXPECT_OK(cuda::SetDevice(0));
-    size_t free_bytes = 0, total = 0;
-    EXPECT_OK(cuda::MemInfo(&free_bytes, &total));
-    return static_cast<int64_t>(total - free_bytes);
-  }
+  int64_t UsedOnDeviceZero() { return cuda::testing::UsedBytes(0); }
 
   int device_ = 0;
   SyntheticModel model_{kTensors, kElements};

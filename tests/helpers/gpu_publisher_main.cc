@@ -14,7 +14,8 @@
 // memory instead, as PyTorch's expandable segments do: two reserved ranges of 2 MiB chunks mapped
 // back to back, the first tensor of each straddling a chunk boundary. WS_TEST_TIMEOUT_MS overrides
 // the publisher's timeout (5000 ms): how long a BeginWrite waits for readers before revoking their
-// reads.
+// reads. WS_TEST_RING=BUCKETS:BYTES makes it a ring publisher (PublisherOptions::ring_buckets),
+// each publish fenced by BeginWrite() as for zero-copy.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -124,9 +125,10 @@ ws::Status OnDevice(const std::vector<ws::NamedTensor>& host, int device, Device
   return ws::Status::Ok();
 }
 
-// A zero-copy trainer may change its tensors only once no subscriber reads them.
+// A zero-copy or ring trainer may change its tensors only once no subscriber reads them.
 ws::Status BeforeWriting(ws::Publisher& publisher) {
-  return ZeroCopy() ? publisher.BeginWrite() : ws::Status::Ok();
+  return ZeroCopy() || std::getenv("WS_TEST_RING") != nullptr ? publisher.BeginWrite()
+                                                              : ws::Status::Ok();
 }
 
 // One trainer rank of a sharded model on `device`: the host pattern uploaded before each publish.
@@ -186,6 +188,7 @@ int main(int argc, char** argv) {
   options.endpoint = argv[1];
   options.timeout = Timeout();
   options.zero_copy = ZeroCopy();
+  if (ws::Status s = ws::testing::RingFromEnvironment(&options); !s.ok()) return SetUpFailed(s);
   if (argc > 5) options.slots = std::atoi(argv[5]);
   int shard = 0, shards = 1;
   if (argc > 6 && std::sscanf(argv[6], "%d/%d", &shard, &shards) != 2) shards = 1;

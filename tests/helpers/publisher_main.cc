@@ -50,13 +50,8 @@ int main(int argc, char** argv) {
                          argc > 5 ? std::atoi(argv[5]) : 1);
   }
   if (argc > 4) options.slots = std::atoi(argv[4]);
-  if (const char* ring = std::getenv("WS_TEST_RING"); ring != nullptr) {
-    unsigned long long bytes = 0;
-    if (std::sscanf(ring, "%d:%llu", &options.ring_buckets, &bytes) != 2) {
-      return ws::testing::SetUpFailed(
-          ws::Status::InvalidArgument("WS_TEST_RING='", ring, "': expected BUCKETS:BYTES"));
-    }
-    options.ring_bucket_bytes = bytes;
+  if (ws::Status s = ws::testing::RingFromEnvironment(&options); !s.ok()) {
+    return ws::testing::SetUpFailed(s);
   }
   ws::testing::SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto publisher = ws::Publisher::Create(options);

@@ -1,5 +1,7 @@
 #include "testing/command_loop.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 
@@ -53,6 +55,17 @@ int SetUpFailed(const Status& s) {
   std::printf("error %s\n", s.ToString().c_str());
   std::fflush(stdout);
   return 1;
+}
+
+Status RingFromEnvironment(PublisherOptions* options) {
+  const char* ring = std::getenv("WS_TEST_RING");
+  if (ring == nullptr) return Status::Ok();
+  unsigned long long bytes = 0;
+  if (std::sscanf(ring, "%d:%llu", &options->ring_buckets, &bytes) != 2) {
+    return Status::InvalidArgument("WS_TEST_RING='", ring, "': expected BUCKETS:BYTES");
+  }
+  options->ring_bucket_bytes = bytes;
+  return Status::Ok();
 }
 
 }  // namespace weightsync::testing

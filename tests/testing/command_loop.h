@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "weightsync/options.h"
 #include "weightsync/status.h"
 
 namespace weightsync::testing {
@@ -41,5 +42,8 @@ std::string Answer(const Status& s, const std::string& ok);
 void SayReady(const std::string& what);
 // A set-up failure before "ready": says "error <status>" and returns the exit code 1.
 int SetUpFailed(const Status& s);
+// WS_TEST_RING=BUCKETS:BYTES, if set, into `options` (ring_buckets, ring_bucket_bytes): the
+// publisher helpers' ring mode.
+Status RingFromEnvironment(PublisherOptions* options);
 
 }  // namespace weightsync::testing

@@ -442,9 +442,14 @@ TEST(WireWelcomeTest, RoundTripZeroCopyAllocations) {
   EXPECT_EQ(EncodeOf(arena).size() + 4 + 3 * 81 + (8 + 8 + 1 + 4 + 3 * 8), bytes.size());
 }
 
-TEST(WireWelcomeTest, RoundTripRingAndItsBucketCountBounded) {
+class WireRingWelcomeTest : public ::testing::TestWithParam<ArenaKind> {};
+
+INSTANTIATE_TEST_SUITE_P(HostAndGpu, WireRingWelcomeTest,
+                         ::testing::Values(ArenaKind::kHostRing, ArenaKind::kCudaRing));
+
+TEST_P(WireRingWelcomeTest, RoundTripRingAndItsBucketCountBounded) {
   Welcome in = WelcomeWith(4);
-  in.arena_kind = ArenaKind::kHostRing;
+  in.arena_kind = GetParam();
   in.version_buckets = 17;
   const std::vector<uint8_t> bytes = EncodeOf(in);
   Welcome out;
@@ -472,6 +477,15 @@ TEST(WireRingBucketTest, RoundTrip) {
   EXPECT_EQ(out.slot, in.slot);
   ExpectEveryPrefixRejected<RingBucket>(bytes);
   ExpectTrailingByteRejected<RingBucket>(bytes);
+}
+
+TEST(WireRingBucketTest, BucketAndSlotPastTheirLimitsAreRefused) {
+  RingBucket out;
+  ASSERT_OK(Decode(EncodeOf(RingBucket{1, kMaxVersionBuckets - 1, kMaxSlots - 1}), &out));
+  EXPECT_STATUS_IS(kProtocolError, Decode(EncodeOf(RingBucket{1, kMaxVersionBuckets, 0}), &out),
+                   "bucket 16777216 exceeds limit 16777215");
+  EXPECT_STATUS_IS(kProtocolError, Decode(EncodeOf(RingBucket{1, 0, kMaxSlots}), &out),
+                   "slot 64 exceeds limit 63");
 }
 
 TEST(WireAllocationFdTest, RoundTrip) {
@@ -746,9 +760,9 @@ TEST(WireWelcomeTest, GeometryLimits) {
       IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: slot_count 65 exceeds limit 64"}));
   raw.slot_count = 1;
   raw.segment_bytes = 1;
-  raw.arena_kind = 5;
+  raw.arena_kind = 6;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out),
-                              {"welcome: unknown arena_kind 5", "expected 0..4"}));
+                              {"welcome: unknown arena_kind 6", "expected 0..5"}));
   raw.arena_kind = 0;
   raw.digest_kind = 2;
   EXPECT_TRUE(IsProtocolError(Decode(EncodeRaw(raw), &out), {"welcome: unknown digest_kind 2"}));

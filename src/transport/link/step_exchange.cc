@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "util/fail_point.h"
+
 namespace weightsync::transport::link {
 
 wire::Hello SubscriberHello(const util::Deadline& deadline) {
@@ -50,11 +52,25 @@ Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std
     return Status::ProtocolError(peer, ": ring bucket ", ready.bucket, " of step ", ready.step,
                                  " announced, expected bucket ", bucket, " of step ", step);
   }
-  if (ready.slot >= slot_count) {
+  // Bucket b always streams through slot b % slot_count: the subscriber's copies are prepared so.
+  if (ready.slot != bucket % slot_count) {
     return Status::ProtocolError(peer, ": ring bucket ", bucket, " in slot ", ready.slot,
-                                 ", the ring has ", slot_count);
+                                 ", expected slot ", bucket % slot_count, " of the ring's ",
+                                 slot_count);
   }
+  // Tests: a subscriber slow inside the ring (sleep), holding the bucket it was given.
+  (void)util::FailPoints::Check("subscriber.ring_bucket");
   return ready.slot;
+}
+
+Status SendBucketDone(transport::link::Channel& channel, int64_t step, uint32_t bucket,
+                      uint32_t slot, const util::Deadline& deadline) {
+  wire::RingBucket done{step, bucket, slot};
+  // Tests: a done that does not echo the ready, which the publisher must refuse.
+  if (util::FailPoints::Check("subscriber.ring_bad_done").action == util::FailAction::kFlip) {
+    ++done.bucket;
+  }
+  return channel.Send(wire::FrameType::kRingBucketDone, done, deadline);
 }
 
 }  // namespace weightsync::transport::link

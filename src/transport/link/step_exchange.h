@@ -32,9 +32,12 @@ Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& chann
                                                  const util::Deadline& deadline);
 
 // Ring publishers: receives the announcement of bucket `bucket` of `step` and returns the ring
-// slot it is in (< slot_count); anything else is a ProtocolError naming what came.
+// slot it is in (bucket % slot_count); anything else is a ProtocolError naming what came.
 Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std::string& peer,
                                     int64_t step, uint32_t bucket, uint32_t slot_count,
                                     const util::Deadline& deadline);
+// ... and says the bucket was read (its slot may be refilled).
+Status SendBucketDone(transport::link::Channel& channel, int64_t step, uint32_t bucket,
+                      uint32_t slot, const util::Deadline& deadline);
 
 }  // namespace weightsync::transport::link

@@ -129,10 +129,10 @@ class CopyDoneDelivery final : public StepDelivery {
     WS_ASSIGN_OR_RETURN(ready.slot, source_->AwaitBucket(pin, 0, deadline));
     for (uint32_t b = 0; b < buckets_; ++b) {
       ready.bucket = b;
-      // Tests: a slot past the ring, which the subscriber must refuse.
+      // Tests: another slot of the ring than the bucket's, which the subscriber must refuse.
       wire::RingBucket offered = ready;
       if (util::FailPoints::Check("publisher.ring_bad_slot").action == util::FailAction::kFlip) {
-        offered.slot = slot_count_;
+        offered.slot = (ready.slot + 1) % slot_count_;
       }
       WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kRingBucketReady, offered, deadline));
       uint32_t next_slot = 0;

@@ -62,6 +62,12 @@ class DataPath {
   virtual Status Commit(const util::Deadline& deadline) = 0;
   // ", GPU arena from cuda:0 into cuda:1" and the like: the prepare log line's details.
   virtual std::string Describe() const { return ""; }
+  // Bytes of staging the path holds from Prepare until Release, host or device memory: its
+  // landing's shadow (staged) or landing buffer of converted tensors (in place) — what it adds to
+  // the ledger's staging_bytes (UpdateStats::staging_bytes). Read every update: allocates
+  // nothing. A path with a landing (host_landing.h, gpu_landing.h) says what it holds; one
+  // without holds none.
+  virtual uint64_t staging_bytes() const { return 0; }
   // Undoes Prepare in reverse order; each failure logged with its cause, the rest still released.
   virtual Status Release() = 0;
 };

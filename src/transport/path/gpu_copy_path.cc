@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "plan/ring_cut.h"
+#include "transport/link/step_exchange.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 
@@ -21,6 +23,9 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   welcome_device_ = welcome.device;
   WS_ASSIGN_OR_RETURN(int device, GpuLanding::DestinationDevice(destinations, "cuda-ipc"));
   zero_copy_ = welcome.arena_kind == wire::ArenaKind::kCudaIpc;
+  ring_ = welcome.arena_kind == wire::ArenaKind::kCudaRing;
+  welcome_ = ctx.welcome;
+  link_ = ctx.link;
   if (zero_copy_) {
     WS_RETURN_IF_ERROR(OpenAllocations(welcome, ctx.allocation_fds, device));
   } else {
@@ -38,8 +43,10 @@ Status GpuCopyPath::Prepare(const PathContext& ctx) {
   };
   conversions_ = plan->converted.size();
   // In place, converted tensors are converted straight out of the publisher's arena (zero-copy:
-  // they land first; the publisher's allocations have no one base to address segments from).
-  const bool direct = mode == UpdateMode::kInPlace && !plan->converted.empty() && !zero_copy_;
+  // they land first; the publisher's allocations have no one base to address segments from; a
+  // ring: they land first, as a bucket is gone once read).
+  const bool direct =
+      mode == UpdateMode::kInPlace && !plan->converted.empty() && !zero_copy_ && !ring_;
   if (zero_copy_ && on_publisher_gpu && !plan->converted.empty()) {
     WS_LOG(INFO, "cuda-ipc") << "conversions run on cuda:" << device
                              << " after landing: a zero-copy publisher's tensors are converted "
@@ -108,13 +115,16 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   void* conversion_stream = at_source ? source_queue_.stream() : receiver_.queue().stream();
   WS_RETURN_IF_ERROR(cuda::SetDevice(at_source ? source_device_ : receiver_.device()));
   slot_batches_.clear();
-  // Zero-copy: every version is the same memory, so one batch serves all.
-  slot_batches_.resize(zero_copy_ ? 1 : welcome.slot_count);
+  // Zero-copy: every version is the same memory, so one batch serves all. A ring: one batch per
+  // bucket of the version.
+  slot_batches_.resize(zero_copy_ ? 1 : ring_ ? welcome.version_buckets : welcome.slot_count);
+  if (ring_) AddRingCopies(welcome, *plan);
   Status status;
   for (uint32_t k = 0; k < slot_batches_.size() && status.ok(); ++k) {
     Batch& batch = slot_batches_[k];
-    batch.base = slot_base(k);
+    batch.base = slot_base(ring_ ? k % welcome.slot_count : k);
     for (const plan::PlannedTensor& t : plan->tensors) {
+      if (ring_) break;  // AddRingCopies did the ring's
       if (t.nbytes == 0) continue;
       const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
       // Zero-copy: the publisher's allocation the run lies in (ValidateLayout placed every tensor
@@ -157,15 +167,47 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   return status;
 }
 
+void GpuCopyPath::AddRingCopies(const wire::Welcome& welcome, const plan::Plan& plan) {
+  std::vector<plan::RingPiece> cut;
+  for (const plan::PlannedTensor& t : plan.tensors) {
+    const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
+    cut.clear();
+    plan::CutAtBuckets(offset, t.nbytes, welcome.slot_bytes, UINT64_MAX, &cut);
+    for (const plan::RingPiece& p : cut) {
+      const uint8_t* slot = arena_.data() + welcome.slots_offset +
+                            uint64_t{p.bucket % welcome.slot_count} * welcome.slot_bytes;
+      slot_batches_[p.bucket].copies.Add(receiver_.Received(t) + p.at, slot + p.bucket_offset,
+                                         p.bytes, t.destination);
+    }
+  }
+}
+
+Status GpuCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline) {
+  cuda::CopyQueue& queue = receiver_.queue();
+  for (uint32_t b = 0; b < slot_batches_.size(); ++b) {
+    WS_ASSIGN_OR_RETURN(uint32_t slot,
+                        link::ReceiveBucketReady(link_->channel(), link_->peer(), begin.step, b,
+                                                 welcome_->slot_count, deadline));
+    Batch& batch = slot_batches_[b];
+    WS_RETURN_IF_ERROR(queue.EnqueueBatch(batch.copies));
+    WS_RETURN_IF_ERROR(batch.small_copies.Launch());
+    // The slot is refilled once this says so: the copies out of it must be done.
+    WS_RETURN_IF_ERROR(queue.Wait(deadline));
+    WS_RETURN_IF_ERROR(link::SendBucketDone(link_->channel(), begin.step, b, slot, deadline));
+  }
+  return receiver_.MaybeInjectBitFlip();
+}
+
 Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
                          const util::Deadline& deadline) {
+  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
+  if (ring_) return CopyFromRing(begin, deadline);
   if (!zero_copy_ && begin.slot >= slot_batches_.size()) {
     return Status::ProtocolError("cuda-ipc: step ", begin.step, " in slot ", begin.slot, " of ",
                                  slot_batches_.size());
   }
   Batch& b = slot_batches_[zero_copy_ ? 0 : begin.slot];
   cuda::CopyQueue& queue = receiver_.queue();
-  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   // A planned tensor is contiguous on both sides: one copy-engine transfer per tensor (the rows
   // of a region cut as one 2-D transfer, cuda/copy_batch.h), all submitted at once (first, so
   // they overlap the conversions on the publisher's GPU).
@@ -217,6 +259,7 @@ Status GpuCopyPath::Release() {
   chunk_mappings_.clear();
   allocations_.clear();
   allocation_offsets_.clear();
+  ring_ = false;
   return result;
 }
 
@@ -278,14 +321,23 @@ Status GpuCopyPath::OpenAllocations(const wire::Welcome& welcome, std::vector<ut
 }
 
 std::string GpuCopyPath::Describe() const {
-  std::string text = zero_copy_ ? ", zero-copy from " + std::to_string(allocations_.size()) +
-                                      " allocation(s) (" + std::to_string(chunk_mappings_.size()) +
-                                      " of cuMem chunks) of the publisher's tensors on cuda:" +
-                                      std::to_string(welcome_device_) +
-                                      " into cuda:" + std::to_string(receiver_.device())
-                                : ", GPU arena from cuda:" + std::to_string(welcome_device_) +
-                                      " into cuda:" + std::to_string(receiver_.device());
-  if (!slot_batches_.empty() && !slot_batches_[0].small_copies.empty()) {
+  const std::string into = " into cuda:" + std::to_string(receiver_.device());
+  std::string text;
+  if (ring_) {
+    text = ", a ring of " + std::to_string(welcome_->slot_count) + " buckets of " +
+           std::to_string(welcome_->slot_bytes) +
+           " bytes on cuda:" + std::to_string(welcome_device_) + into + ", " +
+           std::to_string(slot_batches_.size()) + " buckets a version";
+  } else if (zero_copy_) {
+    text =
+        ", zero-copy from " + std::to_string(allocations_.size()) + " allocation(s) (" +
+        std::to_string(chunk_mappings_.size()) +
+        " of cuMem chunks) of the publisher's tensors on cuda:" + std::to_string(welcome_device_) +
+        into;
+  } else {
+    text = ", GPU arena from cuda:" + std::to_string(welcome_device_) + into;
+  }
+  if (!ring_ && !slot_batches_.empty() && !slot_batches_[0].small_copies.empty()) {
     text +=
         ", " + std::to_string(slot_batches_[0].small_copies.jobs()) + " copy jobs in one launch";
   }

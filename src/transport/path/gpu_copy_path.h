@@ -3,7 +3,9 @@
 // prepared batch of copies (one per planned tensor) into a GpuLanding; in place, conversions read
 // the publisher's bytes directly (optionally on its own GPU). For a zero-copy publisher
 // (cuda-ipc-zero-copy) the "store" is its own allocations, each opened once by IPC handle, and
-// one batch reads every version (they are the same memory).
+// one batch reads every version (they are the same memory). From a GPU ring (cuda-ipc-ring) the
+// store is a ring of buckets: one prepared batch per bucket of the version, submitted as the
+// publisher announces each bucket, its slot released once the batch is done.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
+#include "transport/link/link.h"
 #include "transport/path/data_path.h"
 #include "transport/path/gpu_landing.h"
 #include "util/deadline.h"
@@ -39,6 +42,7 @@ class GpuCopyPath final : public DataPath {
   }
   Status Commit(const util::Deadline& deadline) override { return receiver_.Commit(deadline); }
   std::string Describe() const override;
+  uint64_t staging_bytes() const override { return receiver_.staging_bytes(); }
   Status Release() override;  // the landing (digests, staging, stream), then the mapping
   // The device the conversions run on: the publisher's GPU, or -1 for the destinations' one.
   int conversion_source_device() const { return source_device_; }
@@ -46,6 +50,11 @@ class GpuCopyPath final : public DataPath {
 
  private:
   cuda::ImportedAllocation arena_;
+  // A ring store (ArenaKind::kCudaRing): its buckets stream through the imported ring, announced
+  // on the link's channel; the batches are per bucket of the version.
+  bool ring_ = false;
+  const wire::Welcome* welcome_ = nullptr;
+  link::Link* link_ = nullptr;
   // Zero-copy: the publisher's allocations opened here (IPC handles, or cuMem chunks imported from
   // their fds), where each lies in this process, and where it starts in the direct region.
   bool zero_copy_ = false;
@@ -77,6 +86,9 @@ class GpuCopyPath final : public DataPath {
                          int device);
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
+  // Ring: every planned tensor cut at the version's bucket edges into the bucket batches.
+  void AddRingCopies(const wire::Welcome& welcome, const plan::Plan& plan);
+  Status CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
                       const std::vector<plan::Destination>& destinations, bool direct,
                       const std::function<const uint8_t*(uint32_t)>& slot_base);

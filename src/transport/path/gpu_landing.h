@@ -94,7 +94,9 @@ class GpuLanding {
   // Every destination's base address and name, by plan destination index.
   std::span<uint8_t* const> destination_bases() const { return destinations_; }
   std::span<const std::string> names() const { return names_; }
-  uint64_t staging_bytes() const { return shadow_.size(); }
+  // Device bytes of the staging buffer (staged) and of the landing buffer (in place, tensors
+  // converted at commit): what Prepare added to the ledger's staging_bytes.
+  uint64_t staging_bytes() const { return shadow_.size() + landing_.size(); }
   Status Release();  // digests, staging, stream
 
  private:

@@ -40,15 +40,8 @@ Status HostCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Dead
   for (uint32_t b = 0; b < welcome_->version_buckets; ++b) {
     WS_ASSIGN_OR_RETURN(uint32_t slot, link::ReceiveBucketReady(link_->channel(), peer_, begin.step,
                                                                 b, welcome_->slot_count, deadline));
-    // Tests: a subscriber slow inside the ring (sleep), holding the bucket it was given.
-    (void)util::FailPoints::Check("subscriber.ring_bucket");
     landing_.CopyRingBucket(b, slots + uint64_t{slot} * welcome_->slot_bytes);
-    wire::RingBucket done{begin.step, b, slot};
-    // Tests: a done that does not echo the ready, which the publisher must refuse.
-    if (util::FailPoints::Check("subscriber.ring_bad_done").action == util::FailAction::kFlip) {
-      ++done.bucket;
-    }
-    WS_RETURN_IF_ERROR(link_->channel().Send(wire::FrameType::kRingBucketDone, done, deadline));
+    WS_RETURN_IF_ERROR(link::SendBucketDone(link_->channel(), begin.step, b, slot, deadline));
   }
   return Status::Ok();
 }

@@ -18,6 +18,7 @@ class HostCopyPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
+  uint64_t staging_bytes() const override { return landing_.staging_bytes(); }
   Status Release() override;
 
  private:

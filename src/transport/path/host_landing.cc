@@ -54,27 +54,21 @@ void HostLanding::PrepareRing(uint64_t bucket_bytes, uint32_t buckets) {
   // Large pieces split so that a bucket keeps every worker busy.
   constexpr uint64_t kPieceBytes = 4ull << 20;
   std::vector<std::vector<RingPiece>> by_bucket(buckets);
+  std::vector<plan::RingPiece> cut;
   for (uint32_t i = 0; i < plan_->segments.size(); ++i) {
     const plan::Segment& s = plan_->segments[i];
-    for (uint64_t at = 0; at < s.bytes;) {
-      const uint64_t pos = s.src_offset + at;
-      const uint64_t b = pos / bucket_bytes;
-      const uint64_t n = std::min({s.bytes - at, (b + 1) * bucket_bytes - pos, kPieceBytes});
-      by_bucket[b].push_back({i, at, pos - b * bucket_bytes, n});
-      at += n;
+    cut.clear();
+    plan::CutAtBuckets(s.src_offset, s.bytes, bucket_bytes, kPieceBytes, &cut);
+    for (const plan::RingPiece& p : cut) {
+      by_bucket[p.bucket].push_back({i, p.at, p.bucket_offset, p.bytes});
     }
   }
-  ring_pieces_.clear();
-  ring_first_.assign(1, 0);
-  for (const auto& list : by_bucket) {
-    ring_pieces_.insert(ring_pieces_.end(), list.begin(), list.end());
-    ring_first_.push_back(static_cast<uint32_t>(ring_pieces_.size()));
-  }
+  ring_pieces_ = plan::ByBucket<RingPiece>::From(by_bucket);
 }
 
 void HostLanding::CopyRingPiece(void* context, uint32_t index) {
   auto* self = static_cast<HostLanding*>(context);
-  const RingPiece& p = self->ring_pieces_[self->ring_first_[self->ring_bucket_] + index];
+  const RingPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
   const plan::Segment& s = self->plan_->segments[p.segment];
   std::memcpy(self->ReceivedBytes(s) + p.at, self->slot_base_ + p.offset, p.bytes);
 }
@@ -82,7 +76,7 @@ void HostLanding::CopyRingPiece(void* context, uint32_t index) {
 void HostLanding::CopyRingBucket(uint32_t bucket, const uint8_t* bucket_base) {
   ring_bucket_ = bucket;
   slot_base_ = bucket_base;
-  workers_->Run(ring_first_[bucket + 1] - ring_first_[bucket], &HostLanding::CopyRingPiece, this);
+  workers_->Run(ring_pieces_.count(bucket), &HostLanding::CopyRingPiece, this);
 }
 
 uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/ring_cut.h"
 #include "util/staging_buffer.h"
 #include "util/worker_pool.h"
 #include "weightsync/options.h"
@@ -62,6 +63,9 @@ class HostLanding {
   void MaybeInjectBitFlip();
 
   util::WorkerPool* workers() { return workers_.get(); }
+  // Bytes of the shadow (staged) and of the landing buffer (in place, converted tensors): what
+  // Prepare added to the ledger's staging_bytes.
+  uint64_t staging_bytes() const { return shadow_.size() + landing_.size(); }
   Status Release();  // workers, then the shadow
 
  private:
@@ -73,9 +77,8 @@ class HostLanding {
     uint64_t offset = 0;
     uint64_t bytes = 0;
   };
-  std::vector<RingPiece> ring_pieces_;
-  std::vector<uint32_t> ring_first_;  // bucket b's pieces: [ring_first_[b], ring_first_[b + 1])
-  uint32_t ring_bucket_ = 0;          // per bucket, set before each parallel run
+  plan::ByBucket<RingPiece> ring_pieces_;
+  uint32_t ring_bucket_ = 0;  // per bucket, set before each parallel run
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);
   static void ConvertTensor(void* context, uint32_t index);

@@ -45,6 +45,7 @@ class HostToGpuPath final : public DataPath {
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
   std::string Describe() const override;
+  uint64_t staging_bytes() const override { return receiver_.staging_bytes(); }
   Status Release() override;  // the landing (stream, staging), the pin, the workers, the mapping
 
  private:

@@ -20,6 +20,7 @@ class TcpReadPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
+  uint64_t staging_bytes() const override { return landing_.staging_bytes(); }
   Status Release() override;
 
  private:

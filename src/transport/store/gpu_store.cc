@@ -33,6 +33,7 @@ class GpuStore final : public VersionStore {
   const uint8_t* base() const override { return nullptr; }
   uint32_t digest_count() const override { return digest_count_; }
   uint64_t copy_bytes() const override { return copy_bytes_; }
+  uint64_t held_bytes() const override { return arena_ ? arena_->arena_bytes() : 0; }  // slots
   std::string Describe() const override {
     return std::to_string(slots_) + " slots of " +
            std::to_string(arena_ ? arena_->slot_bytes() : 0) +

@@ -19,6 +19,7 @@
 #include "cuda/ipc.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
+#include "transport/store/gpu_tensor_digests.h"
 #include "transport/store/version_store.h"
 #include "util/logging.h"
 
@@ -53,13 +54,14 @@ class ZeroCopyGpuStore final : public VersionStore {
     return fd;
   }
   const uint8_t* base() const override { return nullptr; }
-  uint32_t digest_count() const override { return digest_count_; }
+  uint32_t digest_count() const override { return digests_.count(); }
   uint64_t copy_bytes() const override { return 0; }
+  uint64_t held_bytes() const override { return 0; }  // the version is the registered tensors
   std::string Describe() const override {
     return "zero-copy: the registered tensors in " + std::to_string(allocations_) +
            " CUDA allocation(s) (" + std::to_string(chunks_.size()) +
-           " cuMem chunks) on cuda:" + std::to_string(device_) + ", " + std::to_string(segments_) +
-           " segments hashed in one grouped launch pair";
+           " cuMem chunks) on cuda:" + std::to_string(device_) + ", " +
+           std::to_string(digests_.segments()) + " segments hashed in one grouped launch pair";
   }
   Status Close() override;
 
@@ -73,11 +75,7 @@ class ZeroCopyGpuStore final : public VersionStore {
   uint64_t allocations_ = 0;
   std::vector<cuda::RetainedChunk> chunks_;  // the cuMem chunks in Welcome order
   cuda::CopyQueue queue_;
-  cuda::DeviceBuffer digests_device_;
-  cuda::PreparedDigestGroup digests_;  // every segment, over the caller's tensors
-  size_t segments_ = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> digest_copies_;
-  uint32_t digest_count_ = 0;
+  GpuTensorDigests digests_;  // every segment, over the caller's tensors
 };
 
 // What one Welcome allocation is in this process: a cudaMalloc allocation (exported by IPC handle)
@@ -229,28 +227,14 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   wire::Welcome placed = *welcome;
   std::vector<cuda::RetainedChunk> chunks;
   WS_RETURN_IF_ERROR(Place(layout, &placed, &chunks));
-  SegmentLayout segments = CutSegments(layout);
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
-  WS_ASSIGN_OR_RETURN(
-      cuda::DeviceBuffer digests_device,
-      cuda::DeviceBuffer::Allocate(std::max<uint64_t>(segments.digest_count, 1) * 8));
-  std::vector<cuda::DigestRange> ranges;
-  ranges.reserve(segments.segments.size());
-  for (const Segment& s : segments.segments) {
-    ranges.push_back({layout.tensors[s.tensor].source + s.offset, s.bytes,
-                      digests_device.as<uint64_t>() + s.digest});
-  }
-  WS_ASSIGN_OR_RETURN(cuda::PreparedDigestGroup digests,
-                      cuda::PrepareDigestGroup(ranges, queue.stream()));
+  WS_ASSIGN_OR_RETURN(GpuTensorDigests digests,
+                      GpuTensorDigests::Prepare(layout, CutSegments(layout), queue));
   *welcome = std::move(placed);
   allocations_ = welcome->allocations.size();
   chunks_ = std::move(chunks);
   queue_ = std::move(queue);
-  digests_device_ = std::move(digests_device);
   digests_ = std::move(digests);
-  segments_ = segments.segments.size();
-  digest_copies_ = std::move(segments.copies);
-  digest_count_ = segments.digest_count;
   return Status::Ok();
 }
 
@@ -258,21 +242,13 @@ Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
                                  const util::Deadline& deadline) {
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  // The digests read the tensors once the caller's kernels that wrote them are done.
-  WS_RETURN_IF_ERROR(queue_.WaitFor(cuda_stream));
-  WS_RETURN_IF_ERROR(digests_.Launch());
-  WS_RETURN_IF_ERROR(
-      queue_.Enqueue(digests.data(), digests_device_.data(), uint64_t{digest_count_} * 8));
-  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
-  for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
-  return Status::Ok();
+  return digests_.Run(queue_, digests, cuda_stream, deadline);
 }
 
 Status ZeroCopyGpuStore::Close() {
   Status result;
   result.Update(queue_.Drain());
-  digests_ = cuda::PreparedDigestGroup();
-  result.Update(digests_device_.Close());
+  result.Update(digests_.Close());
   result.Update(queue_.Close());
   for (cuda::RetainedChunk& c : chunks_) result.Update(c.Close());
   chunks_.clear();

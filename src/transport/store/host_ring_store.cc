@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 
+#include "plan/ring_cut.h"
 #include "transport/store/host_arena.h"
 #include "transport/store/version_store.h"
 #include "util/hash.h"
@@ -28,7 +29,6 @@ constexpr uint64_t kDefaultSegmentBytes = 8ull << 20;
 // Large enough that a memcpy runs at full speed, small enough that a 64 MiB bucket keeps 16
 // workers busy.
 constexpr uint64_t kPieceBytes = 4ull << 20;
-constexpr uint64_t kPage = 4096;
 
 uint64_t FreeHostBytes() {
   struct sysinfo info {};
@@ -50,6 +50,7 @@ class HostRingStore final : public VersionStore {
   const uint8_t* base() const override { return arena_ ? arena_->base() : nullptr; }
   uint32_t digest_count() const override { return digest_count_; }
   uint64_t copy_bytes() const override { return 0; }
+  uint64_t held_bytes() const override { return arena_ ? arena_->arena_bytes() : 0; }  // the ring
   std::string Describe() const override {
     return "a ring of " + std::to_string(ring_slots_) + " buckets of " +
            std::to_string(arena_ ? arena_->slot_bytes() : 0) + " bytes in host memory (" +
@@ -81,8 +82,7 @@ class HostRingStore final : public VersionStore {
     uint64_t* digests;
   };
   struct FillJob {
-    const HostRingStore* self;
-    uint32_t first;
+    const Piece* pieces;  // the bucket's
     uint8_t* dst;
   };
   static void Hash(void* context, uint32_t index) {
@@ -92,7 +92,7 @@ class HostRingStore final : public VersionStore {
   }
   static void Copy(void* context, uint32_t index) {
     auto* job = static_cast<FillJob*>(context);
-    const Piece& p = job->self->pieces_[job->first + index];
+    const Piece& p = job->pieces[index];
     std::memcpy(job->dst + p.offset, p.src, p.bytes);
   }
 
@@ -100,8 +100,7 @@ class HostRingStore final : public VersionStore {
   std::unique_ptr<HostArena> arena_;
   std::vector<HashTask> segments_;
   std::vector<std::pair<uint32_t, uint32_t>> digest_copies_;
-  std::vector<Piece> pieces_;
-  std::vector<uint32_t> bucket_first_;  // bucket b's pieces: [bucket_first_[b], [b + 1])
+  plan::ByBucket<Piece> pieces_;
   // Publish and a fill may overlap (a fill for a read BeginWrite revoked); one job at a time
   // runs on the pool.
   util::Mutex work_mu_;
@@ -114,49 +113,20 @@ class HostRingStore final : public VersionStore {
 Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   StoreLayout layout = given;
   if (layout.segment_bytes == 0) layout.segment_bytes = kDefaultSegmentBytes;
-  if (layout.ring_slots < 2) {
-    return Status::InvalidArgument("a ring of ", layout.ring_slots,
-                                   " buckets: a ring holds 2 or more (one is filled while "
-                                   "subscribers read another)");
-  }
-  for (const PublishedTensor& t : layout.tensors) {
-    if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
-      return Status::NotSupported("tensor '", t.placement.spec.name,
-                                  "': a ring store streams registered tensors only");
-    }
-  }
-  // Whole pages: the arena's slots are (and the Welcome's slot_bytes is what subscribers cut
-  // the version by).
-  auto whole_pages = [](uint64_t bytes) {
-    return std::max<uint64_t>((bytes + kPage - 1) / kPage * kPage, kPage);
-  };
-  uint64_t bucket =
-      layout.ring_bucket_bytes > 0
-          ? layout.ring_bucket_bytes
-          : DefaultRingBucketBytes(FreeHostBytes(), layout.ring_slots, layout.slot_bytes);
-  bucket = std::min(whole_pages(bucket), whole_pages(layout.slot_bytes));
-  const uint64_t buckets = std::max<uint64_t>((layout.slot_bytes + bucket - 1) / bucket, 1);
-  if (buckets > wire::kMaxVersionBuckets) {
-    return Status::InvalidArgument("a version of ", layout.slot_bytes, " bytes in buckets of ",
-                                   bucket, " bytes needs ", buckets, " buckets, more than ",
-                                   wire::kMaxVersionBuckets, ": use larger buckets");
-  }
+  WS_ASSIGN_OR_RETURN(const RingGeometry ring,
+                      PlanRing(layout, [] { return Result<uint64_t>(FreeHostBytes()); }));
+  const uint64_t bucket = ring.bucket_bytes;
+  const uint32_t buckets = ring.buckets;
   // The pieces of every bucket, in bucket order.
   std::vector<std::vector<Piece>> by_bucket(buckets);
+  std::vector<plan::RingPiece> cut;
   for (const PublishedTensor& t : layout.tensors) {
     if (t.alias_of >= 0) continue;  // a tied tensor's bytes are its original's
-    for (uint64_t at = t.placement.offset, end = at + t.placement.spec.nbytes; at < end;) {
-      const uint64_t b = at / bucket;
-      const uint64_t n = std::min({end - at, (b + 1) * bucket - at, kPieceBytes});
-      by_bucket[b].push_back({t.source + (at - t.placement.offset), at - b * bucket, n});
-      at += n;
+    cut.clear();
+    plan::CutAtBuckets(t.placement.offset, t.placement.spec.nbytes, bucket, kPieceBytes, &cut);
+    for (const plan::RingPiece& p : cut) {
+      by_bucket[p.bucket].push_back({t.source + p.at, p.bucket_offset, p.bytes});
     }
-  }
-  std::vector<Piece> pieces;
-  std::vector<uint32_t> first{0};
-  for (const auto& list : by_bucket) {
-    pieces.insert(pieces.end(), list.begin(), list.end());
-    first.push_back(static_cast<uint32_t>(pieces.size()));
   }
   SegmentLayout segments = CutSegments(layout);
   std::vector<HashTask> tasks;
@@ -192,8 +162,7 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   workers_ = std::make_unique<util::WorkerPool>(threads);
   segments_ = std::move(tasks);
   digest_copies_ = std::move(segments.copies);
-  pieces_ = std::move(pieces);
-  bucket_first_ = std::move(first);
+  pieces_ = plan::ByBucket<Piece>::From(by_bucket);
   digest_count_ = segments.digest_count;
   version_buckets_ = static_cast<uint32_t>(buckets);
   ring_slots_ = layout.ring_slots;
@@ -218,8 +187,8 @@ Status HostRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
                                    version_buckets_, " buckets a version and ", ring_slots_,
                                    " slots");
   }
-  FillJob job{this, bucket_first_[bucket], arena_->slot(slot)};
-  workers_->Run(bucket_first_[bucket + 1] - bucket_first_[bucket], &HostRingStore::Copy, &job);
+  FillJob job{pieces_.begin(bucket), arena_->slot(slot)};
+  workers_->Run(pieces_.count(bucket), &HostRingStore::Copy, &job);
   return Status::Ok();
 }
 

@@ -33,6 +33,10 @@ class HostStore final : public VersionStore {
   const uint8_t* base() const override { return arena_->base(); }
   uint32_t digest_count() const override { return digest_count_; }
   uint64_t copy_bytes() const override { return copy_bytes_; }
+  // The slots only: the direct region before them holds the Allocate()d tensors themselves.
+  uint64_t held_bytes() const override {
+    return arena_ && arena_->frozen() ? uint64_t{slots_} * arena_->slot_bytes() : 0;
+  }
   std::string Describe() const override {
     return std::to_string(slots_) + " slots of " + std::to_string(arena_->slot_bytes()) +
            " bytes in host memory, " + std::to_string(tasks_.size()) + " segments, " +

@@ -1,6 +1,7 @@
 #include "transport/store/version_store.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace weightsync::transport::store {
 
@@ -29,6 +30,40 @@ uint64_t DefaultRingBucketBytes(uint64_t free_bytes, uint32_t slots, uint64_t ve
   uint64_t bytes = std::clamp<uint64_t>(free_bytes / 4 / std::max<uint32_t>(slots, 1), kMin, kMax);
   bytes = std::min(bytes, (version_bytes + 63) / 64 * 64);
   return std::max<uint64_t>(bytes, 64);
+}
+
+Result<RingGeometry> PlanRing(const StoreLayout& layout,
+                              const std::function<Result<uint64_t>()>& free_bytes) {
+  if (layout.ring_slots < 2) {
+    return Status::InvalidArgument("a ring of ", layout.ring_slots,
+                                   " buckets: a ring holds 2 or more (one is filled while "
+                                   "subscribers read another)");
+  }
+  for (const PublishedTensor& t : layout.tensors) {
+    if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
+      return Status::NotSupported("tensor '", t.placement.spec.name,
+                                  "': a ring store streams registered tensors only");
+    }
+  }
+  // Whole pages: every bucket starts aligned (the Welcome's slot_bytes is what subscribers cut
+  // the version by).
+  auto whole_pages = [](uint64_t bytes) {
+    constexpr uint64_t kPage = 4096;
+    return std::max<uint64_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+  };
+  uint64_t bucket = layout.ring_bucket_bytes;
+  if (bucket == 0) {
+    WS_ASSIGN_OR_RETURN(uint64_t free, free_bytes());
+    bucket = DefaultRingBucketBytes(free, layout.ring_slots, layout.slot_bytes);
+  }
+  bucket = std::min(whole_pages(bucket), whole_pages(layout.slot_bytes));
+  const uint64_t buckets = std::max<uint64_t>((layout.slot_bytes + bucket - 1) / bucket, 1);
+  if (buckets > wire::kMaxVersionBuckets) {
+    return Status::InvalidArgument("a version of ", layout.slot_bytes, " bytes in buckets of ",
+                                   bucket, " bytes needs ", buckets, " buckets, more than ",
+                                   wire::kMaxVersionBuckets, ": use larger buckets");
+  }
+  return RingGeometry{bucket, static_cast<uint32_t>(buckets)};
 }
 
 Result<uint64_t> VersionStore::AllocateDirect(uint64_t /*bytes*/) {

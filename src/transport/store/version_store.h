@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -49,6 +50,17 @@ struct StoreLayout {
 // up to 64).
 uint64_t DefaultRingBucketBytes(uint64_t free_bytes, uint32_t slots, uint64_t version_bytes);
 
+// A ring store's buckets for `layout` (shared by the host and GPU rings): the ring checked (≥ 2
+// slots, registered tensors only), the bucket sized (ring_bucket_bytes, else
+// DefaultRingBucketBytes of `free_bytes()`, asked only then), in whole 4 KiB pages and never more
+// than the version, and the version's bucket count (≤ wire::kMaxVersionBuckets).
+struct RingGeometry {
+  uint64_t bucket_bytes = 0;
+  uint32_t buckets = 0;
+};
+Result<RingGeometry> PlanRing(const StoreLayout& layout,
+                              const std::function<Result<uint64_t>()>& free_bytes);
+
 // The digest ranges of a layout, shared by the stores: each tensor cut into segments of at most
 // segment_bytes, digests numbered in manifest order; a tied tensor's digests are copied from its
 // original's instead of being computed.
@@ -87,9 +99,10 @@ class VersionStore {
   virtual Result<util::UniqueFd> ExportAllocationFd(uint32_t index) const {
     return Status::FailedPrecondition("allocation fd ", index, ": this store has no cuMem chunks");
   }
-  // Ring stores (NewHostRingStore): a version's bucket count (Welcome::version_buckets), and the
-  // copy of bucket `bucket` of the registered tensors into ring slot `slot`, finished when it
-  // returns. Publish only hashes the tensors where they are. Others have no ring.
+  // Ring stores (NewHostRingStore, NewGpuRingStore): a version's bucket count
+  // (Welcome::version_buckets), and the copy of bucket `bucket` of the registered tensors into ring
+  // slot `slot`, finished when it returns. Publish only hashes the tensors where they are. Others
+  // have no ring.
   virtual uint32_t version_buckets() const { return 0; }
   virtual Status FillBucket(uint32_t bucket, uint32_t slot) {
     return Status::FailedPrecondition("bucket ", bucket, ": this store is not a ring");
@@ -97,6 +110,11 @@ class VersionStore {
   virtual const uint8_t* base() const = 0;    // host store: offset 0 here (tcp sends from it)
   virtual uint32_t digest_count() const = 0;  // per version, after Freeze
   virtual uint64_t copy_bytes() const = 0;    // bytes one Publish copies
+  // Bytes of memory the store holds for versions, after Freeze (PublishStats::store_bytes): every
+  // slot of an arena, or a ring's buckets, as allocated (whole pages on the host, the cuMem
+  // granularity on a GPU). Not the tensors themselves (Allocate()d tensors, a zero-copy store's
+  // registered ones: 0 there) nor digest words. 0 before Freeze.
+  virtual uint64_t held_bytes() const = 0;
   // "2 slots of 4096 bytes in host memory, 44 segments, 2 threads": for the publisher's log.
   virtual std::string Describe() const = 0;
   virtual Status Close() = 0;
@@ -108,6 +126,9 @@ Result<std::unique_ptr<VersionStore>> NewHostStore(const std::string& name);
 // registered host tensors stream through them bucket by bucket as subscribers read
 // (BucketRing), so the store holds ring_slots × bucket bytes instead of slots × the model.
 Result<std::unique_ptr<VersionStore>> NewHostRingStore(const std::string& name);
+// The GPU ring store on `device` (gpu_ring_store.cc): StoreLayout::ring_slots buckets in one cuMem
+// allocation, the registered CUDA tensors streamed through them as for the host ring.
+Result<std::unique_ptr<VersionStore>> NewGpuRingStore(int device);
 // The GPU store on `device`: a cuMem arena allocated at Freeze.
 Result<std::unique_ptr<VersionStore>> NewGpuStore(int device);
 // The zero-copy GPU store on `device` (gpu_zero_copy_store.cc): the registered tensors themselves,

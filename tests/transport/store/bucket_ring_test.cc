@@ -212,6 +212,30 @@ TEST(BucketRing, BucketsMustBeReleasedInOrderAndAskedForWithinTheVersion) {
   ASSERT_OK(ring.Leave(a));
 }
 
+TEST(BucketRing, AReaderBeyondThePlacesTheRingWasSizedForIsRefusedAndAPlaceLeftIsReused) {
+  Recorder r;
+  BucketRing ring(2, 3, 2, milliseconds(5000), r.fill());
+  ASSERT_OK_AND_ASSIGN(int a, ring.Join(1, Soon(), kNever));
+  ASSERT_OK_AND_ASSIGN(int b, ring.Join(1, Soon(), kNever));
+  EXPECT_STATUS_IS(kResourceExhausted, ring.Join(1, Soon(), kNever).status(),
+                   "all 2 reader places are taken");
+  ASSERT_OK(ring.Leave(b));
+  ASSERT_OK_AND_ASSIGN(int c, ring.Join(1, Soon(), kNever));
+  EXPECT_EQ(c, b) << "the place left is taken again";
+  ASSERT_OK(ring.Leave(a));
+  ASSERT_OK(ring.Leave(c));
+}
+
+TEST(BucketRing, ABucketAskedForBeforeTheNextOneToFillIsRefused) {
+  Recorder r;
+  BucketRing ring(2, 4, 4, milliseconds(5000), r.fill());
+  ASSERT_OK_AND_ASSIGN(int a, ring.Join(1, Soon(), kNever));
+  EXPECT_STATUS_IS(kInternal, ring.Await(a, 1, Soon()).status(),
+                   "bucket 1 asked for before bucket 0");
+  EXPECT_TRUE(r.fills.empty()) << "nothing was filled for it";
+  ASSERT_OK(ring.Leave(a));
+}
+
 TEST(BucketRing, AJoinWaitingForAnotherRoundGivesUpAtItsDeadline) {
   Recorder r;
   BucketRing ring(2, 4, 4, milliseconds(5000), r.fill());

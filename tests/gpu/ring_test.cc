@@ -1,0 +1,190 @@
+// The GPU ring (PublisherOptions::ring_buckets with CUDA tensors, label gpu) beyond the
+// conformance suite's cuda-ipc-ring rows: a publisher process of a 40 MB model on cuda:0 keeps a
+// ring of two 1 MiB buckets instead of two slots of the model (GPU memory measured around its
+// first publish, against an arena publisher of the same model), and subscribers in this process
+// (cuda:1, or cuda:0 with one GPU) stream each version through it bucket by bucket, bit-exact and
+// verified; three subscribers updating together share the ring; the trainer's write waits for a
+// reader inside the ring; a reader stalled holding a bucket is revoked within the publisher's
+// timeout with its old weights intact (staged) while the other one completes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/vmm.h"
+#include "gpu/gpu_test_util.h"
+#include "testing/publisher_process.h"
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::SyntheticModel;
+using util::FailAction;
+using util::FailPoints;
+
+constexpr int kTensors = 12;
+constexpr int64_t kElements = 1 << 20;  // about 40 MB a step
+constexpr uint64_t kBucket = 1 << 20;
+constexpr int kPublisherTimeoutMs = 800;
+
+class GpuRing : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override {
+    WS_SKIP_WITHOUT_GPU();
+    FailPoints::DisarmAll();
+    device_ = cuda::DeviceCount() > 1 ? 1 : 0;
+    ASSERT_OK(cuda::SetDevice(device_));
+    like_ = model_.Tensors();
+    ASSERT_GE(model_.total_bytes(), 10 * kBucket) << "the model must span ten buckets";
+  }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  std::unique_ptr<testing::PublisherProcess> StartPublisher(bool ring) {
+    std::vector<std::string> env = {"WS_TEST_TIMEOUT_MS=" + std::to_string(kPublisherTimeoutMs)};
+    if (ring) env.push_back("WS_TEST_RING=2:" + std::to_string(kBucket));
+    auto p = std::make_unique<testing::PublisherProcess>(
+        "gpu_publisher",
+        std::vector<std::string>{std::to_string(kTensors), std::to_string(kElements), "0"}, env);
+    p->Start(testing::UniqueEndpoint(ring ? "gpu-ring" : "gpu-arena"));
+    return p;
+  }
+  std::unique_ptr<Subscriber> Connect(const testing::PublisherProcess& publisher,
+                                      std::vector<NamedTensor>* dst,
+                                      std::vector<cuda::DeviceBuffer>* buffers) {
+    return cuda::testing::ConnectVerifying(publisher.endpoint(), GetParam(), like_, device_, dst,
+                                           buffers);
+  }
+  std::string Holds(const std::vector<NamedTensor>& dst, int64_t step) {
+    std::string why;
+    return cuda::testing::DestinationsHold(dst, like_, step, &why) ? "" : why;
+  }
+  int64_t UsedOnDeviceZero() { return cuda::testing::UsedBytes(0); }
+
+  int device_ = 0;
+  SyntheticModel model_{kTensors, kElements};
+  std::vector<NamedTensor> like_;
+};
+
+TEST_P(GpuRing, TwoBucketsStreamAModelFortyTimesTheirSizeBitExact) {
+  auto arena = StartPublisher(/*ring=*/false);
+  int64_t before = UsedOnDeviceZero();
+  ASSERT_NO_FATAL_FAILURE(arena->Publish(1));
+  const int64_t arena_extra = UsedOnDeviceZero() - before;
+  arena.reset();
+  auto ring = StartPublisher(/*ring=*/true);
+  before = UsedOnDeviceZero();
+  ASSERT_NO_FATAL_FAILURE(ring->Publish(1));
+  const int64_t ring_extra = UsedOnDeviceZero() - before;
+  EXPECT_GE(arena_extra, static_cast<int64_t>(2 * model_.total_bytes())) << "two slots";
+  EXPECT_LE(ring_extra, static_cast<int64_t>(2 * kBucket) + (64ll << 20))
+      << "the ring (2 buckets) plus digest scratch and a stream";
+
+  std::vector<NamedTensor> dst;
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto sub = Connect(*ring, &dst, &buffers);
+  for (int64_t step = 1; step <= 3; ++step) {
+    if (step > 1) {
+      ASSERT_NO_FATAL_FAILURE(ring->Publish(step));
+    }
+    ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+    EXPECT_EQ(stats.path, "cuda-ipc-ring");
+    EXPECT_EQ(stats.step, step);
+    EXPECT_TRUE(stats.verified);
+    EXPECT_EQ(stats.bytes, model_.total_bytes());
+    EXPECT_EQ(stats.prepare_count, 1u);
+    EXPECT_EQ(Holds(dst, step), "") << "step " << step;
+  }
+}
+
+TEST_P(GpuRing, SubscribersUpdatingTogetherShareTheRingAndEachGetsEveryByte) {
+  auto pub = StartPublisher(/*ring=*/true);
+  constexpr int kSubscribers = 3;
+  std::vector<std::vector<NamedTensor>> dst(kSubscribers);
+  std::vector<std::vector<cuda::DeviceBuffer>> buffers(kSubscribers);
+  std::vector<std::unique_ptr<Subscriber>> subs;
+  for (int i = 0; i < kSubscribers; ++i) subs.push_back(Connect(*pub, &dst[i], &buffers[i]));
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_NO_FATAL_FAILURE(pub->Publish(step));
+    std::vector<std::future<Result<UpdateStats>>> updates;
+    for (auto& s : subs) {
+      updates.push_back(std::async(std::launch::async, [&s] { return s->Update(); }));
+    }
+    for (int i = 0; i < kSubscribers; ++i) {
+      Status s = updates[i].get().status();
+      ASSERT_TRUE(s.ok()) << "subscriber " << i << ": " << s;
+      EXPECT_EQ(Holds(dst[i], step), "") << "subscriber " << i << ", step " << step;
+    }
+  }
+}
+
+// The publisher's publish of step 3 begins with BeginWrite: it waits while this subscriber holds
+// a bucket of step 2, and the subscriber verifies and holds step 2 exactly.
+TEST_P(GpuRing, TheTrainersWriteWaitsForAReaderInsideTheRing) {
+  auto pub = StartPublisher(/*ring=*/true);
+  std::vector<NamedTensor> dst;
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto sub = Connect(*pub, &dst, &buffers);
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
+  FailPoints::Arm("subscriber.ring_bucket", FailAction::kSleep, kPublisherTimeoutMs / 2, 1);
+  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.ring_bucket"));
+  const auto t0 = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(3));
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_OK_AND_ASSIGN(UpdateStats read, update.get());
+  EXPECT_EQ(read.step, 2);
+  EXPECT_EQ(Holds(dst, 2), "") << "the write did not wait: the reader saw the trainer's next bytes";
+  EXPECT_GT(waited, 0.25 * kPublisherTimeoutMs / 1000.0) << "the write never waited";
+  ASSERT_OK_AND_ASSIGN(UpdateStats next, sub->Update());
+  EXPECT_EQ(next.step, 3);
+  EXPECT_EQ(Holds(dst, 3), "");
+}
+
+TEST_P(GpuRing, AReaderStalledHoldingABucketIsRevokedWhileTheOtherCompletes) {
+  auto pub = StartPublisher(/*ring=*/true);
+  std::vector<NamedTensor> d1, d2;
+  std::vector<cuda::DeviceBuffer> b1, b2;
+  auto fast = Connect(*pub, &d1, &b1);
+  auto stalled = Connect(*pub, &d2, &b2);
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(1));
+  ASSERT_OK(fast->Update());
+  ASSERT_OK(stalled->Update());
+  ASSERT_NO_FATAL_FAILURE(pub->Publish(2));
+  // The stalled subscriber sleeps on its first bucket far past the publisher's timeout: the
+  // other one's third bucket needs that slot.
+  FailPoints::Arm("subscriber.ring_bucket", FailAction::kSleep, 4 * kPublisherTimeoutMs, 1);
+  auto held = std::async(std::launch::async, [&] { return stalled->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.ring_bucket"));
+  Result<UpdateStats> went_on = fast->Update();
+  ASSERT_TRUE(went_on.ok()) << "one stalled reader stalled the round: " << went_on.status();
+  EXPECT_EQ(Holds(d1, 2), "");
+  Result<UpdateStats> revoked = held.get();
+  EXPECT_STATUS_IS(kTimeout, revoked.status(), "held a ring bucket longer");
+  EXPECT_EQ(stalled->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_EQ(Holds(d2, 1), "") << "staged: the old weights stay";
+  } else {
+    EXPECT_FALSE(stalled->weights_valid());
+  }
+  ASSERT_OK_AND_ASSIGN(UpdateStats next, stalled->Update());
+  EXPECT_EQ(next.step, 2);
+  EXPECT_EQ(Holds(d2, 2), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuRing,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const auto& info) {
+                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
+                         });
+
+}  // namespace
+}  // namespace weightsync

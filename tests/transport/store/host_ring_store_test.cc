@@ -1,0 +1,103 @@
+// The host ring store (host_ring_store.cc) on its own, over a real memfd: a fill puts exactly the
+// version's bytes [b × bucket, (b + 1) × bucket) into its slot, tensors cut at bucket edges; a
+// fill outside the ring, a ring of one bucket, and a version needing more than kMaxVersionBuckets
+// buckets are refused naming the numbers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "testing/test_util.h"
+#include "transport/store/version_store.h"
+
+namespace weightsync::transport::store {
+namespace {
+
+constexpr uint64_t kBucket = 4096;
+
+PublishedTensor Tensor(const std::string& name, const uint8_t* source, uint64_t offset,
+                       uint64_t bytes) {
+  PublishedTensor t;
+  t.placement.spec = {name, DType::kUInt8, {static_cast<int64_t>(bytes)}, bytes};
+  t.placement.offset = offset;
+  t.source = source;
+  return t;
+}
+
+class HostRingStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Two tensors at version offsets 0 and 6000 (the second straddles buckets 1 and 2).
+    a_.resize(5000);
+    b_.resize(6000);
+    std::iota(a_.begin(), a_.end(), uint8_t{1});
+    std::iota(b_.begin(), b_.end(), uint8_t{101});
+    layout_.tensors = {Tensor("a", a_.data(), 0, a_.size()), Tensor("b", b_.data(), 6000, 6000)};
+    layout_.slot_bytes = 12000;
+    layout_.segment_bytes = 1024;
+    layout_.copy_threads = 2;
+    layout_.ring_slots = 2;
+    layout_.ring_bucket_bytes = kBucket;
+    ASSERT_OK_AND_ASSIGN(store_, NewHostRingStore(testing::UniqueEndpoint("ring-store")));
+  }
+  // The version's bytes as the tensors place them (zero between them).
+  std::vector<uint8_t> Version() const {
+    std::vector<uint8_t> v(3 * kBucket, 0);
+    std::memcpy(v.data(), a_.data(), a_.size());
+    std::memcpy(v.data() + 6000, b_.data(), b_.size());
+    return v;
+  }
+
+  std::vector<uint8_t> a_, b_;
+  StoreLayout layout_;
+  std::unique_ptr<VersionStore> store_;
+};
+
+TEST_F(HostRingStoreTest, EachFillPutsExactlyItsBucketOfTheVersionIntoItsSlot) {
+  wire::Welcome welcome;
+  ASSERT_OK(store_->Freeze(layout_, &welcome));
+  ASSERT_EQ(welcome.version_buckets, 3u);
+  ASSERT_EQ(welcome.slot_bytes, kBucket);
+  const std::vector<uint8_t> version = Version();
+  for (uint32_t b = 0; b < 3; ++b) {
+    ASSERT_OK(store_->FillBucket(b, b % 2));
+    const uint8_t* slot = store_->base() + welcome.slots_offset + (b % 2) * kBucket;
+    // Bytes no tensor covers are whatever the slot held; compare the covered ones.
+    for (uint64_t i = 0; i < kBucket; ++i) {
+      const uint64_t at = b * kBucket + i;
+      const bool covered = at < a_.size() || (at >= 6000 && at < 12000);
+      if (covered) {
+        ASSERT_EQ(slot[i], version[at]) << "bucket " << b << " byte " << i;
+      }
+    }
+  }
+}
+
+TEST_F(HostRingStoreTest, AFillOutsideTheRingIsRefusedNamingIt) {
+  wire::Welcome welcome;
+  ASSERT_OK(store_->Freeze(layout_, &welcome));
+  EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(3, 1), "bucket 3 into slot 1",
+                   "3 buckets a version and 2 slots");
+  EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(0, 2), "bucket 0 into slot 2");
+}
+
+TEST_F(HostRingStoreTest, ARingOfOneBucketIsRefused) {
+  layout_.ring_slots = 1;
+  wire::Welcome welcome;
+  EXPECT_STATUS_IS(kInvalidArgument, store_->Freeze(layout_, &welcome), "a ring of 1 buckets");
+}
+
+TEST_F(HostRingStoreTest, AVersionOfMoreBucketsThanTheLimitIsRefusedBeforeAnyWork) {
+  // Never read: the count is checked before anything is cut or copied.
+  const uint64_t huge = (uint64_t{wire::kMaxVersionBuckets} + 1) * kBucket;
+  layout_.tensors = {Tensor("huge", a_.data(), 0, huge)};
+  layout_.slot_bytes = huge;
+  wire::Welcome welcome;
+  EXPECT_STATUS_IS(kInvalidArgument, store_->Freeze(layout_, &welcome), "needs 16777217 buckets",
+                   "more than 16777216", "use larger buckets");
+}
+
+}  // namespace
+}  // namespace weightsync::transport::store
