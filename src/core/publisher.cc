@@ -375,6 +375,7 @@ Status Publisher::Impl::Freeze() {
   layout.copy_threads = options.copy_threads;
   layout.ring_slots = static_cast<uint32_t>(options.ring_buckets);
   layout.ring_bucket_bytes = options.ring_bucket_bytes;
+  layout.fill_wait = options.timeout;
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
   WS_FAIL_POINT_RETURN("publisher.freeze");

@@ -216,6 +216,7 @@ Status ValidateLayout(const wire::Welcome& welcome) {
   std::unordered_map<std::string_view, size_t> seen;
   seen.reserve(welcome.tensors.size());
   uint64_t digests = 0;
+  uint64_t slot_end = 0;  // where the last slot tensor ends
   for (size_t i = 0; i < welcome.tensors.size(); ++i) {
     const wire::TensorPlacement& p = welcome.tensors[i];
     const std::string& name = p.spec.name;
@@ -250,6 +251,7 @@ Status ValidateLayout(const wire::Welcome& welcome) {
                                    " range [", p.offset, ", ", end, ") exceeds ",
                                    RegionName(p.region), " size ", region_bytes);
     }
+    if (p.region == wire::Region::kSlot) slot_end = std::max(slot_end, end);
     // StepEnd carries at most kMaxDigests digests and the plan indexes them with uint32, so a
     // layout needing more can never be served. A hostile nbytes can make one term near 2^64.
     if (__builtin_add_overflow(digests, SegmentCount(p.spec.nbytes, welcome.segment_bytes),
@@ -258,6 +260,18 @@ Status ValidateLayout(const wire::Welcome& welcome) {
       return Status::ProtocolError("welcome: tensors up to '", name,
                                    "' need more digest segments of ", welcome.segment_bytes,
                                    " bytes than the limit ", wire::kMaxDigests);
+    }
+  }
+  // A ring streams every bucket of a version each step, and the subscriber prepares a batch per
+  // bucket: buckets past the tensors' end (one more for the publisher's alignment padding) would
+  // only cost it memory and round trips.
+  if (wire::IsRing(welcome.arena_kind)) {
+    const uint64_t used = SegmentCount(slot_end, welcome.slot_bytes);
+    if (welcome.version_buckets > used + 1) {
+      return Status::ProtocolError("welcome: a ring version of ", welcome.version_buckets,
+                                   " buckets of ", welcome.slot_bytes,
+                                   " bytes, but its tensors end at byte ", slot_end, " (", used,
+                                   " buckets)");
     }
   }
   return CheckAllocations(welcome);

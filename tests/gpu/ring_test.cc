@@ -8,6 +8,7 @@
 // timeout with its old weights intact (staged) while the other one completes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "gpu/gpu_test_util.h"
 #include "testing/publisher_process.h"
 #include "testing/test_util.h"
+#include "transport/store/version_store.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -178,6 +180,59 @@ TEST_P(GpuRing, AReaderStalledHoldingABucketIsRevokedWhileTheOtherCompletes) {
   ASSERT_OK_AND_ASSIGN(UpdateStats next, stalled->Update());
   EXPECT_EQ(next.step, 2);
   EXPECT_EQ(Holds(d2, 2), "");
+}
+
+// The store on its own (gpu_ring_store.cc): a fill puts exactly its bucket of the version into
+// its slot; a fill of another slot or past the version is refused; a version needing more buckets
+// than a GPU ring prepares is refused naming the limit; after Close nothing runs, and the store
+// freezes again from scratch.
+TEST(GpuRingStore, AFillHoldsItsBucketAndWhatCannotBeFilledIsRefused) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  constexpr uint64_t kBytes = 10000, kStoreBucket = 4096;
+  std::vector<uint8_t> host(kBytes);
+  for (uint64_t i = 0; i < kBytes; ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer tensor, cuda::testing::Upload(host));
+  transport::store::StoreLayout layout;
+  transport::store::PublishedTensor t;
+  t.placement.spec = {"w", DType::kUInt8, {static_cast<int64_t>(kBytes)}, kBytes};
+  t.source = tensor.as<uint8_t>();
+  layout.tensors = {t};
+  layout.slot_bytes = kBytes;
+  layout.segment_bytes = 4096;
+  layout.ring_slots = 2;
+  layout.ring_bucket_bytes = kStoreBucket;
+  ASSERT_OK_AND_ASSIGN(auto store, transport::store::NewGpuRingStore(0));
+  wire::Welcome welcome;
+  ASSERT_OK(store->Freeze(layout, &welcome));
+  ASSERT_EQ(welcome.version_buckets, 3u);
+  ASSERT_EQ(welcome.arena_kind, wire::ArenaKind::kCudaRing);
+  EXPECT_GE(store->held_bytes(), 2 * kStoreBucket);
+  EXPECT_STATUS_IS(kInvalidArgument, store->FillBucket(1, 0), "bucket 1 into slot 0",
+                   "bucket b in slot b % 2");
+  EXPECT_STATUS_IS(kInvalidArgument, store->FillBucket(3, 1), "bucket 3 into slot 1");
+  // The ring's memory, read through an import of its fd as a subscriber would.
+  ASSERT_OK_AND_ASSIGN(cuda::ImportedAllocation ring,
+                       cuda::ImportedAllocation::Import(store->fd(), welcome.arena_bytes, 0));
+  for (uint32_t b = 0; b < 3; ++b) {
+    ASSERT_OK(store->FillBucket(b, b % 2));
+    const uint64_t n = std::min<uint64_t>(kStoreBucket, kBytes - b * kStoreBucket);
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got,
+                         cuda::testing::Download<uint8_t>(ring.data() + (b % 2) * kStoreBucket, n));
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), host.begin() + b * kStoreBucket))
+        << "bucket " << b;
+  }
+  ASSERT_OK(ring.Close());
+  ASSERT_OK(store->Close());
+  EXPECT_STATUS_IS(kFailedPrecondition, store->FillBucket(0, 0), "closed");
+  EXPECT_EQ(store->version_buckets(), 0u);
+  ASSERT_OK(store->Freeze(layout, &welcome));  // a closed store freezes again
+  ASSERT_OK(store->FillBucket(0, 0));
+  // More buckets than a GPU ring prepares.
+  layout.slot_bytes = 4097 * kStoreBucket;
+  layout.tensors[0].placement.spec.nbytes = layout.slot_bytes;  // never read: refused first
+  EXPECT_STATUS_IS(kInvalidArgument, store->Freeze(layout, &welcome), "needs 4097 buckets",
+                   "more than 4096");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuRing,

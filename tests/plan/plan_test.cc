@@ -172,6 +172,15 @@ TEST(ValidateLayoutTest, ARingHoldsTensorsAcrossItsBucketsAndIsCheckedAsARing) {
   huge.slots_offset = 0;
   huge.version_buckets = 8;
   EXPECT_STATUS_IS(kProtocolError, ValidateLayout(huge), "overflows");
+  // One bucket past the tensors is the publisher's padding; more would only cost the subscriber
+  // batches and round trips (2^24 of them from a hostile Welcome).
+  wire::Welcome padded = w;
+  ++padded.version_buckets;
+  ASSERT_OK(ValidateLayout(padded));
+  wire::Welcome longer = padded;
+  ++longer.version_buckets;
+  EXPECT_STATUS_IS(kProtocolError, ValidateLayout(longer), "buckets of 1024 bytes",
+                   "tensors end at byte");
 }
 
 TEST(ValidateLayoutTest, AcceptsEmptyWelcome) {

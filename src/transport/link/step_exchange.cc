@@ -46,6 +46,8 @@ Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& chann
 Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std::string& peer,
                                     int64_t step, uint32_t bucket, uint32_t slot_count,
                                     const util::Deadline& deadline) {
+  if (slot_count == 0)
+    return Status::InvalidArgument("ring bucket ", bucket, ": a ring of 0 slots");
   wire::RingBucket ready;
   WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kRingBucketReady, &ready, deadline));
   if (ready.step != step || ready.bucket != bucket) {

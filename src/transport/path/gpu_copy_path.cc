@@ -260,6 +260,10 @@ Status GpuCopyPath::Release() {
   allocations_.clear();
   allocation_offsets_.clear();
   ring_ = false;
+  zero_copy_ = false;
+  welcome_ = nullptr;
+  link_ = nullptr;
+  conversions_ = 0;
   return result;
 }
 

@@ -9,6 +9,7 @@
 // Prepared at Freeze: per bucket, the copy-engine batch of its pieces (the registered tensors cut
 // at the bucket's edges) and the copy-group launch of its small ones. A fill only submits them.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 #include "cuda/device.h"
@@ -24,9 +25,10 @@ namespace weightsync::transport::store {
 namespace {
 
 constexpr uint64_t kDefaultSegmentBytes = 64ull << 20;  // as the GPU arena
-// A fill is at most a bucket (≤ 1 GiB by default: under 10 ms on the copy engines); one still
-// running after this long means the GPU is wedged, and the readers waiting on it are failed.
-constexpr auto kFillWait = std::chrono::seconds(60);
+// Every bucket has its own prepared batch and copy-group job table (device memory), made at the
+// first publish and by each subscriber's prepare: a version of more buckets than this would spend
+// seconds on them. 4096 buckets are 3.7 MiB buckets for a 15 GB model (the default is 1 GiB).
+constexpr uint64_t kMaxGpuRingBuckets = 4096;
 
 class GpuRingStore final : public VersionStore {
  public:
@@ -44,14 +46,27 @@ class GpuRingStore final : public VersionStore {
     WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
     return digests_.Run(queue_, digests, cuda_stream, deadline);
   }
-  uint32_t version_buckets() const override { return version_buckets_; }
+  uint32_t version_buckets() const override {
+    util::MutexLock lock(&mu_);
+    return version_buckets_;
+  }
   Status FillBucket(uint32_t bucket, uint32_t slot) override;
-  int fd() const override { return fd_.get(); }
+  int fd() const override {
+    util::MutexLock lock(&mu_);
+    return fd_.get();
+  }
   const uint8_t* base() const override { return nullptr; }
-  uint32_t digest_count() const override { return digests_.count(); }
+  uint32_t digest_count() const override {
+    util::MutexLock lock(&mu_);
+    return digests_.count();
+  }
   uint64_t copy_bytes() const override { return 0; }
-  uint64_t held_bytes() const override { return ring_.size(); }  // the ring's cuMem allocation
+  uint64_t held_bytes() const override {  // the ring's cuMem allocation
+    util::MutexLock lock(&mu_);
+    return ring_.size();
+  }
   std::string Describe() const override {
+    util::MutexLock lock(&mu_);
     return "a ring of " + std::to_string(ring_slots_) + " buckets of " +
            std::to_string(bucket_bytes_) + " bytes on cuda:" + std::to_string(device_) + " (" +
            std::to_string(version_buckets_) + " buckets a version), " +
@@ -59,6 +74,7 @@ class GpuRingStore final : public VersionStore {
   }
   Status Close() override {
     util::MutexLock lock(&mu_);
+    cuda::ScopedDevice restore;  // the drain makes the ring's device current
     Status result;
     result.Update(queue_.Drain());  // fills and digests read the tensors and write the ring
     fills_.clear();
@@ -66,6 +82,9 @@ class GpuRingStore final : public VersionStore {
     result.Update(queue_.Close());
     result.Update(fd_.Close());
     result.Update(ring_.Close());
+    bucket_bytes_ = 0;
+    version_buckets_ = 0;
+    ring_slots_ = 0;
     return result;
   }
 
@@ -75,17 +94,19 @@ class GpuRingStore final : public VersionStore {
     cuda::PreparedCopyGroup small;
   };
 
-  int device_;
-  // Publish and a fill may overlap (a fill for a read BeginWrite revoked); both use the queue.
-  util::Mutex mu_;
-  cuda::ExportedAllocation ring_;
-  util::UniqueFd fd_;
-  cuda::CopyQueue queue_;
-  GpuTensorDigests digests_;
-  std::vector<Fill> fills_;  // by bucket
-  uint64_t bucket_bytes_ = 0;
-  uint32_t version_buckets_ = 0;
-  uint32_t ring_slots_ = 0;
+  const int device_;
+  // Publish and a fill may overlap (a fill for a read BeginWrite revoked); both use the queue
+  // (and its one event), so one runs at a time. A fill waits at most fill_wait_ under it.
+  mutable util::Mutex mu_;
+  cuda::ExportedAllocation ring_ WS_GUARDED_BY(mu_);
+  util::UniqueFd fd_ WS_GUARDED_BY(mu_);
+  cuda::CopyQueue queue_ WS_GUARDED_BY(mu_);
+  GpuTensorDigests digests_ WS_GUARDED_BY(mu_);
+  std::vector<Fill> fills_ WS_GUARDED_BY(mu_);  // by bucket
+  uint64_t bucket_bytes_ WS_GUARDED_BY(mu_) = 0;
+  uint32_t version_buckets_ WS_GUARDED_BY(mu_) = 0;
+  uint32_t ring_slots_ WS_GUARDED_BY(mu_) = 0;
+  std::chrono::milliseconds fill_wait_ WS_GUARDED_BY(mu_){0};
 };
 
 Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
@@ -101,6 +122,12 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
                       }));
   const uint64_t bucket = geometry.bucket_bytes;
   const uint32_t buckets = geometry.buckets;
+  if (buckets > kMaxGpuRingBuckets) {
+    return Status::InvalidArgument("a GPU ring version of ", layout.slot_bytes,
+                                   " bytes in buckets of ", bucket, " bytes needs ", buckets,
+                                   " buckets, more than ", kMaxGpuRingBuckets,
+                                   ": use larger buckets (PublisherOptions.ring_bucket_bytes)");
+  }
   WS_ASSIGN_OR_RETURN(cuda::ExportedAllocation ring,
                       cuda::ExportedAllocation::Create(device_, bucket * layout.ring_slots));
   WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ring.ExportFd());
@@ -121,13 +148,17 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
       fills[p.bucket].copies.Add(slot + p.bucket_offset, t.source + p.at, p.bytes, i);
     }
   }
+  Status unsplit;  // logged once: every bucket's small copies stay with the copy engines then
   for (Fill& f : fills) {
     Result<cuda::PreparedCopyGroup> small = cuda::SplitOffSmallCopies(f.copies, queue.stream());
     if (small.ok()) {
       f.small = std::move(*small);
-    } else {
-      WS_LOG(INFO, "publisher") << "ring fills stay with the copy engines: " << small.status();
+    } else if (unsplit.ok()) {
+      unsplit = small.status();
     }
+  }
+  if (!unsplit.ok()) {
+    WS_LOG(INFO, "publisher") << "ring fills stay with the copy engines: " << unsplit;
   }
   welcome->arena_kind = wire::ArenaKind::kCudaRing;
   welcome->device = device_;
@@ -139,17 +170,18 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   welcome->direct_bytes = 0;
   welcome->slots_offset = 0;
   welcome->slot_bytes = bucket;
-  welcome->version_buckets = static_cast<uint32_t>(buckets);
+  welcome->version_buckets = buckets;
   welcome->tensors.clear();
   for (const PublishedTensor& t : layout.tensors) welcome->tensors.push_back(t.placement);
   util::MutexLock lock(&mu_);
+  fill_wait_ = layout.fill_wait;
   ring_ = std::move(ring);
   fd_ = std::move(fd);
   queue_ = std::move(queue);
   digests_ = std::move(digests);
   fills_ = std::move(fills);
   bucket_bytes_ = bucket;
-  version_buckets_ = static_cast<uint32_t>(buckets);
+  version_buckets_ = buckets;
   ring_slots_ = layout.ring_slots;
   return Status::Ok();
 }
@@ -167,8 +199,9 @@ Status GpuRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   Fill& f = fills_[bucket];
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(f.copies));
   WS_RETURN_IF_ERROR(f.small.Launch());
-  return queue_.Wait(util::Deadline(kFillWait))
-      .WithContext("filling ring bucket " + std::to_string(bucket));
+  Status waited = queue_.Wait(util::Deadline(fill_wait_));
+  if (!waited.ok()) return waited.WithContext("filling ring bucket " + std::to_string(bucket));
+  return waited;  // a step allocates nothing: the context is built only for an error
 }
 
 }  // namespace

@@ -182,10 +182,10 @@ Status HostRingStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests, vo
 Status HostRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   util::MutexLock lock(&work_mu_);
   if (!workers_) return Status::FailedPrecondition("ring store is closed");
-  if (bucket >= version_buckets_ || slot >= ring_slots_) {
+  if (bucket >= version_buckets_ || slot != bucket % ring_slots_) {
     return Status::InvalidArgument("bucket ", bucket, " into slot ", slot, ": the ring has ",
                                    version_buckets_, " buckets a version and ", ring_slots_,
-                                   " slots");
+                                   " slots, bucket b in slot b % ", ring_slots_);
   }
   FillJob job{pieces_.begin(bucket), arena_->slot(slot)};
   workers_->Run(pieces_.count(bucket), &HostRingStore::Copy, &job);

@@ -56,7 +56,8 @@ Result<RingGeometry> PlanRing(const StoreLayout& layout,
     WS_ASSIGN_OR_RETURN(uint64_t free, free_bytes());
     bucket = DefaultRingBucketBytes(free, layout.ring_slots, layout.slot_bytes);
   }
-  bucket = std::min(whole_pages(bucket), whole_pages(layout.slot_bytes));
+  // Clamped before rounding: a bucket asked for near 2^64 must not wrap to one page.
+  bucket = whole_pages(std::min(bucket, layout.slot_bytes));
   const uint64_t buckets = std::max<uint64_t>((layout.slot_bytes + bucket - 1) / bucket, 1);
   if (buckets > wire::kMaxVersionBuckets) {
     return Status::InvalidArgument("a version of ", layout.slot_bytes, " bytes in buckets of ",

@@ -8,6 +8,7 @@
 // segment. Publish(slot) only runs them: it allocates nothing.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +43,9 @@ struct StoreLayout {
   // DefaultRingBucketBytes).
   uint32_t ring_slots = 0;
   uint64_t ring_bucket_bytes = 0;
+  // GPU ring: how long a fill may take (the publisher's timeout); past it the GPU is taken to be
+  // wedged and the readers waiting on the fill are failed.
+  std::chrono::milliseconds fill_wait{60000};
 };
 
 // A ring's bucket when none is asked for: a quarter of `free_bytes` spread over the ring's

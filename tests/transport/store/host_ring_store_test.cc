@@ -81,6 +81,8 @@ TEST_F(HostRingStoreTest, AFillOutsideTheRingIsRefusedNamingIt) {
   EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(3, 1), "bucket 3 into slot 1",
                    "3 buckets a version and 2 slots");
   EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(0, 2), "bucket 0 into slot 2");
+  EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(1, 0), "bucket 1 into slot 0",
+                   "bucket b in slot b % 2");
 }
 
 TEST_F(HostRingStoreTest, ARingOfOneBucketIsRefused) {
