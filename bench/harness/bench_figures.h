@@ -33,6 +33,11 @@ Status MeasureThroughput(const BenchOptions& options, BenchReport* report);
 // holding all of them (in_place, same bytes, same run).
 Status MeasureTwoPublishers(const BenchOptions& options, BenchReport* report);
 
+// A host ring publisher (2 buckets of 1/16 of the model) against the arena publisher, in place,
+// same bytes, same run: its update (which now includes the fill) against the arena's publish +
+// update, and the memory each store holds.
+Status MeasureHostRing(const BenchOptions& options, BenchReport* report);
+
 // The tcp transport on loopback (in_place and staged) against a plain socket copy of the same
 // bytes between two threads over 127.0.0.1.
 Status MeasureTcpThroughput(const BenchOptions& options, BenchReport* report);

@@ -27,13 +27,16 @@ BenchPair::BenchPair(const std::vector<TensorSpec>& tensors, int copy_threads)
 BenchPair::~BenchPair() = default;
 
 Result<std::unique_ptr<BenchPair>> BenchPair::Create(const std::vector<TensorSpec>& tensors,
-                                                     int copy_threads,
-                                                     const std::string& endpoint) {
+                                                     int copy_threads, const std::string& endpoint,
+                                                     int ring_buckets, uint64_t ring_bucket_bytes) {
   std::unique_ptr<BenchPair> pair(new BenchPair(tensors, copy_threads));
   if (!endpoint.empty()) pair->endpoint_ = endpoint;
   PublisherOptions po;
   po.endpoint = pair->endpoint_;
   po.copy_threads = copy_threads;
+  po.ring_buckets = ring_buckets;
+  po.ring_bucket_bytes = ring_bucket_bytes;
+  pair->ring_ = ring_buckets > 0;
   WS_ASSIGN_OR_RETURN(pair->publisher_, Publisher::Create(po));
   pair->endpoint_ = pair->publisher_->endpoint();  // tcp://127.0.0.1:0 → the bound port
   WS_RETURN_IF_ERROR(pair->publisher_->Register(pair->source_.Views()));
@@ -53,7 +56,8 @@ Result<std::unique_ptr<Subscriber>> BenchPair::NewSubscriber(UpdateMode mode, bo
 }
 
 Result<int64_t> BenchPair::PublishNext() {
-  WS_RETURN_IF_ERROR(publisher_->Publish(step_ + 1));
+  if (ring_) WS_RETURN_IF_ERROR(publisher_->BeginWrite());
+  WS_ASSIGN_OR_RETURN(last_publish_, publisher_->Publish(step_ + 1));
   return ++step_;
 }
 

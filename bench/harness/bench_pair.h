@@ -18,15 +18,21 @@ namespace weightsync::bench {
 class BenchPair {
  public:
   // `tensors` must outlive the pair. `endpoint` empty: a fresh local:// one (shared memory).
+  // `ring_buckets` > 0: a ring publisher (PublisherOptions::ring_buckets, ring_bucket_bytes).
   static Result<std::unique_ptr<BenchPair>> Create(const std::vector<TensorSpec>& tensors,
                                                    int copy_threads,
-                                                   const std::string& endpoint = "");
+                                                   const std::string& endpoint = "",
+                                                   int ring_buckets = 0,
+                                                   uint64_t ring_bucket_bytes = 0);
   ~BenchPair();
 
   // A subscriber of this pair's destinations (not yet prepared).
   Result<std::unique_ptr<Subscriber>> NewSubscriber(UpdateMode mode, bool verify) const;
-  // Publishes the next step (the source bytes are not changed: the copy costs the same).
+  // Publishes the next step (the source bytes are not changed: the copy costs the same); a ring
+  // publisher fences it with BeginWrite first, as its trainer must.
   Result<int64_t> PublishNext();
+  // The last PublishNext's stats.
+  const PublishStats& last_publish() const { return last_publish_; }
   Publisher& publisher() { return *publisher_; }
   const TensorStorage& source() const { return source_; }
   TensorStorage& destination() { return destination_; }
@@ -42,6 +48,8 @@ class BenchPair {
   TensorStorage source_;
   TensorStorage destination_;
   std::unique_ptr<Publisher> publisher_;
+  bool ring_ = false;
+  PublishStats last_publish_;
   int64_t step_ = 0;
 };
 

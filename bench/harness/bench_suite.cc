@@ -34,6 +34,8 @@ Status MeasureAll(const BenchOptions& o, BenchReport* report) {
   WS_RETURN_IF_ERROR(MeasureThroughput(o, report));
   std::fprintf(stderr, "weightsync bench: measuring two publishers feeding one subscriber...\n");
   WS_RETURN_IF_ERROR(MeasureTwoPublishers(o, report));
+  std::fprintf(stderr, "weightsync bench: measuring a ring of host buckets...\n");
+  WS_RETURN_IF_ERROR(MeasureHostRing(o, report));
   std::fprintf(stderr, "weightsync bench: measuring tcp on loopback (%s)...\n",
                FormatBytes(o.bytes).c_str());
   WS_RETURN_IF_ERROR(MeasureTcpThroughput(o, report));

@@ -62,6 +62,21 @@ void BucketRing::EndRoundIfEmpty() {
   std::fill(holding_.begin(), holding_.end(), -1);
 }
 
+bool BucketRing::RevokeStalledHolders() {
+  const auto now = std::chrono::steady_clock::now();
+  bool revoked = false;
+  for (Member& m : members_) {
+    if (!m.in_use || m.revoked != Revoked::kNo || m.released >= filled_) continue;
+    const uint32_t slot = m.released % slots_;
+    if (holding_[slot] != int64_t{m.released}) continue;
+    if (now - std::max(filled_at_[slot], m.joined) >= hold_timeout_) {
+      Revoke(&m, Revoked::kHeldSlot);
+      revoked = true;
+    }
+  }
+  return revoked;
+}
+
 Result<int> BucketRing::Join(int64_t step, const util::Deadline& deadline,
                              const std::function<bool()>& give_up) {
   util::MutexLock lock(&mu_);
@@ -86,6 +101,13 @@ Result<int> BucketRing::Join(int64_t step, const util::Deadline& deadline,
       *free = Member{true, Revoked::kNo, 0, step, Status::Ok(), std::chrono::steady_clock::now()};
       ++live_members_;
       return static_cast<int>(free - members_.begin());
+    }
+    // Waiting for the round to end: a member stalled on a bucket holds up every reader waiting
+    // to start the next one, so it gets the same timeout as for a slot others wait for.
+    if (round_ && RevokeStalledHolders()) {
+      EndRoundIfEmpty();
+      cv_.NotifyAll();
+      continue;
     }
     if (give_up()) return Status::PeerLost("subscriber left while waiting for the ring");
     if (deadline.expired()) {

@@ -8,8 +8,9 @@
 // that slot held before; so a session filling bucket b + 1 while its subscriber copies bucket b
 // keeps the ring full (two slots suffice).
 //
-// Nothing waits without bound: a member that holds a slot others wait for, `hold_timeout`
-// (PublisherOptions::timeout) after it had that slot's bucket, is revoked, as is every member when
+// Nothing waits without bound: a member that holds a slot others wait for (members for its refill,
+// or readers waiting to start the next round), `hold_timeout` (PublisherOptions::timeout) after it
+// had that slot's bucket, is revoked, as is every member when
 // the publisher needs the tensors back (RevokeAll, from BeginWrite); a revoked member's calls fail
 // with Timeout saying why, and it commits nothing. A failed fill ends the round for all its members
 // with that error. Members are slots in a table sized once (max_members): a step allocates nothing.
@@ -66,6 +67,9 @@ class BucketRing {
   Status RevokedError(const Member& m) const WS_REQUIRES(mu_);
   void Revoke(Member* m, Revoked why) WS_REQUIRES(mu_);
   void EndRoundIfEmpty() WS_REQUIRES(mu_);
+  // Revokes every member that has held its oldest unreleased bucket for `hold_timeout`; returns
+  // whether it revoked any.
+  bool RevokeStalledHolders() WS_REQUIRES(mu_);
 
   const uint32_t slots_;
   const uint32_t buckets_;

@@ -176,6 +176,22 @@ TEST(BucketRing, AReaderHoldingASlotPastTheTimeoutIsRevokedAndTheOthersGoOn) {
   EXPECT_STATUS_IS(kTimeout, ring.Leave(stalled), "revoked");
 }
 
+// Nobody else in its round needs its slot, but a reader waits to start the next round: the
+// stalled member gets the same timeout, and the next round starts.
+TEST(BucketRing, AReaderWaitingForTheNextRoundRevokesAMemberStalledOnABucket) {
+  Recorder r;
+  BucketRing ring(2, 4, 4, milliseconds(150), r.fill());
+  ASSERT_OK_AND_ASSIGN(int stalled, ring.Join(1, Soon(), kNever));
+  ASSERT_OK(ring.Await(stalled, 0, Soon()).status());  // holds bucket 0, never releases it
+  ASSERT_OK_AND_ASSIGN(int next, ring.Join(2, Soon(), kNever));  // waits ~150 ms, then revokes
+  ASSERT_OK(ring.Await(next, 0, Soon()).status());
+  EXPECT_EQ(r.fills.size(), 2u) << "the next round filled bucket 0 again";
+  EXPECT_STATUS_IS(kTimeout, ring.Release(stalled, 0), "held a ring bucket longer");
+  EXPECT_STATUS_IS(kTimeout, ring.Leave(stalled), "revoked");
+  ASSERT_OK(ring.Release(next, 0));
+  ASSERT_OK(ring.Leave(next));
+}
+
 TEST(BucketRing, RevokeAllFailsEveryMemberAndAFreshRoundStartsAfterwards) {
   Recorder r;
   BucketRing ring(2, 3, 4, milliseconds(5000), r.fill());
