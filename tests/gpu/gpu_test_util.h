@@ -13,6 +13,7 @@
 
 #include "cuda/device.h"
 #include "cuda/vmm.h"
+#include "testing/publisher_process.h"
 #include "testing/status_matchers.h"
 #include "testing/test_util.h"
 
@@ -69,6 +70,28 @@ inline int64_t UsedBytes(int device) {
   size_t free_bytes = 0, total = 0;
   EXPECT_OK(MemInfo(&free_bytes, &total));
   return static_cast<int64_t>(total - free_bytes);
+}
+
+// A ws_gpu_publisher process of the synthetic model (`tensors` × `elements`) on cuda:0, with
+// `env` (WS_TEST_TIMEOUT_MS, WS_TEST_ZERO_COPY, WS_TEST_RING, ...), on a fresh endpoint named
+// after `stem`.
+inline std::unique_ptr<weightsync::testing::PublisherProcess> StartGpuPublisher(
+    int tensors, int64_t elements, std::vector<std::string> env, const std::string& stem) {
+  auto p = std::make_unique<weightsync::testing::PublisherProcess>(
+      "gpu_publisher",
+      std::vector<std::string>{std::to_string(tensors), std::to_string(elements), "0"},
+      std::move(env));
+  p->Start(weightsync::testing::UniqueEndpoint(stem));
+  return p;
+}
+
+// The GPU memory on cuda:0 that `publisher` adds across its first publish (its store is made
+// then). Call through ASSERT_NO_FATAL_FAILURE.
+inline void ExtraAcrossFirstPublish(weightsync::testing::PublisherProcess& publisher,
+                                    int64_t* extra) {
+  const int64_t before = UsedBytes(0);
+  ASSERT_NO_FATAL_FAILURE(publisher.Publish(1));
+  *extra = UsedBytes(0) - before;
 }
 
 // A verifying subscriber of `endpoint` in `mode` (10 s timeout) into poisoned CUDA destinations

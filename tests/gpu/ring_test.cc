@@ -51,11 +51,8 @@ class GpuRing : public ::testing::TestWithParam<UpdateMode> {
   std::unique_ptr<testing::PublisherProcess> StartPublisher(bool ring) {
     std::vector<std::string> env = {"WS_TEST_TIMEOUT_MS=" + std::to_string(kPublisherTimeoutMs)};
     if (ring) env.push_back("WS_TEST_RING=2:" + std::to_string(kBucket));
-    auto p = std::make_unique<testing::PublisherProcess>(
-        "gpu_publisher",
-        std::vector<std::string>{std::to_string(kTensors), std::to_string(kElements), "0"}, env);
-    p->Start(testing::UniqueEndpoint(ring ? "gpu-ring" : "gpu-arena"));
-    return p;
+    return cuda::testing::StartGpuPublisher(kTensors, kElements, std::move(env),
+                                            ring ? "gpu-ring" : "gpu-arena");
   }
   std::unique_ptr<Subscriber> Connect(const testing::PublisherProcess& publisher,
                                       std::vector<NamedTensor>* dst,
@@ -67,7 +64,6 @@ class GpuRing : public ::testing::TestWithParam<UpdateMode> {
     std::string why;
     return cuda::testing::DestinationsHold(dst, like_, step, &why) ? "" : why;
   }
-  int64_t UsedOnDeviceZero() { return cuda::testing::UsedBytes(0); }
 
   int device_ = 0;
   SyntheticModel model_{kTensors, kElements};
@@ -75,15 +71,12 @@ class GpuRing : public ::testing::TestWithParam<UpdateMode> {
 };
 
 TEST_P(GpuRing, TwoBucketsStreamAModelFortyTimesTheirSizeBitExact) {
+  int64_t arena_extra = 0, ring_extra = 0;
   auto arena = StartPublisher(/*ring=*/false);
-  int64_t before = UsedOnDeviceZero();
-  ASSERT_NO_FATAL_FAILURE(arena->Publish(1));
-  const int64_t arena_extra = UsedOnDeviceZero() - before;
+  ASSERT_NO_FATAL_FAILURE(cuda::testing::ExtraAcrossFirstPublish(*arena, &arena_extra));
   arena.reset();
   auto ring = StartPublisher(/*ring=*/true);
-  before = UsedOnDeviceZero();
-  ASSERT_NO_FATAL_FAILURE(ring->Publish(1));
-  const int64_t ring_extra = UsedOnDeviceZero() - before;
+  ASSERT_NO_FATAL_FAILURE(cuda::testing::ExtraAcrossFirstPublish(*ring, &ring_extra));
   EXPECT_GE(arena_extra, static_cast<int64_t>(2 * model_.total_bytes())) << "two slots";
   EXPECT_LE(ring_extra, static_cast<int64_t>(2 * kBucket) + (64ll << 20))
       << "the ring (2 buckets) plus digest scratch and a stream";

@@ -58,11 +58,8 @@ class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const ch
   std::unique_ptr<testing::PublisherProcess> StartPublisher(bool zero_copy) {
     std::vector<std::string> env = {"WS_TEST_TIMEOUT_MS=" + std::to_string(kPublisherTimeoutMs)};
     if (zero_copy) env.push_back(std::string("WS_TEST_ZERO_COPY=") + std::get<1>(GetParam()));
-    auto p = std::make_unique<testing::PublisherProcess>(
-        "gpu_publisher",
-        std::vector<std::string>{std::to_string(kTensors), std::to_string(kElements), "0"}, env);
-    p->Start(testing::UniqueEndpoint(zero_copy ? "zerocopy" : "arena"));
-    return p;
+    return cuda::testing::StartGpuPublisher(kTensors, kElements, std::move(env),
+                                            zero_copy ? "zerocopy" : "arena");
   }
   // Poisoned destinations on device_ and a verifying subscriber of `publisher` into them.
   std::unique_ptr<Subscriber> Connect(const testing::PublisherProcess& publisher,
@@ -87,8 +84,6 @@ class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const ch
     EXPECT_TRUE(testing::WaitForFailPointHits("subscriber.before_copy"));
     return update;
   }
-  // GPU memory in use on the publisher's device (cuda:0), in bytes.
-  int64_t UsedOnDeviceZero() { return cuda::testing::UsedBytes(0); }
 
   int device_ = 0;
   SyntheticModel model_{kTensors, kElements};
@@ -98,15 +93,12 @@ class ZeroCopy : public ::testing::TestWithParam<std::tuple<UpdateMode, const ch
 // Each publisher's GPU memory is measured across its first publish (its store is made then); the
 // subscriber connects only afterwards.
 TEST_P(ZeroCopy, APublisherOfItsOwnTensorsAddsNoArenaAndDeliversEveryByte) {
+  int64_t arena_extra = 0, zero_extra = 0;
   auto arena = StartPublisher(/*zero_copy=*/false);
-  int64_t before = UsedOnDeviceZero();
-  ASSERT_NO_FATAL_FAILURE(arena->Publish(1));
-  const int64_t arena_extra = UsedOnDeviceZero() - before;
+  ASSERT_NO_FATAL_FAILURE(cuda::testing::ExtraAcrossFirstPublish(*arena, &arena_extra));
   arena.reset();
   auto zero = StartPublisher(/*zero_copy=*/true);
-  before = UsedOnDeviceZero();
-  ASSERT_NO_FATAL_FAILURE(zero->Publish(1));
-  const int64_t zero_extra = UsedOnDeviceZero() - before;
+  ASSERT_NO_FATAL_FAILURE(cuda::testing::ExtraAcrossFirstPublish(*zero, &zero_extra));
   EXPECT_GE(arena_extra, static_cast<int64_t>(2 * model_.total_bytes()))
       << "the arena publisher's two slots";
   EXPECT_LE(zero_extra, 64ll << 20) << "zero-copy adds at most 64 MiB (digest scratch, stream)";
