@@ -53,6 +53,26 @@ class Ring : public ::testing::TestWithParam<UpdateMode> {
     return pub_->Publish(step).status();
   }
 
+  // Step 1 received, step 2 published; the update of step 2 with `fail_point` flipped once is a
+  // protocol error naming `what` and `expected`, commits nothing, and the next update lands step 2.
+  void ExpectAFlippedFrameFailsStepTwoThenItLands(const char* fail_point, const char* what,
+                                                  const char* expected) {
+    Start();
+    auto storage = SyntheticModel::PoisonedStorage(tensors_);
+    auto dst = SyntheticModel::Views(tensors_, storage);
+    auto sub = Connect(dst);
+    ASSERT_OK(Write(1));
+    ASSERT_OK(sub->Update());
+    ASSERT_OK(Write(2));
+    FailPoints::Arm(fail_point, FailAction::kFlip, 0, 1);
+    EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), what, expected);
+    EXPECT_EQ(FailPoints::Hits(fail_point), 1) << "the fault never fired";
+    EXPECT_EQ(sub->committed_step(), 1);
+    ASSERT_OK(sub->Update());
+    std::string why;
+    EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+  }
+
   SyntheticModel model_{10, 20000};
   std::vector<NamedTensor> tensors_ = model_.Tensors();
   std::unique_ptr<Publisher> pub_;
@@ -174,37 +194,14 @@ TEST_P(Ring, AReaderStalledInsideTheRingIsRevokedWithinTheTimeoutAndCommitsNothi
 }
 
 TEST_P(Ring, ABucketAnnouncedInAnotherSlotThanItsOwnIsAProtocolErrorAndNothingIsCommitted) {
-  Start();
-  auto storage = SyntheticModel::PoisonedStorage(tensors_);
-  auto dst = SyntheticModel::Views(tensors_, storage);
-  auto sub = Connect(dst);
-  ASSERT_OK(Write(1));
-  ASSERT_OK(sub->Update());
-  ASSERT_OK(Write(2));
-  FailPoints::Arm("publisher.ring_bad_slot", FailAction::kFlip, 0, 1);
-  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring bucket 0 in slot 1",
-                   "expected slot 0 of the ring's 2");
-  EXPECT_EQ(sub->committed_step(), 1);
-  ASSERT_OK(sub->Update());
-  std::string why;
-  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+  ExpectAFlippedFrameFailsStepTwoThenItLands("publisher.ring_bad_slot", "ring bucket 0 in slot 1",
+                                             "expected slot 0 of the ring's 2");
 }
 
 TEST_P(Ring, ADoneForAnotherBucketEndsTheSessionAndNothingIsCommitted) {
-  Start();
-  auto storage = SyntheticModel::PoisonedStorage(tensors_);
-  auto dst = SyntheticModel::Views(tensors_, storage);
-  auto sub = Connect(dst);
-  ASSERT_OK(Write(1));
-  ASSERT_OK(sub->Update());
-  ASSERT_OK(Write(2));
-  FailPoints::Arm("subscriber.ring_bad_done", FailAction::kFlip, 0, 1);
-  EXPECT_STATUS_IS(kProtocolError, sub->Update().status(), "ring_bucket_done for step 2 bucket 1",
-                   "expected step 2 bucket 0");
-  EXPECT_EQ(sub->committed_step(), 1);
-  ASSERT_OK(sub->Update());
-  std::string why;
-  EXPECT_TRUE(SyntheticModel::Holds(dst, 2, &why)) << why;
+  ExpectAFlippedFrameFailsStepTwoThenItLands("subscriber.ring_bad_done",
+                                             "ring_bucket_done for step 2 bucket 1",
+                                             "expected step 2 bucket 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Ring, ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
