@@ -4,7 +4,8 @@
 //
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
-//                 [--only peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,many,h2d,d2h]   (rows)
+//                 [--only
+//                 peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,many,h2d,d2h,h2dring,d2hring]
 //                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
 //                 [--ring-buckets 2 --ring-bytes 1073741824]   (the ring row's ring)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
@@ -387,11 +388,13 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
     }
   }
   double med = Median(steady);
-  const char* what = tcp                   ? "weightsync_nccl"
-                     : a.zero_copy         ? "weightsync_cuda_ipc_zero_copy"
-                     : a.ring_buckets > 0  ? "weightsync_cuda_ipc_ring"
-                     : a.host              ? "weightsync_shm_to_gpu"
-                     : a.host_destinations ? "weightsync_cuda_ipc_to_host"
+  const bool ring = a.ring_buckets > 0;
+  const char* what = tcp           ? "weightsync_nccl"
+                     : a.zero_copy ? "weightsync_cuda_ipc_zero_copy"
+                     : a.host      ? (ring ? "weightsync_shm_ring_to_gpu" : "weightsync_shm_to_gpu")
+                     : a.host_destinations ? (ring ? "weightsync_cuda_ipc_ring_to_host"
+                                                   : "weightsync_cuda_ipc_to_host")
+                     : ring                ? "weightsync_cuda_ipc_ring"
                                            : "weightsync_cuda_ipc";
   PrintFigure({{"what", what},
                {"label", label},
@@ -581,6 +584,28 @@ int main(int argc, char** argv) {
     Args host = a;
     host.host = true;
     Measure(host, a.h2d_scale, "model_from_host", /*tcp=*/false);
+  }
+  // The host <-> GPU rows through a ring of two 256 MiB buckets (host memory for a host
+  // publisher, the trainer's GPU for a GPU one) instead of slots x the model; --ring-buckets /
+  // --ring-bytes try others.
+  auto ring_of = [&](Args r) {
+    r.ring_buckets = ring_buckets > 0 ? ring_buckets : 2;
+    r.ring_bucket_bytes = ring_bytes > 0 ? ring_bytes : 256ull << 20;
+    return r;
+  };
+  auto ring_label = [](const Args& r) {
+    return "_ring_" + std::to_string(r.ring_buckets) + "x" +
+           std::to_string(r.ring_bucket_bytes >> 20) + "MiB";
+  };
+  if (a.Row("h2dring")) {
+    Args host = ring_of(a);
+    host.host = true;
+    Measure(host, a.h2d_scale, "model_from_host" + ring_label(host), /*tcp=*/false);
+  }
+  if (a.Row("d2hring")) {
+    Args host = ring_of(a);
+    host.host_destinations = true;
+    Measure(host, a.h2d_scale, "model_to_host" + ring_label(host), /*tcp=*/false);
   }
   if (a.Row("d2h")) {
     // A publisher of CUDA tensors (GPU arena on --src) into host destinations: the copy engines of

@@ -51,4 +51,22 @@ uint64_t GpuDigestCombine(const uint64_t* chunk_hashes, uint64_t bytes);
 // The digest of `bytes` bytes at `data`.
 uint64_t GpuDigest(const void* data, uint64_t bytes);
 
+// The same digest of a range fed in pieces, in order, cut anywhere (a ring's buckets cut a
+// segment where they end): Finish() == GpuDigest of the concatenation. The sums commute, so a
+// piece only adds its words' and chunks' terms; a word cut between pieces waits here.
+class GpuDigestStream {
+ public:
+  void Reset() { *this = GpuDigestStream(); }
+  void Update(const void* data, uint64_t bytes);
+  uint64_t Finish() const;
+
+ private:
+  void CloseChunkIfFull();  // once the current chunk's 65536 bytes are in
+
+  uint64_t bytes_ = 0;       // fed so far
+  uint64_t chunks_sum_ = 0;  // the terms of the chunks closed so far
+  uint64_t words_sum_ = 0;   // the terms of the current chunk's whole words so far
+  uint64_t pending_ = 0;     // the bytes of a word not yet whole (little-endian, low bytes first)
+};
+
 }  // namespace weightsync::cuda

@@ -33,4 +33,22 @@ uint64_t CopyAndHash64(void* dst, const void* src, size_t bytes) {
   return XXH3_64bits_digest(&state);
 }
 
+static_assert(sizeof(XXH3_state_t) <= sizeof(Hash64Stream) && alignof(XXH3_state_t) <= 64,
+              "Hash64Stream's buffer must hold an XXH3_state_t");
+
+Hash64Stream::Hash64Stream() {
+  XXH3_INITSTATE(reinterpret_cast<XXH3_state_t*>(state_));
+  Reset();
+}
+
+void Hash64Stream::Reset() { XXH3_64bits_reset(reinterpret_cast<XXH3_state_t*>(state_)); }
+
+void Hash64Stream::Update(const void* data, size_t bytes) {
+  XXH3_64bits_update(reinterpret_cast<XXH3_state_t*>(state_), data, bytes);
+}
+
+uint64_t Hash64Stream::Finish() const {
+  return XXH3_64bits_digest(reinterpret_cast<const XXH3_state_t*>(state_));
+}
+
 }  // namespace weightsync::util

@@ -136,5 +136,46 @@ TEST(GpuDigestReferenceTest, AlignmentDoesNotMatter) {
   }
 }
 
+// A range fed in pieces (a ring's buckets cut segments anywhere): the same digest as in one call,
+// for cuts inside words, at word and chunk edges, and empty pieces.
+TEST(GpuDigestReferenceTest, StreamInPiecesIsTheOneCallDigest) {
+  const std::vector<uint8_t> data = RandomBytes(3 * 65536 + 1003, 7);
+  std::mt19937 rng(8);
+  for (uint64_t n : {uint64_t{0}, uint64_t{5}, uint64_t{8}, uint64_t{65536}, uint64_t{65541},
+                     uint64_t{data.size()}}) {
+    const uint64_t whole = GpuDigest(data.data(), n);
+    for (int trial = 0; trial < 20; ++trial) {
+      GpuDigestStream stream;
+      if (trial % 2 == 1) {  // Reset clears what was fed before
+        stream.Update(data.data(), 77);
+        stream.Reset();
+      }
+      uint64_t at = 0;
+      while (at < n) {
+        const uint64_t piece = std::min<uint64_t>(n - at, rng() % (trial < 10 ? 20 : 70000));
+        stream.Update(data.data() + at, piece);
+        at += piece;
+      }
+      EXPECT_EQ(stream.Finish(), whole) << n << " bytes, trial " << trial;
+    }
+  }
+  // Cut exactly at every word edge of the first and last words of a chunk.
+  for (uint64_t cut : {uint64_t{8}, uint64_t{65528}, uint64_t{65536}, uint64_t{65544}}) {
+    GpuDigestStream stream;
+    stream.Update(data.data(), cut);
+    stream.Update(data.data() + cut, data.size() - cut);
+    EXPECT_EQ(stream.Finish(), GpuDigest(data.data(), data.size())) << cut;
+  }
+  // A flipped bit in a later piece changes the streamed digest.
+  std::vector<uint8_t> flipped = data;
+  flipped[65540] ^= 1;
+  GpuDigestStream a, b;
+  a.Update(data.data(), 65537);
+  b.Update(flipped.data(), 65537);
+  a.Update(data.data() + 65537, 10);
+  b.Update(flipped.data() + 65537, 10);
+  EXPECT_NE(a.Finish(), b.Finish());
+}
+
 }  // namespace
 }  // namespace weightsync::cuda

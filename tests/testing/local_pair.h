@@ -14,6 +14,8 @@ struct LocalPair {
   std::string endpoint = testing::UniqueEndpoint("rt");
   std::unique_ptr<Publisher> publisher;
   std::chrono::milliseconds timeout{10000};  // the publisher's
+  int ring_buckets = 0;                      // > 0: a ring publisher (PublisherOptions)
+  uint64_t ring_bucket_bytes = 0;
   std::vector<NamedTensor> tensors = model.Tensors();
   std::vector<std::vector<uint8_t>> storage = SyntheticModel::PoisonedStorage(tensors);
   std::vector<NamedTensor> dst = SyntheticModel::Views(tensors, storage);
@@ -38,6 +40,8 @@ struct LocalPair {
     o.slots = slots;
     o.timeout = timeout;
     o.segment_bytes = 4096;  // many segments even for a small model
+    o.ring_buckets = ring_buckets;
+    o.ring_bucket_bytes = ring_bucket_bytes;
     ASSERT_OK_AND_ASSIGN(publisher, Publisher::Create(o));
     endpoint = publisher->endpoint();  // tcp://HOST:0 → the bound port
     ASSERT_OK(publisher->Register(tensors));

@@ -90,6 +90,8 @@ inline std::vector<PathRow> GpuRows() {
                       {"cuda-ipc-zero-copy", true, true, false, {}, "vmm"},
                       // 128 KiB buckets: the 2 MB model is 16 buckets through a ring of 2.
                       {"cuda-ipc-ring", true, true, false, {}, nullptr, "2:131072"},
+                      {"host-to-gpu-ring", false, true, false, {}, nullptr, "2:131072"},
+                      {"gpu-to-host-ring", true, false, false, {}, nullptr, "2:131072"},
                       {"nccl", true, true, true, {}}});
 }
 

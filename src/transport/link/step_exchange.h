@@ -40,4 +40,22 @@ Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std
 Status SendBucketDone(transport::link::Channel& channel, int64_t step, uint32_t bucket,
                       uint32_t slot, const util::Deadline& deadline);
 
+// A ring step on the subscriber's side, every path's: for each of the version's `buckets` in
+// order, waits for its announcement, calls read(bucket, slot) — which returns once the slot's
+// bytes are read, as the slot is refilled after the answer — and answers that it was read. The
+// first error ends it (the publisher then revokes this reader). A template: a step allocates
+// nothing (a std::function of a capturing lambda could).
+template <typename Read>
+Status ReadRingBuckets(transport::link::Channel& channel, const std::string& peer, int64_t step,
+                       uint32_t buckets, uint32_t slot_count, const util::Deadline& deadline,
+                       Read&& read) {
+  for (uint32_t b = 0; b < buckets; ++b) {
+    Result<uint32_t> slot = ReceiveBucketReady(channel, peer, step, b, slot_count, deadline);
+    if (!slot.ok()) return slot.status();
+    WS_RETURN_IF_ERROR(read(b, *slot));
+    WS_RETURN_IF_ERROR(SendBucketDone(channel, step, b, *slot, deadline));
+  }
+  return Status::Ok();
+}
+
 }  // namespace weightsync::transport::link

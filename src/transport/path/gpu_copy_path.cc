@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "plan/ring_cut.h"
 #include "transport/link/step_exchange.h"
+#include "transport/path/ring_copies.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 
@@ -118,13 +118,18 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   // Zero-copy: every version is the same memory, so one batch serves all. A ring: one batch per
   // bucket of the version.
   slot_batches_.resize(zero_copy_ ? 1 : ring_ ? welcome.version_buckets : welcome.slot_count);
-  if (ring_) AddRingCopies(welcome, *plan);
+  if (ring_) {
+    std::vector<cuda::CopyBatch> copies =
+        RingCopyBatches(welcome, *plan, arena_.data() + welcome.slots_offset,
+                        [&](const plan::PlannedTensor& t) { return receiver_.Received(t); });
+    for (uint32_t b = 0; b < copies.size(); ++b) slot_batches_[b].copies = std::move(copies[b]);
+  }
   Status status;
   for (uint32_t k = 0; k < slot_batches_.size() && status.ok(); ++k) {
     Batch& batch = slot_batches_[k];
     batch.base = slot_base(ring_ ? k % welcome.slot_count : k);
     for (const plan::PlannedTensor& t : plan->tensors) {
-      if (ring_) break;  // AddRingCopies did the ring's
+      if (ring_) break;  // RingCopyBatches made the ring's
       if (t.nbytes == 0) continue;
       const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
       // Zero-copy: the publisher's allocation the run lies in (ValidateLayout placed every tensor
@@ -167,34 +172,16 @@ Status GpuCopyPath::BuildBatches(const wire::Welcome& welcome, const plan::Plan*
   return status;
 }
 
-void GpuCopyPath::AddRingCopies(const wire::Welcome& welcome, const plan::Plan& plan) {
-  std::vector<plan::RingPiece> cut;
-  for (const plan::PlannedTensor& t : plan.tensors) {
-    const uint64_t offset = welcome.tensors[t.publisher_index].offset + t.src_offset;
-    cut.clear();
-    plan::CutAtBuckets(offset, t.nbytes, welcome.slot_bytes, UINT64_MAX, &cut);
-    for (const plan::RingPiece& p : cut) {
-      const uint8_t* slot = arena_.data() + welcome.slots_offset +
-                            uint64_t{p.bucket % welcome.slot_count} * welcome.slot_bytes;
-      slot_batches_[p.bucket].copies.Add(receiver_.Received(t) + p.at, slot + p.bucket_offset,
-                                         p.bytes, t.destination);
-    }
-  }
-}
-
 Status GpuCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline) {
   cuda::CopyQueue& queue = receiver_.queue();
-  for (uint32_t b = 0; b < slot_batches_.size(); ++b) {
-    WS_ASSIGN_OR_RETURN(uint32_t slot,
-                        link::ReceiveBucketReady(link_->channel(), link_->peer(), begin.step, b,
-                                                 welcome_->slot_count, deadline));
-    Batch& batch = slot_batches_[b];
-    WS_RETURN_IF_ERROR(queue.EnqueueBatch(batch.copies));
-    WS_RETURN_IF_ERROR(batch.small_copies.Launch());
-    // The slot is refilled once this says so: the copies out of it must be done.
-    WS_RETURN_IF_ERROR(queue.Wait(deadline));
-    WS_RETURN_IF_ERROR(link::SendBucketDone(link_->channel(), begin.step, b, slot, deadline));
-  }
+  WS_RETURN_IF_ERROR(link::ReadRingBuckets(
+      link_->channel(), link_->peer(), begin.step, static_cast<uint32_t>(slot_batches_.size()),
+      welcome_->slot_count, deadline, [&](uint32_t b, uint32_t /*slot*/) {
+        Batch& batch = slot_batches_[b];  // prepared for slot b % slot_count
+        WS_RETURN_IF_ERROR(queue.EnqueueBatch(batch.copies));
+        WS_RETURN_IF_ERROR(batch.small_copies.Launch());
+        return queue.Wait(deadline);  // the slot is refilled once answered: the copies are done
+      }));
   return receiver_.MaybeInjectBitFlip();
 }
 

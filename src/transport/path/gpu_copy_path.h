@@ -86,8 +86,6 @@ class GpuCopyPath final : public DataPath {
                          int device);
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
-  // Ring: every planned tensor cut at the version's bucket edges into the bucket batches.
-  void AddRingCopies(const wire::Welcome& welcome, const plan::Plan& plan);
   Status CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline);
   Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
                       const std::vector<plan::Destination>& destinations, bool direct,

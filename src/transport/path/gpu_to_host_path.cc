@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "cuda/device.h"
+#include "transport/link/step_exchange.h"
+#include "transport/path/ring_copies.h"
 #include "util/logging.h"
 
 namespace weightsync::transport::path {
@@ -47,6 +49,13 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
   WS_ASSIGN_OR_RETURN(queue_, cuda::CopyQueue::Create(device_));
   WS_RETURN_IF_ERROR(host_.Prepare(plan, destinations, ctx.mode, ctx.HashingThreads()));
   WS_RETURN_IF_ERROR(Pin());
+  link_ = ctx.link;
+  if (welcome.arena_kind == wire::ArenaKind::kCudaRing) {  // one batch per bucket of a version
+    slot_batches_ =
+        RingCopyBatches(welcome, *plan, arena_.data() + welcome.slots_offset,
+                        [&](const plan::PlannedTensor& t) { return host_.ReceivedTensor(t); });
+    return Status::Ok();
+  }
   slot_batches_.assign(welcome.slot_count, {});
   for (uint32_t k = 0; k < welcome.slot_count; ++k) {
     const uint8_t* slot = arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
@@ -111,12 +120,22 @@ Status GpuToHostPath::Pin() {
 
 Status GpuToHostPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
                            const util::Deadline& deadline) {
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  if (welcome_->arena_kind == wire::ArenaKind::kCudaRing) {
+    WS_RETURN_IF_ERROR(link::ReadRingBuckets(
+        link_->channel(), link_->peer(), begin.step, welcome_->version_buckets,
+        welcome_->slot_count, deadline, [&](uint32_t b, uint32_t /*slot*/) {
+          WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[b]));  // from slot b % slots
+          return queue_.Wait(deadline);  // the slot is refilled once answered
+        }));
+    host_.MaybeInjectBitFlip();
+    return Status::Ok();
+  }
   const uint32_t slot = begin.slot;
   if (slot >= slot_batches_.size()) {
     return Status::Internal("cuda-ipc: slot ", slot, " of ", slot_batches_.size());
   }
-  cuda::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[slot]));
   WS_RETURN_IF_ERROR(queue_.Wait(deadline));
   host_.MaybeInjectBitFlip();
@@ -138,12 +157,19 @@ Status GpuToHostPath::Release() {
   pageable_reason_.clear();
   welcome_ = nullptr;
   plan_ = nullptr;
+  link_ = nullptr;
   device_ = -1;
   return result;
 }
 
 std::string GpuToHostPath::Describe() const {
-  return ", GPU arena into host memory by the copy engines of cuda:" + std::to_string(device_) +
+  const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kCudaRing
+                               ? ", a ring of " + std::to_string(welcome_->slot_count) +
+                                     " GPU buckets of " + std::to_string(welcome_->slot_bytes) +
+                                     " bytes (" + std::to_string(welcome_->version_buckets) +
+                                     " a version)"
+                               : ", GPU arena";
+  return from + " into host memory by the copy engines of cuda:" + std::to_string(device_) +
          (pageable_reason_.empty() ? ", pinned" : ", pageable (" + pageable_reason_ + ")");
 }
 

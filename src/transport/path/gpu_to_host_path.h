@@ -10,6 +10,11 @@
 // Verify checks the landed bytes on the CPU against the publisher's GPU digests (the CPU
 // implementation of that digest); conversions run at commit with the CPU implementations of the GPU
 // transforms.
+//
+// From a ring of GPU buckets (kCudaRing, PublisherOptions::ring_buckets) the same, a bucket at a
+// time: each bucket's copies are one batch, submitted when the publisher announces the bucket and
+// answered once they are done (its slot is then refilled). Verify is unchanged: it hashes what
+// landed, all of which is still here.
 #pragma once
 
 #include <cstdint>
@@ -50,13 +55,15 @@ class GpuToHostPath final : public DataPath {
 
   const wire::Welcome* welcome_ = nullptr;
   const plan::Plan* plan_ = nullptr;
-  int device_ = -1;  // the GPU whose copy engines move the bytes
+  link::Link* link_ = nullptr;  // a ring's buckets are announced and answered on it
+  int device_ = -1;             // the GPU whose copy engines move the bytes
   cuda::ImportedAllocation arena_;
   cuda::CopyQueue queue_;
   HostLanding host_;
   std::vector<cuda::HostRegistration> pins_;
-  std::string pageable_reason_;                // "" when every landing range is pinned
-  std::vector<cuda::CopyBatch> slot_batches_;  // per slot, prepared: every planned tensor
+  std::string pageable_reason_;  // "" when every landing range is pinned
+  // Prepared: per slot, every planned tensor; from a ring (kCudaRing), per bucket of a version.
+  std::vector<cuda::CopyBatch> slot_batches_;
 };
 
 }  // namespace weightsync::transport::path

@@ -37,13 +37,12 @@ Status HostCopyPath::Prepare(const PathContext& ctx) {
 
 Status HostCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline) {
   const uint8_t* slots = mapping_.data() + welcome_->slots_offset;
-  for (uint32_t b = 0; b < welcome_->version_buckets; ++b) {
-    WS_ASSIGN_OR_RETURN(uint32_t slot, link::ReceiveBucketReady(link_->channel(), peer_, begin.step,
-                                                                b, welcome_->slot_count, deadline));
-    landing_.CopyRingBucket(b, slots + uint64_t{slot} * welcome_->slot_bytes);
-    WS_RETURN_IF_ERROR(link::SendBucketDone(link_->channel(), begin.step, b, slot, deadline));
-  }
-  return Status::Ok();
+  return link::ReadRingBuckets(link_->channel(), peer_, begin.step, welcome_->version_buckets,
+                               welcome_->slot_count, deadline, [&](uint32_t b, uint32_t slot) {
+                                 landing_.CopyRingBucket(
+                                     b, slots + uint64_t{slot} * welcome_->slot_bytes);
+                                 return Status::Ok();
+                               });
 }
 
 Status HostCopyPath::Copy(const wire::StepBegin& begin, bool /*verify*/,

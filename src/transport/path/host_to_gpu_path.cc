@@ -4,7 +4,10 @@
 
 #include "cuda/device.h"
 #include "cuda/gpu_digest_reference.h"
+#include "plan/ring_cut.h"
+#include "transport/link/step_exchange.h"
 #include "transport/path/host_landing.h"
+#include "transport/path/ring_copies.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 #include "util/worker_pool.h"
@@ -53,6 +56,16 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
                         << " go through the driver's bounce buffers): " << pin.status();
   }
   WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
+  uint32_t digests = 0;
+  for (const plan::Segment& s : plan->segments) digests = std::max(digests, s.digest_index + 1);
+  published_kind_.assign(plan->segments.size(), 0);
+  gpu_kind_.assign(digests, 0);
+  workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
+  link_ = ctx.link;
+  if (welcome.arena_kind == wire::ArenaKind::kHostRing) {
+    PrepareRing(welcome, *plan);
+    return Status::Ok();
+  }
   const uint8_t* direct = arena + welcome.direct_offset;
   slot_batches_.assign(welcome.slot_count, {});
   for (uint32_t k = 0; k < welcome.slot_count; ++k) {
@@ -66,12 +79,69 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
           t.destination);
     }
   }
-  uint32_t digests = 0;
-  for (const plan::Segment& s : plan->segments) digests = std::max(digests, s.digest_index + 1);
-  published_kind_.assign(plan->segments.size(), 0);
-  gpu_kind_.assign(digests, 0);
-  workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
   return Status::Ok();
+}
+
+void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& plan) {
+  const uint8_t* ring = arena_ + welcome.slots_offset;
+  slot_batches_ = RingCopyBatches(
+      welcome, plan, ring, [&](const plan::PlannedTensor& t) { return receiver_.Received(t); });
+  // What a verified step hashes, bucket by bucket: each segment's bytes in the bucket, uncut, so
+  // that a segment's stream is fed in order by one worker at a time (a bucket's pieces are of
+  // different segments and hashed in parallel).
+  std::vector<std::vector<RingPiece>> by_bucket(welcome.version_buckets);
+  std::vector<plan::RingPiece> cut;
+  for (uint32_t i = 0; i < plan.segments.size(); ++i) {
+    const plan::Segment& s = plan.segments[i];
+    cut.clear();
+    plan::CutAtBuckets(s.src_offset, s.bytes, welcome.slot_bytes, UINT64_MAX, &cut);
+    for (const plan::RingPiece& p : cut) {
+      by_bucket[p.bucket].push_back({i, p.bucket_offset, p.bytes});
+    }
+  }
+  ring_pieces_ = plan::ByBucket<RingPiece>::From(by_bucket);
+  streams_.assign(plan.segments.size(), SegmentStreams{});
+}
+
+void HostToGpuPath::HashRingPiece(void* context, uint32_t index) {
+  auto* self = static_cast<HostToGpuPath*>(context);
+  const RingPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
+  const uint8_t* src = self->slot_base_ + p.offset;
+  SegmentStreams& streams = self->streams_[p.segment];
+  if (self->welcome_->digest_kind == wire::DigestKind::kXxh3)
+    streams.published.Update(src, p.bytes);
+  streams.gpu.Update(src, p.bytes);
+}
+
+Status HostToGpuPath::CopyFromRing(const wire::StepBegin& begin, bool verify,
+                                   const util::Deadline& deadline) {
+  if (verify) {
+    for (SegmentStreams& s : streams_) {
+      s.published.Reset();
+      s.gpu.Reset();
+    }
+  }
+  const uint8_t* ring = arena_ + welcome_->slots_offset;
+  WS_RETURN_IF_ERROR(link::ReadRingBuckets(
+      link_->channel(), link_->peer(), begin.step, welcome_->version_buckets, welcome_->slot_count,
+      deadline, [&](uint32_t b, uint32_t slot) {
+        WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(slot_batches_[b]));
+        if (verify) {  // while the copy engines read the bucket, the CPU hashes it
+          ring_bucket_ = b;
+          slot_base_ = ring + uint64_t{slot} * welcome_->slot_bytes;
+          workers_->Run(ring_pieces_.count(b), &HostToGpuPath::HashRingPiece, this);
+        }
+        return receiver_.queue().Wait(deadline);  // the slot is refilled once answered
+      }));
+  if (verify) {
+    const bool gpu_kind = welcome_->digest_kind == wire::DigestKind::kGpu64;
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      const uint64_t gpu = streams_[i].gpu.Finish();
+      published_kind_[i] = gpu_kind ? gpu : streams_[i].published.Finish();
+      gpu_kind_[plan_->segments[i].digest_index] = gpu;
+    }
+  }
+  return receiver_.MaybeInjectBitFlip();
 }
 
 void HostToGpuPath::HashSegment(void* context, uint32_t index) {
@@ -87,12 +157,15 @@ void HostToGpuPath::HashSegment(void* context, uint32_t index) {
 
 Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
                            const util::Deadline& deadline) {
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
+  if (welcome_->arena_kind == wire::ArenaKind::kHostRing) {
+    return CopyFromRing(begin, verify, deadline);
+  }
   const uint32_t slot = begin.slot;
   if (slot >= slot_batches_.size()) {
     return Status::Internal("shm: slot ", slot, " of ", slot_batches_.size());
   }
-  cuda::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(slot_batches_[slot]));
   if (verify) {
     // While the copy engines read the slot, the CPU hashes the same bytes (still pinned by the
@@ -154,9 +227,12 @@ Status HostToGpuPath::Release() {
   }
   result.Update(pinned_.Close());
   workers_.reset();
+  streams_.clear();
+  ring_pieces_ = {};
   plan_ = nullptr;
   arena_ = nullptr;
   welcome_ = nullptr;
+  link_ = nullptr;
   pageable_reason_.clear();
   names_.clear();
   result.Update(mapping_.Close());  // after the unpin
@@ -164,7 +240,13 @@ Status HostToGpuPath::Release() {
 }
 
 std::string HostToGpuPath::Describe() const {
-  return ", host arena into cuda:" + std::to_string(receiver_.device()) +
+  const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kHostRing
+                               ? ", a ring of " + std::to_string(welcome_->slot_count) +
+                                     " host buckets of " + std::to_string(welcome_->slot_bytes) +
+                                     " bytes (" + std::to_string(welcome_->version_buckets) +
+                                     " a version)"
+                               : ", host arena";
+  return from + " into cuda:" + std::to_string(receiver_.device()) +
          (pageable_reason_.empty() ? " from pinned memory"
                                    : " from pageable memory (" + pageable_reason_ + ")");
 }

@@ -10,6 +10,12 @@
 // the step) worker threads hash the source segments twice — with the publisher's digest kind,
 // compared to its digests, and with the GPU digest, compared to what the GPU computes over the
 // bytes that landed. So a corrupt arena and a corrupt copy are both caught before any commit.
+//
+// From a ring of host buckets (kHostRing, PublisherOptions::ring_buckets) the same a bucket at a
+// time: per bucket one prepared batch from its slot (the ring, K buckets, is what is pinned), and
+// with verify both hashes are fed each segment's bytes in the bucket while the copy engines read
+// it (streamed: a bucket is refilled once answered, and buckets cut segments anywhere), finished
+// after the last bucket. Per segment that costs an xxh3 state (~600 bytes) while prepared.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +24,15 @@
 #include <string_view>
 #include <vector>
 
+#include "cuda/gpu_digest_reference.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
+#include "plan/ring_cut.h"
 #include "transport/path/data_path.h"
 #include "transport/path/gpu_landing.h"
 #include "transport/store/shm_segment.h"
 #include "util/deadline.h"
+#include "util/hash.h"
 #include "util/worker_pool.h"
 #include "weightsync/options.h"
 #include "wire/messages.h"
@@ -50,6 +59,20 @@ class HostToGpuPath final : public DataPath {
 
  private:
   static void HashSegment(void* context, uint32_t index);
+  // A ring: the per-bucket batches, what each bucket holds of each segment, the streams.
+  void PrepareRing(const wire::Welcome& welcome, const plan::Plan& plan);
+  Status CopyFromRing(const wire::StepBegin& begin, bool verify, const util::Deadline& deadline);
+  static void HashRingPiece(void* context, uint32_t index);
+
+  struct RingPiece {  // bytes of plan segment `segment` at `offset` of its bucket
+    uint32_t segment = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  struct SegmentStreams {
+    util::Hash64Stream published;  // the publisher's digest kind, when it is xxh3
+    cuda::GpuDigestStream gpu;
+  };
 
   const plan::Plan* plan_ = nullptr;
   store::Mapping mapping_;
@@ -65,6 +88,11 @@ class HostToGpuPath final : public DataPath {
   const uint8_t* slot_base_ = nullptr;
   std::vector<uint64_t> published_kind_;  // with the publisher's digest kind
   std::vector<uint64_t> gpu_kind_;        // GPU digest, by digest index (what receiver_ compares)
+  // A ring.
+  link::Link* link_ = nullptr;  // its buckets are announced and answered on it
+  plan::ByBucket<RingPiece> ring_pieces_;
+  std::vector<SegmentStreams> streams_;  // by plan segment
+  uint32_t ring_bucket_ = 0;             // the bucket being hashed
 };
 
 }  // namespace weightsync::transport::path
