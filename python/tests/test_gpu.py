@@ -382,14 +382,16 @@ def test_jax_publisher_and_jax_views(endpoint):
 
 
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
+@pytest.mark.parametrize("ring", ["", "2:16384"], ids=["arena", "ring"])
 @pytest.mark.parametrize("direction", ["host_to_gpu", "gpu_to_host"])
 @gpu
-def test_host_and_gpu_mixed(endpoint, direction, mode):
+def test_host_and_gpu_mixed(endpoint, direction, ring, mode):
     """A host publisher into CUDA destinations (shm, the GPU's copy engines read the arena), and a
-    GPU publisher into host destinations (cuda-ipc mapped, copied down)."""
+    GPU publisher into host destinations (cuda-ipc mapped, copied down); each also through a ring
+    of two 16 KiB buckets (host memory, or the trainer's GPU) instead of the arena."""
     need(GPU)
     pub_device = "cpu" if direction == "host_to_gpu" else GPU
-    with ChildPublisher(endpoint, SPEC, pub_device) as pub:
+    with ChildPublisher(endpoint, SPEC, pub_device, ring=ring) as pub:
         dst = TorchDestinations(SPEC, GPU) if direction == "host_to_gpu" else \
             NumpyDestinations(SPEC)
         with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=60) as sub:
@@ -397,7 +399,8 @@ def test_host_and_gpu_mixed(endpoint, direction, mode):
             for step in (1, 2, 3):
                 pub.publish(step)
                 stats = sub.update(step)
-                assert stats.verified and stats.path == direction.replace("_", "-"), stats
+                path = direction.replace("_", "-") + ("-ring" if ring else "")
+                assert stats.verified and stats.path == path, stats
                 assert_same(dst.bytes(), pub.expected(step), f"step {step}")
 
 

@@ -377,8 +377,22 @@ Status Publisher::Impl::Freeze() {
   layout.ring_bucket_bytes = options.ring_bucket_bytes;
   layout.fill_wait = options.timeout;
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
-  WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
-  WS_FAIL_POINT_RETURN("publisher.freeze");
+  if (Status s =
+          [&] {
+            WS_RETURN_IF_ERROR(plan::ValidateLayout(welcome).WithContext("publisher layout (bug)"));
+            WS_FAIL_POINT_RETURN("publisher.freeze");
+            return Status::Ok();
+          }();
+      !s.ok()) {
+    // What the store's Freeze made (a GPU arena, a ring) goes now, not at a retry or Close: the
+    // retry makes it again. The host store stays: its arena holds the Allocate()d tensors.
+    if (options.zero_copy || options.ring_buckets > 0 || cuda_device >= 0) {
+      if (Status closed = store->Close(); !closed.ok()) {
+        WS_LOG(WARN, "publisher") << "release after a failed prepare: " << closed;
+      }
+    }
+    return s;
+  }
   // A ring holds one version: the tensors themselves, streamed on demand.
   const int held = options.ring_buckets > 0 ? 1 : options.slots;
   if (options.ring_buckets > 0) {

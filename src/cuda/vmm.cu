@@ -538,14 +538,13 @@ Status CopyQueue::EnqueueBatch(const CopyBatch& batch) {
 Status CopyQueue::Wait(const util::Deadline& deadline) {
   WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)),
             "cudaEventRecord");
-  // Poll without sleeping for the first kSpinFor, then back off; the deadline bounds it. A ring
-  // update waits once per bucket on each side (a bucket's copy takes ~0.1-1 ms), so a sleep's
-  // granularity (50 us asked, ~100 us with the kernel's timer slack) would be paid per bucket;
-  // longer waits (host copies of a whole model, seconds) do not spin past kSpinFor.
+  // Poll without sleeping for the first kSpinFor, then back off; the deadline bounds it. A GPU
+  // ring update waits once per bucket on each side (a bucket's copy takes ~0.1-1 ms on the GPU),
+  // so a sleep's granularity (50 us asked, ~100 us with the kernel's timer slack) would be paid
+  // per bucket. The cost: a core busy for up to kSpinFor per wait (the trainer's too, for a GPU
+  // ring's fill); longer waits (host copies of buckets or models, ms to seconds) sleep after it.
   constexpr auto kSpinFor = std::chrono::milliseconds(2);
   const auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
-  int polls = 0;
-  bool spinning = true;
   while (true) {
     cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
     if (e == cudaSuccess) return Status::Ok();
@@ -558,9 +557,9 @@ Status CopyQueue::Wait(const util::Deadline& deadline) {
       // synchronizes the stream before anything it points at is freed.
       return Status::Cancelled("waiting for GPU copies on cuda:", device_, ": cancelled");
     }
-    // The clock is read every 64 polls while spinning (a poll is ~0.3 us).
-    if (spinning && (++polls & 63) == 0) spinning = std::chrono::steady_clock::now() < spin_until;
-    if (!spinning) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (std::chrono::steady_clock::now() >= spin_until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 }
 

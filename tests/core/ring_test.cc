@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cuda/device.h"
+#include "testing/local_pair.h"
 #include "testing/publisher_process.h"
 #include "testing/test_util.h"
 #include "util/fail_point.h"
@@ -230,6 +231,33 @@ TEST(RingOptions, WhatARingCannotDoIsRefusedUpFront) {
   ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
   EXPECT_STATUS_IS(kFailedPrecondition, pub->Allocate("a", DType::kFloat32, {4}).status(),
                    "ring publisher");
+}
+
+// A first Publish that fails after the ring store was made (fail point publisher.freeze) releases
+// the ring's shared memory at once, not at the retry or Close; the retry makes it again and
+// delivers.
+TEST(RingOptions, AFailedFirstPublishReleasesTheRingAndTheRetryDelivers) {
+  util::FailPoints::DisarmAll();
+  testing::LocalPair pair;
+  pair.ring_buckets = 2;
+  pair.ring_bucket_bytes = 16384;
+  pair.Start();
+  const LedgerSnapshot before = ReadLedger();
+  util::FailPoints::Arm("publisher.freeze", util::FailAction::kError, 0, 1);
+  pair.model.Fill(1);
+  ASSERT_STATUS_IS(kInternal, pair.publisher->Publish(1));
+  ASSERT_EQ(util::FailPoints::Hits("publisher.freeze"), 1) << "fault never injected";
+  const LedgerSnapshot after = ReadLedger();
+  EXPECT_EQ(after.segments, before.segments) << after.ToString() << " vs " << before.ToString();
+  EXPECT_EQ(after.mapped_bytes, before.mapped_bytes)
+      << after.ToString() << " vs " << before.ToString();
+  pair.Publish(1);
+  EXPECT_GT(ReadLedger().mapped_bytes, before.mapped_bytes) << "the retry maps the ring again";
+  auto sub = pair.Connect();
+  ASSERT_OK_AND_ASSIGN(UpdateStats got, sub->Update());
+  EXPECT_EQ(got.path, "shm-ring");
+  std::string why;
+  EXPECT_TRUE(testing::SyntheticModel::Holds(pair.dst, 1, &why)) << why;
 }
 
 // A host ring into CUDA tensors takes the host-to-gpu-ring path (tests/gpu/host_to_gpu_test.cc

@@ -15,6 +15,7 @@
 #include "cuda/device.h"
 #include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
+#include "util/fail_point.h"
 #include "weightsync/cuda.h"
 
 namespace weightsync {
@@ -44,7 +45,8 @@ TEST(GpuDeviceBytes, BuffersAndExportedAllocationsAreCountedUntilClosedTheCaller
   EXPECT_TRUE(ReadLedger().SameLiveCounts(baseline)) << ReadLedger().ToString();
 }
 
-enum class Store { kHostArena, kGpuArena, kGpuRing, kZeroCopy };
+enum class Store { kHostArena, kGpuArena, kGpuRing, kZeroCopy, kHostRing };
+bool HostTensors(Store s) { return s == Store::kHostArena || s == Store::kHostRing; }
 enum class Into { kHost, kCuda };
 struct Param {
   Store store;
@@ -62,7 +64,7 @@ class GpuMemoryStats : public ::testing::TestWithParam<Param> {
     const Param p = GetParam();
     like_ = model_.Tensors();
     tensors_ = like_;
-    if (p.store != Store::kHostArena) {  // the model uploaded to cuda:0 at each publish
+    if (!HostTensors(p.store)) {  // the model uploaded to cuda:0 at each publish
       for (NamedTensor& t : tensors_) {
         ASSERT_OK_AND_ASSIGN(uint64_t bytes, t.view.NumBytes());
         ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer b, cuda::DeviceBuffer::Allocate(bytes));
@@ -82,7 +84,7 @@ class GpuMemoryStats : public ::testing::TestWithParam<Param> {
     o.endpoint = testing::UniqueEndpoint("gpumem");
     o.timeout = std::chrono::milliseconds(10000);
     o.slots = 2;
-    if (p.store == Store::kGpuRing) {
+    if (p.store == Store::kGpuRing || p.store == Store::kHostRing) {
       o.ring_buckets = 2;
       o.ring_bucket_bytes = kMiB;
     }
@@ -137,6 +139,11 @@ TEST_P(GpuMemoryStats, StoreAndStagingAreReportedCountedAndGiveBack) {
       EXPECT_GE(published.store_bytes, 2 * kMiB);
       EXPECT_LE(published.store_bytes, 2 * kMiB + 2 * kMiB) << "2 buckets + the cuMem granularity";
       break;
+    case Store::kHostRing:
+      EXPECT_EQ(published.store_device, -1);
+      EXPECT_GE(published.store_bytes, 2 * kMiB);
+      EXPECT_LE(published.store_bytes, 4 * kMiB) << "2 buckets, not the model";
+      break;
     case Store::kZeroCopy:
       EXPECT_EQ(published.store_device, 0);
       EXPECT_EQ(published.store_bytes, 0u) << "the version is the registered tensors";
@@ -148,7 +155,7 @@ TEST_P(GpuMemoryStats, StoreAndStagingAreReportedCountedAndGiveBack) {
           << "after Close: " << last.ToString() << " vs " << baseline_.ToString();
       return;
   }
-  if (p.store != Store::kHostArena) {
+  if (!HostTensors(p.store)) {
     // The store (and its digest scratch) is GPU memory of weightsync's.
     EXPECT_GE(published_ledger.device_bytes - baseline_.device_bytes,
               static_cast<int64_t>(published.store_bytes));
@@ -194,15 +201,46 @@ TEST_P(GpuMemoryStats, StoreAndStagingAreReportedCountedAndGiveBack) {
       << "after Close: " << last.ToString() << " vs " << baseline_.ToString();
 }
 
+// A first Publish that fails after the store was made (fail point publisher.freeze) gives back
+// what that store allocated — a GPU arena or ring, a host ring — at once; the host arena stays
+// (it holds Allocate()d tensors). The retry makes it again and delivers.
+TEST_P(GpuMemoryStats, AFailedFirstPublishGivesTheStoreBackAtOnce) {
+  const Param p = GetParam();
+  const LedgerSnapshot before = ReadLedger();  // the publisher made, nothing published
+  util::FailPoints::DisarmAll();
+  util::FailPoints::Arm("publisher.freeze", util::FailAction::kError, 0, 1);
+  ASSERT_STATUS_IS(kInternal, Publish(1));
+  ASSERT_EQ(util::FailPoints::Hits("publisher.freeze"), 1) << "fault never injected";
+  util::FailPoints::DisarmAll();
+  const LedgerSnapshot failed = ReadLedger();
+  if (p.store != Store::kHostArena) {
+    EXPECT_EQ(failed.device_bytes, before.device_bytes)
+        << failed.ToString() << " vs " << before.ToString();
+    EXPECT_EQ(failed.mapped_bytes, before.mapped_bytes)
+        << failed.ToString() << " vs " << before.ToString();
+  }
+  ASSERT_OK(Publish(1).status());
+  if (p.store == Store::kZeroCopy) return;  // its subscribers run in a child (zero_copy_test.cc)
+  SubscriberOptions so;
+  so.endpoint = pub_->endpoint();
+  so.mode = p.mode;
+  so.verify = true;
+  so.timeout = std::chrono::milliseconds(10000);
+  auto sub = testing::NewSubscriber(so, dst_);
+  ASSERT_OK(sub->Update().status());
+  EXPECT_EQ(Holds(1), "");
+}
+
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
-  const char* store[] = {"host_arena", "gpu_arena", "gpu_ring", "zero_copy"};
+  const char* store[] = {"host_arena", "gpu_arena", "gpu_ring", "zero_copy", "host_ring"};
   return std::string(store[static_cast<int>(info.param.store)]) +
          (info.param.into == Into::kCuda ? "_into_cuda" : "_into_host") +
          (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
 }
 
-// Every GPU path one process can serve itself: host-to-gpu, gpu-to-host, cuda-ipc and
-// cuda-ipc-ring, staged and in place; the zero-copy store's figures.
+// Every GPU path one process can serve itself: host-to-gpu, gpu-to-host, cuda-ipc,
+// cuda-ipc-ring, host-to-gpu-ring and gpu-to-host-ring, staged and in place; the zero-copy
+// store's figures.
 INSTANTIATE_TEST_SUITE_P(
     Paths, GpuMemoryStats,
     ::testing::Values(Param{Store::kHostArena, Into::kCuda, UpdateMode::kStaged},
@@ -213,6 +251,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{Store::kGpuArena, Into::kCuda, UpdateMode::kInPlace},
                       Param{Store::kGpuRing, Into::kCuda, UpdateMode::kStaged},
                       Param{Store::kGpuRing, Into::kCuda, UpdateMode::kInPlace},
+                      Param{Store::kGpuRing, Into::kHost, UpdateMode::kStaged},
+                      Param{Store::kGpuRing, Into::kHost, UpdateMode::kInPlace},
+                      Param{Store::kHostRing, Into::kCuda, UpdateMode::kStaged},
+                      Param{Store::kHostRing, Into::kCuda, UpdateMode::kInPlace},
                       Param{Store::kZeroCopy, Into::kCuda, UpdateMode::kStaged}),
     Name);
 

@@ -63,7 +63,7 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
   link_ = ctx.link;
   if (welcome.arena_kind == wire::ArenaKind::kHostRing) {
-    PrepareRing(welcome, *plan);
+    PrepareRing(welcome, *plan, ctx.options->verify);
     return Status::Ok();
   }
   const uint8_t* direct = arena + welcome.direct_offset;
@@ -82,7 +82,7 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   return Status::Ok();
 }
 
-void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& plan) {
+void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& plan, bool verify) {
   const uint8_t* ring = arena_ + welcome.slots_offset;
   slot_batches_ = RingCopyBatches(
       welcome, plan, ring, [&](const plan::PlannedTensor& t) { return receiver_.Received(t); });
@@ -100,7 +100,10 @@ void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& 
     }
   }
   ring_pieces_ = plan::ByBucket<RingPiece>::From(by_bucket);
-  streams_.assign(plan.segments.size(), SegmentStreams{});
+  // ~700 bytes a segment: made here when the subscriber verifies, else at the first update that
+  // asks for it (Update's verify override), once.
+  streams_ = {};
+  if (verify) streams_.assign(plan.segments.size(), SegmentStreams{});
 }
 
 void HostToGpuPath::HashRingPiece(void* context, uint32_t index) {
@@ -108,14 +111,18 @@ void HostToGpuPath::HashRingPiece(void* context, uint32_t index) {
   const RingPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
   const uint8_t* src = self->slot_base_ + p.offset;
   SegmentStreams& streams = self->streams_[p.segment];
-  if (self->welcome_->digest_kind == wire::DigestKind::kXxh3)
+  if (self->welcome_->digest_kind == wire::DigestKind::kXxh3) {
     streams.published.Update(src, p.bytes);
+  }
   streams.gpu.Update(src, p.bytes);
 }
 
 Status HostToGpuPath::CopyFromRing(const wire::StepBegin& begin, bool verify,
                                    const util::Deadline& deadline) {
   if (verify) {
+    if (streams_.size() != plan_->segments.size()) {
+      streams_.assign(plan_->segments.size(), SegmentStreams{});
+    }
     for (SegmentStreams& s : streams_) {
       s.published.Reset();
       s.gpu.Reset();
@@ -227,7 +234,7 @@ Status HostToGpuPath::Release() {
   }
   result.Update(pinned_.Close());
   workers_.reset();
-  streams_.clear();
+  streams_ = {};
   ring_pieces_ = {};
   plan_ = nullptr;
   arena_ = nullptr;
