@@ -101,6 +101,15 @@ class GpuMemoryStats : public ::testing::TestWithParam<Param> {
     }
     return pub_->Publish(step);
   }
+  // A verified subscriber of the row's mode into the row's destinations.
+  std::unique_ptr<Subscriber> Connect() {
+    SubscriberOptions so;
+    so.endpoint = pub_->endpoint();
+    so.mode = GetParam().mode;
+    so.verify = true;
+    so.timeout = std::chrono::milliseconds(10000);
+    return testing::NewSubscriber(so, dst_);
+  }
   std::string Holds(int64_t step) {
     std::string why;
     const bool holds = GetParam().into == Into::kCuda
@@ -161,12 +170,7 @@ TEST_P(GpuMemoryStats, StoreAndStagingAreReportedCountedAndGiveBack) {
               static_cast<int64_t>(published.store_bytes));
   }
 
-  SubscriberOptions so;
-  so.endpoint = pub_->endpoint();
-  so.mode = p.mode;
-  so.verify = true;
-  so.timeout = std::chrono::milliseconds(10000);
-  auto sub = testing::NewSubscriber(so, dst_);
+  auto sub = Connect();
   ASSERT_OK_AND_ASSIGN(UpdateStats first, sub->Update());
   EXPECT_EQ(Holds(1), "");
   const LedgerSnapshot held = ReadLedger();
@@ -221,12 +225,7 @@ TEST_P(GpuMemoryStats, AFailedFirstPublishGivesTheStoreBackAtOnce) {
   }
   ASSERT_OK(Publish(1).status());
   if (p.store == Store::kZeroCopy) return;  // its subscribers run in a child (zero_copy_test.cc)
-  SubscriberOptions so;
-  so.endpoint = pub_->endpoint();
-  so.mode = p.mode;
-  so.verify = true;
-  so.timeout = std::chrono::milliseconds(10000);
-  auto sub = testing::NewSubscriber(so, dst_);
+  auto sub = Connect();
   ASSERT_OK(sub->Update().status());
   EXPECT_EQ(Holds(1), "");
 }

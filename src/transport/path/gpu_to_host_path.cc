@@ -164,10 +164,7 @@ Status GpuToHostPath::Release() {
 
 std::string GpuToHostPath::Describe() const {
   const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kCudaRing
-                               ? ", a ring of " + std::to_string(welcome_->slot_count) +
-                                     " GPU buckets of " + std::to_string(welcome_->slot_bytes) +
-                                     " bytes (" + std::to_string(welcome_->version_buckets) +
-                                     " a version)"
+                               ? ", " + RingText(*welcome_, "GPU")
                                : ", GPU arena";
   return from + " into host memory by the copy engines of cuda:" + std::to_string(device_) +
          (pageable_reason_.empty() ? ", pinned" : ", pageable (" + pageable_reason_ + ")");

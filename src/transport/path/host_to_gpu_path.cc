@@ -248,10 +248,7 @@ Status HostToGpuPath::Release() {
 
 std::string HostToGpuPath::Describe() const {
   const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kHostRing
-                               ? ", a ring of " + std::to_string(welcome_->slot_count) +
-                                     " host buckets of " + std::to_string(welcome_->slot_bytes) +
-                                     " bytes (" + std::to_string(welcome_->version_buckets) +
-                                     " a version)"
+                               ? ", " + RingText(*welcome_, "host")
                                : ", host arena";
   return from + " into cuda:" + std::to_string(receiver_.device()) +
          (pageable_reason_.empty() ? " from pinned memory"

@@ -22,4 +22,10 @@ std::vector<cuda::CopyBatch> RingCopyBatches(
   return batches;
 }
 
+std::string RingText(const wire::Welcome& welcome, const char* kind) {
+  return "a ring of " + std::to_string(welcome.slot_count) + " " + kind + " buckets of " +
+         std::to_string(welcome.slot_bytes) + " bytes (" + std::to_string(welcome.version_buckets) +
+         " a version)";
+}
+
 }  // namespace weightsync::transport::path

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "cuda/copy_batch.h"
@@ -20,5 +21,8 @@ namespace weightsync::transport::path {
 std::vector<cuda::CopyBatch> RingCopyBatches(
     const wire::Welcome& welcome, const plan::Plan& plan, const uint8_t* ring,
     const std::function<uint8_t*(const plan::PlannedTensor&)>& received);
+
+// "a ring of 2 host buckets of 268435456 bytes (21 a version)": `kind` says where the ring is.
+std::string RingText(const wire::Welcome& welcome, const char* kind);
 
 }  // namespace weightsync::transport::path
