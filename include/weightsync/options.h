@@ -72,7 +72,7 @@ struct PublisherOptions {
   // cudaMalloc memory (PyTorch's default allocator; not expandable segments), and stay allocated
   // until Close(): subscribers map them until their next update, sleep or close.
   bool zero_copy = false;
-  // Bounded staging, local:// endpoints: ≥ 2 keeps versions in a ring of this many buckets of
+  // Bounded staging: ≥ 2 keeps versions in a ring of this many buckets of
   // `ring_bucket_bytes` instead of `slots` copies of the model — in host memory for host tensors,
   // in one cuMem allocation on their GPU for CUDA tensors (read by cuda-ipc subscribers). As for
   // zero_copy, Publish(step) only hashes the registered tensors (no copy, returns at once) and the
@@ -81,7 +81,9 @@ struct PublisherOptions {
   // Subscribers updating at the same time share one pass through the ring (a round); one arriving
   // after the ring has moved on waits for the round to end, then starts the next. A subscriber
   // holding a bucket past `timeout` while others wait for its slot is revoked (it commits nothing).
-  // 0: off.
+  // Over tcp (host tensors only) the session sends the version from the tensors themselves, the
+  // ring unused, BeginWrite waiting until the socket has taken the bytes; CUDA tensors with a tcp
+  // endpoint are refused at the first Publish. 0: off.
   int ring_buckets = 0;
   // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)
   // memory over the buckets, within [64 MiB, 1 GiB], and never more than the model.

@@ -145,6 +145,15 @@ struct Publisher::Impl final : transport::link::VersionSource {
     if (ring) ring->RevokeAll();
   }
   const uint8_t* arena_base() const override { return store->base(); }
+  Result<transport::link::Pin> AcquireWhole(const wire::UpdateRequest& request,
+                                            const Deadline& deadline,
+                                            const std::function<bool()>& give_up) override {
+    return PinVersion(request, deadline, give_up);  // a ring's round is for bucket readers
+  }
+  // `tensors` is read-only once frozen (Register refuses then), which sessions wait for.
+  const uint8_t* TensorBytes(uint32_t tensor) const override {
+    return options.ring_buckets > 0 && tensor < tensors.size() ? tensors[tensor].source : nullptr;
+  }
 };
 
 Publisher::Publisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -208,11 +217,6 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
         "PublisherOptions.zero_copy with endpoint '", options.endpoint,
         "': zero-copy subscribers open this process's GPU memory by CUDA IPC handle, on this "
         "host only: use a local:// endpoint (or publish without zero_copy over tcp)");
-  }
-  if (options.ring_buckets > 0 && impl->endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
-    return Status::NotSupported("PublisherOptions.ring_buckets with endpoint '", options.endpoint,
-                                "': a ring streams to subscribers on this host (local://) only; "
-                                "over tcp the bytes stream from the publisher's slots");
   }
   WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
   transport::link::ServerOptions server_options;
@@ -356,6 +360,12 @@ Status Publisher::Impl::Freeze() {
     has_direct = true;
   } else if (options.ring_buckets > 0 && !store) {
     // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones.
+    if (cuda_device >= 0 && endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
+      return Status::NotSupported(
+          "PublisherOptions.ring_buckets with CUDA tensors and endpoint '", options.endpoint,
+          "': a ring of GPU buckets serves subscribers on this host (local://) only (nccl reads "
+          "a GPU arena); over tcp, publish host tensors or drop ring_buckets");
+    }
     if (cuda_device >= 0) {
       WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuRingStore(cuda_device));
     } else {

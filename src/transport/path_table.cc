@@ -25,6 +25,13 @@ bool Serves(LinkKind link, ArenaKind store, DestinationKind destinations) {
   return link == kLink && store == kStore && destinations == kDestinations;
 }
 
+// A host store or a host ring's publisher: over tcp both stream the version on the connection.
+bool ServesTcp(LinkKind link, ArenaKind store, DestinationKind destinations) {
+  return link == LinkKind::kTcp &&
+         (store == ArenaKind::kHostMemfd || store == ArenaKind::kHostRing) &&
+         destinations == DestinationKind::kHost;
+}
+
 constexpr PathEntry kPaths[] = {
     {"shm", "host store -> host memory: CPU threads copy from the store mapped read-only",
      &Serves<LinkKind::kUnix, ArenaKind::kHostMemfd, DestinationKind::kHost>,
@@ -64,9 +71,10 @@ constexpr PathEntry kPaths[] = {
      "ring as the publisher fills it from its tensors",
      &Serves<LinkKind::kUnix, ArenaKind::kCudaRing, DestinationKind::kCuda>,
      &Make<path::GpuCopyPath>},
-    {"tcp", "host store -> host memory: the bytes stream on the connection into place",
-     &Serves<LinkKind::kTcp, ArenaKind::kHostMemfd, DestinationKind::kHost>,
-     &Make<path::TcpReadPath>},
+    {"tcp",
+     "host store -> host memory: the bytes stream on the connection into place (from a ring "
+     "publisher, straight from its tensors)",
+     &ServesTcp, &Make<path::TcpReadPath>},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
      &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>},
 };

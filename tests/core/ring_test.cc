@@ -225,9 +225,6 @@ TEST(RingOptions, WhatARingCannotDoIsRefusedUpFront) {
   o.zero_copy = true;
   EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(o).status(), "choose one");
   o.zero_copy = false;
-  o.endpoint = "tcp://127.0.0.1:0";
-  EXPECT_STATUS_IS(kNotSupported, Publisher::Create(o).status(), "local://");
-  o.endpoint = testing::UniqueEndpoint("ring-opts");
   ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
   EXPECT_STATUS_IS(kFailedPrecondition, pub->Allocate("a", DType::kFloat32, {4}).status(),
                    "ring publisher");
@@ -258,6 +255,54 @@ TEST(RingOptions, AFailedFirstPublishReleasesTheRingAndTheRetryDelivers) {
   EXPECT_EQ(got.path, "shm-ring");
   std::string why;
   EXPECT_TRUE(testing::SyntheticModel::Holds(pair.dst, 1, &why)) << why;
+}
+
+// A ring publisher over tcp sends the version from its tensors (the ring is for local readers):
+// BeginWrite waits until the socket has taken every byte of a read in progress, so the reader
+// gets the version it asked for, verified, while the trainer's next write waits. 32 MB is more
+// than the socket buffers hold; the subscriber sleeps before reading it (fail point
+// tcp.before_data), so the session is still sending when BeginWrite is called.
+TEST(RingOverTcp, BeginWriteWaitsUntilTheSocketTookTheVersion) {
+  util::FailPoints::DisarmAll();
+  PublisherOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.ring_buckets = 2;
+  o.ring_bucket_bytes = 1 << 20;
+  o.timeout = milliseconds(testing::kUnderSanitizer ? 20000 : 10000);
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  constexpr int64_t kElements = 8 << 20;
+  std::vector<float> w(kElements);
+  auto write = [&](int64_t step) {
+    for (int64_t i = 0; i < kElements; ++i) w[i] = static_cast<float>(step * 1000 + i % 1000);
+  };
+  ASSERT_OK(pub->Register({{"w", {w.data(), DType::kFloat32, {kElements}}}}));
+  write(1);
+  ASSERT_OK(pub->Publish(1).status());
+  std::vector<float> dst(kElements, -1.0f);
+  SubscriberOptions so;
+  so.endpoint = pub->endpoint();
+  so.verify = true;
+  so.timeout = milliseconds(testing::kUnderSanitizer ? 20000 : 10000);
+  auto sub = testing::NewSubscriber(so, {{"w", {dst.data(), DType::kFloat32, {kElements}}}});
+  util::FailPoints::Arm("tcp.before_data", util::FailAction::kSleep, 600, 1);
+  auto update = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("tcp.before_data"));
+  ASSERT_OK(pub->BeginWrite());  // the session is still sending step 1 from `w`
+  write(2);
+  ASSERT_OK_AND_ASSIGN(PublishStats published, pub->Publish(2));
+  EXPECT_GT(published.wait_for_readers_seconds, 0.0) << "BeginWrite did not wait for the reader";
+  EXPECT_EQ(published.revoked_reads, 0);
+  ASSERT_OK_AND_ASSIGN(UpdateStats got, update.get());
+  EXPECT_EQ(got.path, "tcp");
+  EXPECT_EQ(got.step, 1);
+  EXPECT_TRUE(got.verified);
+  for (int64_t i = 0; i < kElements; ++i) {
+    ASSERT_EQ(dst[i], static_cast<float>(1000 + i % 1000)) << i;
+  }
+  ASSERT_OK_AND_ASSIGN(UpdateStats next, sub->Update());
+  EXPECT_EQ(next.step, 2);
+  EXPECT_EQ(dst[kElements - 1], static_cast<float>(2000 + (kElements - 1) % 1000));
+  util::FailPoints::DisarmAll();
 }
 
 // A host ring into CUDA tensors takes the host-to-gpu-ring path (tests/gpu/host_to_gpu_test.cc

@@ -228,6 +228,21 @@ TEST(GpuRingStore, AFillHoldsItsBucketAndWhatCannotBeFilledIsRefused) {
                    "more than 4096");
 }
 
+// A ring of GPU buckets serves this host only: with CUDA tensors and a tcp endpoint the first
+// Publish is refused naming what to do (a host ring over tcp sends from its tensors instead).
+TEST(GpuRingOverTcp, IsRefusedAtTheFirstPublish) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w, cuda::DeviceBuffer::Allocate(4096));
+  PublisherOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.ring_buckets = 2;
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  ASSERT_OK(
+      pub->Register({{"w", {w.data(), DType::kFloat32, {1024}, Device{Device::Kind::kCUDA, 0}}}}));
+  EXPECT_STATUS_IS(kNotSupported, pub->Publish(1).status(), "ring_buckets with CUDA tensors",
+                   "local://");
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, GpuRing,
                          ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
                          [](const auto& info) {

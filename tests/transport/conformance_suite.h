@@ -79,7 +79,9 @@ inline std::vector<PathRow> InBothModes(std::vector<PathRow> paths) {
 inline std::vector<PathRow> HostRows() {
   return InBothModes({{"shm", false, false, false, {}},
                       {"shm-ring", false, false, false, {}, nullptr, "2:65536"},
-                      {"tcp", false, false, true, {}}});
+                      {"tcp", false, false, true, {}},
+                      // A ring publisher over tcp: the session sends from its tensors.
+                      {"tcp", false, false, true, {}, nullptr, "2:65536"}});
 }
 
 inline std::vector<PathRow> GpuRows() {
@@ -97,6 +99,9 @@ inline std::vector<PathRow> GpuRows() {
 
 inline void PrintTo(const PathRow& row, std::ostream* os) {
   *os << row.path << (row.staged() ? ", staged" : ", in place")
+      << (row.ring != nullptr && std::string(row.path).find("ring") == std::string::npos
+              ? ", ring publisher"
+              : "")
       << (row.zero_copy != nullptr && std::string(row.zero_copy) == "vmm" ? ", cuMem" : "");
 }
 
@@ -105,6 +110,8 @@ inline std::string RowName(const ::testing::TestParamInfo<PathRow>& info) {
   std::string name = std::string(info.param.path) + (info.param.staged() ? "_staged" : "_in_place");
   if (info.param.zero_copy != nullptr && std::string(info.param.zero_copy) == "vmm")
     name += "_cumem";
+  if (info.param.ring != nullptr && name.find("ring") == std::string::npos)
+    name += "_ring_publisher";
   for (char& c : name) c = c == '-' ? '_' : c;
   return name;
 }

@@ -60,8 +60,10 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
     // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
     // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
-    WS_ASSIGN_OR_RETURN(
-        Pin pin, config.source->Acquire(request, PeerWaitDeadline(request.wait_ms), give_up));
+    const util::Deadline wait = PeerWaitDeadline(request.wait_ms);
+    WS_ASSIGN_OR_RETURN(Pin pin, delivery.WholeVersion()
+                                     ? config.source->AcquireWhole(request, wait, give_up)
+                                     : config.source->Acquire(request, wait, give_up));
     const wire::StepBegin& begin = pin.begin;
     Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
                        Deadline(config.timeout));

@@ -43,6 +43,9 @@ class StepDelivery {
   // kernels). Otherwise a slow reader keeps its pin as long as it waits, and the publisher, when
   // it needs the version's memory, revokes the pin instead (VersionSource::Unpin).
   virtual bool BoundedByPublisher() const { return false; }
+  // Whether it reads the whole pinned version at once (VersionSource::AcquireWhole) rather than,
+  // from a ring, bucket by bucket.
+  virtual bool WholeVersion() const { return false; }
   // A frame other than update_request arrived where one was due: the error that ends the session.
   virtual Status Unexpected(wire::FrameType type);
 };

@@ -18,17 +18,30 @@ namespace {
 using util::Deadline;
 
 // A host store's step: the selected byte ranges, in Select order, straight from the pinned
-// version (scatter-gather send, no staging copy). Prepared once per session.
+// version (scatter-gather send, no staging copy). Prepared once per session. From a host ring
+// publisher the version is its registered tensors: sent from them (fenced by BeginWrite), the
+// ring itself unused — the socket already bounds what is in flight.
 class SocketDelivery final : public StepDelivery {
  public:
-  SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, const uint8_t* base)
-      : welcome_(welcome), select_(select), base_(base), parts_(select.ranges.size()) {}
+  SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, VersionSource* source)
+      : welcome_(welcome),
+        select_(select),
+        source_(source),
+        base_(source->arena_base()),
+        parts_(select.ranges.size()) {}
+  bool WholeVersion() const override { return true; }
   Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline, bool* streaming) override {
     const wire::StepBegin& begin = pin.begin;
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
+    const bool from_tensors = welcome_.arena_kind == wire::ArenaKind::kHostRing;
     for (size_t i = 0; i < parts_.size(); ++i) {
       const wire::SelectRange& range = select_.ranges[i];
       const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
+      if (from_tensors) {
+        parts_[i] = {const_cast<uint8_t*>(source_->TensorBytes(range.tensor) + range.offset),
+                     range.bytes};
+        continue;
+      }
       uint64_t at = t.offset + range.offset +
                     (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
       parts_[i] = {const_cast<uint8_t*>(base_ + at), range.bytes};
@@ -51,6 +64,7 @@ class SocketDelivery final : public StepDelivery {
  private:
   const wire::Welcome& welcome_;
   const wire::Select& select_;
+  VersionSource* source_;
   const uint8_t* base_;
   std::vector<iovec> parts_;
 };
@@ -126,6 +140,10 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
     return Status::FailedPrecondition(
         "a zero-copy publisher serves subscribers on its own host only (local://)");
   }
+  if (welcome.arena_kind == wire::ArenaKind::kCudaRing) {  // Publish refuses it first
+    return Status::FailedPrecondition(
+        "a ring of GPU buckets serves subscribers on its own host only (local://)");
+  }
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
   WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
@@ -147,7 +165,14 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
     NcclDelivery delivery(sender.get(), watch);
     return ServeSteps(ch, config, welcome, delivery, streaming);
   }
-  SocketDelivery delivery(welcome, select, config.source->arena_base());
+  if (welcome.arena_kind == wire::ArenaKind::kHostRing) {
+    for (const wire::SelectRange& range : select.ranges) {
+      if (range.bytes > 0 && config.source->TensorBytes(range.tensor) == nullptr) {
+        return Status::Internal("tcp: ring publisher tensor ", range.tensor, " has no bytes here");
+      }
+    }
+  }
+  SocketDelivery delivery(welcome, select, config.source);
   return ServeSteps(ch, config, welcome, delivery, streaming);
 }
 

@@ -37,6 +37,14 @@ class VersionSource {
   // equals request.after_step means "up to date" and pins nothing.
   virtual Result<Pin> Acquire(const wire::UpdateRequest& request, const util::Deadline& deadline,
                               const std::function<bool()>& give_up) = 0;
+  // Acquire for a session that reads the whole version at once from the publisher's memory (tcp):
+  // a ring publisher pins the version (its registered tensors, fenced by BeginWrite) without
+  // joining a round of its ring.
+  virtual Result<Pin> AcquireWhole(const wire::UpdateRequest& request,
+                                   const util::Deadline& deadline,
+                                   const std::function<bool()>& give_up) {
+    return Acquire(request, deadline, give_up);
+  }
   // Unpins the version and copies its digests into `end`; or, if the publisher revoked the pin
   // meanwhile (BeginWrite stopped waiting for this reader and the trainer may be writing the
   // bytes it read), Timeout saying so: the subscriber must not commit what it read.
@@ -53,6 +61,9 @@ class VersionSource {
   }
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
+  // A ring publisher's registered tensor `tensor` (manifest order) in this process: what the TCP
+  // server sends from, the version being the tensors themselves. Null where there is none.
+  virtual const uint8_t* TensorBytes(uint32_t /*tensor*/) const { return nullptr; }
 };
 
 // The StepBegin a server sends for the version `pinned` (Acquire's answer), which Unpin needs
