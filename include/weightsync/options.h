@@ -81,8 +81,9 @@ struct PublisherOptions {
   // Subscribers updating at the same time share one pass through the ring (a round); one arriving
   // after the ring has moved on waits for the round to end, then starts the next. A subscriber
   // holding a bucket past `timeout` while others wait for its slot is revoked (it commits nothing).
-  // Over tcp (host tensors only) the session sends the version from the tensors themselves, the
-  // ring unused, BeginWrite waiting until the socket has taken the bytes; CUDA tensors with a tcp
+  // Over tcp (host tensors only) the session sends the version from the tensors themselves,
+  // BeginWrite waiting until the socket has taken the bytes (the ring's buckets are still
+  // allocated, unused: set a small ring_bucket_bytes); CUDA tensors with a tcp
   // endpoint are refused at the first Publish. 0: off.
   int ring_buckets = 0;
   // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)

@@ -211,11 +211,12 @@ void BindPublisher(nb::module_& m) {
           "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
           "call begin_write() before the optimizer changes them (PyTorch's caching allocator,\n"
           "with or without expandable segments).\n"
-          "ring_buckets (local:// only; >= 2): a ring of that many buckets of\n"
+          "ring_buckets (>= 2): a ring of that many buckets of\n"
           "ring_bucket_bytes (0: from free memory) instead of `slots` copies of the model, in\n"
           "shared memory for host tensors, on the tensors' GPU for CUDA tensors;\n"
           "publish() only hashes, each update streams the tensors through the ring, and\n"
-          "begin_write() fences the optimizer's writes as with zero_copy.")
+          "begin_write() fences the optimizer's writes as with zero_copy. Over tcp (host\n"
+          "tensors only) sessions send the version from the tensors themselves.")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

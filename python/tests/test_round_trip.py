@@ -286,14 +286,17 @@ def test_publisher_endpoint_is_the_bound_one():
 
 
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
-def test_ring_of_two_buckets_streams_a_model_ten_times_a_bucket(endpoint, mode):
+@pytest.mark.parametrize("tcp", [False, True], ids=["local", "tcp"])
+def test_ring_of_two_buckets_streams_a_model_ten_times_a_bucket(endpoint, tcp, mode):
     # Bounded staging: 2 buckets of 64 KiB in shared memory instead of two copies of the model.
+    # Over tcp the session sends the version from the tensors themselves (path "tcp").
     model = make_model(seed=5, count=6, elements=40000)
     assert sum(v.nbytes for v in model.values()) >= 10 * 65536
-    with weightsync.Publisher(endpoint, ring_buckets=2, ring_bucket_bytes=65536) as pub:
+    where = "tcp://127.0.0.1:0" if tcp else endpoint
+    with weightsync.Publisher(where, ring_buckets=2, ring_bucket_bytes=65536) as pub:
         pub.register(model)
         dst = zeros_like_model(model)
-        with weightsync.Subscriber(endpoint, mode=mode, verify=True, timeout=30) as sub:
+        with weightsync.Subscriber(pub.endpoint, mode=mode, verify=True, timeout=30) as sub:
             sub.register(dst)
             for step in (1, 2, 3):
                 pub.begin_write()
@@ -301,7 +304,7 @@ def test_ring_of_two_buckets_streams_a_model_ten_times_a_bucket(endpoint, mode):
                 pub.publish(step)
                 stats = sub.update()
                 assert (stats.step, stats.verified) == (step, True)
-                assert stats.path == "shm-ring", stats
+                assert stats.path == ("tcp" if tcp else "shm-ring"), stats
                 assert_bit_exact(dst, model)
 
 
@@ -334,8 +337,6 @@ def test_ring_stats_say_what_memory_each_side_holds(endpoint, mode):
             assert weightsync.ledger()["staging_bytes"] == base["staging_bytes"]
 
 
-def test_ring_refuses_one_bucket_and_tcp(endpoint):
+def test_ring_refuses_one_bucket(endpoint):
     with pytest.raises(weightsync.InvalidArgument, match="ring_buckets = 1"):
         weightsync.Publisher(endpoint, ring_buckets=1)
-    with pytest.raises(weightsync.NotSupported, match="local://"):
-        weightsync.Publisher("tcp://127.0.0.1:0", ring_buckets=2)
