@@ -396,7 +396,7 @@ Status Publisher::Impl::Freeze() {
       !s.ok()) {
     // What the store's Freeze made (a GPU arena, a ring) goes now, not at a retry or Close: the
     // retry makes it again. The host store stays: its arena holds the Allocate()d tensors.
-    if (options.zero_copy || options.ring_buckets > 0 || cuda_device >= 0) {
+    if (host_store != nullptr) {  // `store` is not the host store (that one moved into it)
       if (Status closed = store->Close(); !closed.ok()) {
         WS_LOG(WARN, "publisher") << "release after a failed prepare: " << closed;
       }

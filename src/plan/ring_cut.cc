@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "plan/plan.h"
+
 namespace weightsync::plan {
 
 void CutAtBuckets(uint64_t offset, uint64_t bytes, uint64_t bucket_bytes, uint64_t max_piece,
@@ -13,6 +15,20 @@ void CutAtBuckets(uint64_t offset, uint64_t bytes, uint64_t bucket_bytes, uint64
     out->push_back({static_cast<uint32_t>(b), at, pos - b * bucket_bytes, n});
     at += n;
   }
+}
+
+ByBucket<SegmentPiece> CutSegmentsAtBuckets(std::span<const Segment> segments,
+                                            uint64_t bucket_bytes, uint32_t buckets,
+                                            uint64_t max_piece) {
+  std::vector<std::vector<SegmentPiece>> by_bucket(buckets);
+  std::vector<RingPiece> cut;
+  for (uint32_t i = 0; i < segments.size(); ++i) {
+    cut.clear();
+    CutAtBuckets(segments[i].src_offset, segments[i].bytes, bucket_bytes, max_piece, &cut);
+    for (const RingPiece& p : cut)
+      by_bucket[p.bucket].push_back({i, p.at, p.bucket_offset, p.bytes});
+  }
+  return ByBucket<SegmentPiece>::From(by_bucket);
 }
 
 }  // namespace weightsync::plan

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace weightsync::plan {
+
+struct Segment;  // plan.h
 
 struct RingPiece {
   uint32_t bucket = 0;
@@ -42,5 +45,19 @@ struct ByBucket {
   uint32_t count(uint32_t bucket) const { return first[bucket + 1] - first[bucket]; }
   const T* begin(uint32_t bucket) const { return items.data() + first[bucket]; }
 };
+
+// `bytes` of plan segment `segment`, `at` bytes into it, at `offset` of its bucket.
+struct SegmentPiece {
+  uint32_t segment = 0;
+  uint64_t at = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Every plan segment's bytes (its src_offset into the version) cut at the edges of `buckets`
+// buckets of `bucket_bytes` and into pieces of at most `max_piece`, grouped by bucket.
+ByBucket<SegmentPiece> CutSegmentsAtBuckets(std::span<const Segment> segments,
+                                            uint64_t bucket_bytes, uint32_t buckets,
+                                            uint64_t max_piece);
 
 }  // namespace weightsync::plan

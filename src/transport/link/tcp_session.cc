@@ -26,22 +26,23 @@ class SocketDelivery final : public StepDelivery {
   SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, VersionSource* source)
       : welcome_(welcome),
         select_(select),
-        source_(source),
         base_(source->arena_base()),
-        parts_(select.ranges.size()) {}
+        parts_(select.ranges.size()),
+        from_tensors_(welcome.arena_kind == wire::ArenaKind::kHostRing) {
+    // From the tensors, every step sends the same ranges.
+    for (size_t i = 0; from_tensors_ && i < parts_.size(); ++i) {
+      const wire::SelectRange& range = select.ranges[i];
+      parts_[i] = {const_cast<uint8_t*>(source->TensorBytes(range.tensor) + range.offset),
+                   range.bytes};
+    }
+  }
   bool WholeVersion() const override { return true; }
   Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline, bool* streaming) override {
     const wire::StepBegin& begin = pin.begin;
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
-    const bool from_tensors = welcome_.arena_kind == wire::ArenaKind::kHostRing;
-    for (size_t i = 0; i < parts_.size(); ++i) {
+    for (size_t i = 0; !from_tensors_ && i < parts_.size(); ++i) {
       const wire::SelectRange& range = select_.ranges[i];
       const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
-      if (from_tensors) {
-        parts_[i] = {const_cast<uint8_t*>(source_->TensorBytes(range.tensor) + range.offset),
-                     range.bytes};
-        continue;
-      }
       uint64_t at = t.offset + range.offset +
                     (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
       parts_[i] = {const_cast<uint8_t*>(base_ + at), range.bytes};
@@ -64,9 +65,9 @@ class SocketDelivery final : public StepDelivery {
  private:
   const wire::Welcome& welcome_;
   const wire::Select& select_;
-  VersionSource* source_;
   const uint8_t* base_;
   std::vector<iovec> parts_;
+  const bool from_tensors_;  // a host ring publisher: its registered tensors
 };
 
 // A GPU store's step: a grouped broadcast over the session's NCCL communicator.
@@ -164,13 +165,6 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
     WS_ASSIGN_OR_RETURN(auto sender, SetUpNccl(ch, config, welcome, layout.second, select, watch));
     NcclDelivery delivery(sender.get(), watch);
     return ServeSteps(ch, config, welcome, delivery, streaming);
-  }
-  if (welcome.arena_kind == wire::ArenaKind::kHostRing) {
-    for (const wire::SelectRange& range : select.ranges) {
-      if (range.bytes > 0 && config.source->TensorBytes(range.tensor) == nullptr) {
-        return Status::Internal("tcp: ring publisher tensor ", range.tensor, " has no bytes here");
-      }
-    }
   }
   SocketDelivery delivery(welcome, select, config.source);
   return ServeSteps(ch, config, welcome, delivery, streaming);

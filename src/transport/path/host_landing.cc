@@ -53,22 +53,12 @@ void HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_
 void HostLanding::PrepareRing(uint64_t bucket_bytes, uint32_t buckets) {
   // Large pieces split so that a bucket keeps every worker busy.
   constexpr uint64_t kPieceBytes = 4ull << 20;
-  std::vector<std::vector<RingPiece>> by_bucket(buckets);
-  std::vector<plan::RingPiece> cut;
-  for (uint32_t i = 0; i < plan_->segments.size(); ++i) {
-    const plan::Segment& s = plan_->segments[i];
-    cut.clear();
-    plan::CutAtBuckets(s.src_offset, s.bytes, bucket_bytes, kPieceBytes, &cut);
-    for (const plan::RingPiece& p : cut) {
-      by_bucket[p.bucket].push_back({i, p.at, p.bucket_offset, p.bytes});
-    }
-  }
-  ring_pieces_ = plan::ByBucket<RingPiece>::From(by_bucket);
+  ring_pieces_ = plan::CutSegmentsAtBuckets(plan_->segments, bucket_bytes, buckets, kPieceBytes);
 }
 
 void HostLanding::CopyRingPiece(void* context, uint32_t index) {
   auto* self = static_cast<HostLanding*>(context);
-  const RingPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
+  const plan::SegmentPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
   const plan::Segment& s = self->plan_->segments[p.segment];
   std::memcpy(self->ReceivedBytes(s) + p.at, self->slot_base_ + p.offset, p.bytes);
 }

@@ -71,13 +71,7 @@ class HostLanding {
  private:
   static void CopyBucket(void* context, uint32_t bucket);
   static void CopyRingPiece(void* context, uint32_t index);
-  struct RingPiece {  // `bytes` of segment `segment`, `at` bytes into it, from `offset` of a bucket
-    uint32_t segment = 0;
-    uint64_t at = 0;
-    uint64_t offset = 0;
-    uint64_t bytes = 0;
-  };
-  plan::ByBucket<RingPiece> ring_pieces_;
+  plan::ByBucket<plan::SegmentPiece> ring_pieces_;
   uint32_t ring_bucket_ = 0;  // per bucket, set before each parallel run
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);

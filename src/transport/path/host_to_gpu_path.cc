@@ -89,17 +89,8 @@ void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& 
   // What a verified step hashes, bucket by bucket: each segment's bytes in the bucket, uncut, so
   // that a segment's stream is fed in order by one worker at a time (a bucket's pieces are of
   // different segments and hashed in parallel).
-  std::vector<std::vector<RingPiece>> by_bucket(welcome.version_buckets);
-  std::vector<plan::RingPiece> cut;
-  for (uint32_t i = 0; i < plan.segments.size(); ++i) {
-    const plan::Segment& s = plan.segments[i];
-    cut.clear();
-    plan::CutAtBuckets(s.src_offset, s.bytes, welcome.slot_bytes, UINT64_MAX, &cut);
-    for (const plan::RingPiece& p : cut) {
-      by_bucket[p.bucket].push_back({i, p.bucket_offset, p.bytes});
-    }
-  }
-  ring_pieces_ = plan::ByBucket<RingPiece>::From(by_bucket);
+  ring_pieces_ = plan::CutSegmentsAtBuckets(plan.segments, welcome.slot_bytes,
+                                            welcome.version_buckets, UINT64_MAX);
   // ~700 bytes a segment: made here when the subscriber verifies, else at the first update that
   // asks for it (Update's verify override), once.
   streams_ = {};
@@ -108,7 +99,7 @@ void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& 
 
 void HostToGpuPath::HashRingPiece(void* context, uint32_t index) {
   auto* self = static_cast<HostToGpuPath*>(context);
-  const RingPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
+  const plan::SegmentPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
   const uint8_t* src = self->slot_base_ + p.offset;
   SegmentStreams& streams = self->streams_[p.segment];
   if (self->welcome_->digest_kind == wire::DigestKind::kXxh3) {

@@ -67,11 +67,6 @@ class HostToGpuPath final : public DataPath {
   Status CopyFromRing(const wire::StepBegin& begin, bool verify, const util::Deadline& deadline);
   static void HashRingPiece(void* context, uint32_t index);
 
-  struct RingPiece {  // bytes of plan segment `segment` at `offset` of its bucket
-    uint32_t segment = 0;
-    uint64_t offset = 0;
-    uint64_t bytes = 0;
-  };
   struct SegmentStreams {
     util::Hash64Stream published;  // the publisher's digest kind, when it is xxh3
     cuda::GpuDigestStream gpu;
@@ -93,7 +88,7 @@ class HostToGpuPath final : public DataPath {
   std::vector<uint64_t> gpu_kind_;        // GPU digest, by digest index (what receiver_ compares)
   // A ring.
   link::Link* link_ = nullptr;  // its buckets are announced and answered on it
-  plan::ByBucket<RingPiece> ring_pieces_;
+  plan::ByBucket<plan::SegmentPiece> ring_pieces_;
   std::vector<SegmentStreams> streams_;  // by plan segment
   uint32_t ring_bucket_ = 0;             // the bucket being hashed
 };
