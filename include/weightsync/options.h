@@ -82,9 +82,9 @@ struct PublisherOptions {
   // after the ring has moved on waits for the round to end, then starts the next. A subscriber
   // holding a bucket past `timeout` while others wait for its slot is revoked (it commits nothing).
   // Over tcp (host tensors only) the session sends the version from the tensors themselves,
-  // BeginWrite waiting until the socket has taken the bytes (the ring's buckets are still
-  // allocated, unused: set a small ring_bucket_bytes); CUDA tensors with a tcp
-  // endpoint are refused at the first Publish. 0: off.
+  // BeginWrite waiting until the socket has taken the bytes; no bucket is allocated there
+  // (PublishStats::store_bytes 0). CUDA tensors with a tcp endpoint are refused at the first
+  // Publish. 0: off.
   int ring_buckets = 0;
   // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)
   // memory over the buckets, within [64 MiB, 1 GiB], and never more than the model.

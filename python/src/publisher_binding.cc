@@ -216,7 +216,8 @@ void BindPublisher(nb::module_& m) {
           "shared memory for host tensors, on the tensors' GPU for CUDA tensors;\n"
           "publish() only hashes, each update streams the tensors through the ring, and\n"
           "begin_write() fences the optimizer's writes as with zero_copy. Over tcp (host\n"
-          "tensors only) sessions send the version from the tensors themselves.")
+          "tensors only) sessions send the version from the tensors themselves and no\n"
+          "bucket is allocated.")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

@@ -386,6 +386,7 @@ Status Publisher::Impl::Freeze() {
   layout.ring_slots = static_cast<uint32_t>(options.ring_buckets);
   layout.ring_bucket_bytes = options.ring_bucket_bytes;
   layout.fill_wait = options.timeout;
+  layout.local_readers = endpoint.kind == transport::link::Endpoint::Kind::kLocal;
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   if (Status s =
           [&] {

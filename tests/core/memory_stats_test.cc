@@ -82,6 +82,36 @@ TEST(PublishStatsStoreBytes, AHostRingHoldsItsBucketsOnly) {
   }
 }
 
+// Over tcp the session sends a ring publisher's version from its tensors: no bucket is
+// allocated, and the bytes still arrive whole.
+TEST(PublishStatsStoreBytes, AHostRingOverTcpHoldsNoBuckets) {
+  SyntheticModel model(10, 20000);
+  std::vector<NamedTensor> tensors = model.Tensors();
+  auto pub = NewPublisher(
+      {.endpoint = "tcp://127.0.0.1:0", .ring_buckets = 2, .ring_bucket_bytes = 64 << 10});
+  ASSERT_NE(pub, nullptr);
+  ASSERT_OK(pub->Register(tensors));
+  std::vector<std::vector<uint8_t>> storage = SyntheticModel::PoisonedStorage(tensors);
+  std::vector<NamedTensor> dst = SyntheticModel::Views(tensors, storage);
+  SubscriberOptions so;
+  so.endpoint = pub->endpoint();
+  so.verify = true;
+  so.timeout = milliseconds(testing::kUnderSanitizer ? 20000 : 8000);
+  auto sub = testing::NewSubscriber(so, dst);
+  ASSERT_NE(sub, nullptr);
+  for (int64_t step : {1, 2}) {
+    ASSERT_OK(pub->BeginWrite());
+    model.Fill(step);
+    ASSERT_OK_AND_ASSIGN(PublishStats stats, pub->Publish(step));
+    EXPECT_EQ(stats.store_bytes, 0u) << "step " << step << ": buckets nobody reads";
+    EXPECT_EQ(stats.bytes_copied, 0u);
+    ASSERT_OK_AND_ASSIGN(UpdateStats got, sub->Update());
+    EXPECT_EQ(got.path, "tcp");
+    std::string why;
+    EXPECT_TRUE(SyntheticModel::Holds(dst, step, &why)) << "step " << step << ": " << why;
+  }
+}
+
 enum class Store { kArena, kRing };
 struct Param {
   UpdateMode mode;

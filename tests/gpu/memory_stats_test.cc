@@ -257,5 +257,74 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{Store::kZeroCopy, Into::kCuda, UpdateMode::kStaged}),
     Name);
 
+// Converted tensors on the GPU landings (host-to-gpu and cuda-ipc into CUDA destinations, in
+// place and staged): fp32 'w' converted to bf16, uint8 'x' copied as is. In place, the host
+// landing stages the published bytes of the converted tensor only (its landing buffer), and the
+// cuda-ipc landing none (the mover converts straight from the publisher's mapped arena); staged,
+// both tensors' published bytes. Each figure is exactly the ledger's delta, gone after Close.
+TEST(GpuStagingConverted, InPlaceTheLandingOfConvertedTensorsOnly) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  constexpr uint64_t kW = 1024, kX = 4096;  // elements
+  std::vector<float> w(kW, 1.5f);
+  std::vector<uint8_t> x(kX, 7);
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_gpu, cuda::testing::Upload(w));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_gpu, cuda::testing::Upload(x));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w_dst, cuda::DeviceBuffer::Allocate(kW * 2));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer x_dst, cuda::DeviceBuffer::Allocate(kX));
+  const Device gpu{Device::Kind::kCUDA, 0};
+  const std::vector<NamedTensor> dst = {
+      {"w", {w_dst.data(), DType::kBFloat16, {static_cast<int64_t>(kW)}, gpu}},
+      {"x", {x_dst.data(), DType::kUInt8, {static_cast<int64_t>(kX)}, gpu}}};
+  for (const bool gpu_publisher : {false, true}) {
+    PublisherOptions po;
+    po.endpoint = testing::UniqueEndpoint("gpuconv");
+    po.timeout = std::chrono::milliseconds(10000);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Publisher> pub, Publisher::Create(po));
+    if (gpu_publisher) {
+      ASSERT_OK(
+          pub->Register({{"w", {w_gpu.data(), DType::kFloat32, {static_cast<int64_t>(kW)}, gpu}},
+                         {"x", {x_gpu.data(), DType::kUInt8, {static_cast<int64_t>(kX)}, gpu}}}));
+    } else {
+      ASSERT_OK(pub->Register({{"w", {w.data(), DType::kFloat32, {static_cast<int64_t>(kW)}}},
+                               {"x", {x.data(), DType::kUInt8, {static_cast<int64_t>(kX)}}}}));
+    }
+    ASSERT_OK(pub->Publish(1).status());
+    for (UpdateMode mode : {UpdateMode::kInPlace, UpdateMode::kStaged}) {
+      const std::string row = std::string(gpu_publisher ? "cuda-ipc" : "host-to-gpu") +
+                              (mode == UpdateMode::kInPlace ? ", in place" : ", staged");
+      ASSERT_OK(cuda::MemsetDevice(w_dst.data(), 0xFF, w_dst.size()));
+      SubscriberOptions so;
+      so.endpoint = pub->endpoint();
+      so.mode = mode;
+      so.convert_dtypes = true;
+      so.verify = true;
+      so.timeout = std::chrono::milliseconds(10000);
+      const int64_t baseline = ReadLedger().staging_bytes;
+      auto sub = testing::NewSubscriber(so, dst);
+      ASSERT_NE(sub, nullptr) << row;
+      ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+      EXPECT_EQ(stats.path, gpu_publisher ? "cuda-ipc" : "host-to-gpu") << row;
+      if (mode == UpdateMode::kStaged) {
+        EXPECT_GE(stats.staging_bytes, kW * 4 + kX) << row << ": both tensors' published bytes";
+      } else if (gpu_publisher) {
+        EXPECT_EQ(stats.staging_bytes, 0u) << row << ": converted from the mapped arena";
+      } else {
+        EXPECT_GE(stats.staging_bytes, kW * 4) << row << ": the landing of 'w'";
+        EXPECT_LT(stats.staging_bytes, kW * 4 + kX) << row << ": 'x' lands in place";
+      }
+      EXPECT_EQ(static_cast<int64_t>(stats.staging_bytes), ReadLedger().staging_bytes - baseline)
+          << row;
+      ASSERT_OK_AND_ASSIGN(std::vector<uint16_t> got,
+                           cuda::testing::Download<uint16_t>(w_dst.data(), kW));
+      EXPECT_EQ(got.front(), 0x3FC0) << row << ": 1.5 in bfloat16";
+      EXPECT_EQ(got.back(), 0x3FC0) << row;
+      ASSERT_OK(sub->Close());
+      EXPECT_EQ(ReadLedger().staging_bytes, baseline) << row;
+    }
+    ASSERT_OK(pub->Close());
+  }
+}
+
 }  // namespace
 }  // namespace weightsync

@@ -8,6 +8,10 @@
 // Prepared at Freeze: the pieces of every bucket (which bytes of which tensor land where in it),
 // cut at the bucket's edges and into pieces small enough to share among the workers. A fill only
 // runs them.
+//
+// Over tcp (StoreLayout::local_readers false) no bucket is allocated: the session sends the
+// version from the tensors themselves and the socket bounds what is in flight. The Welcome keeps
+// the ring's geometry (the cut of the version into buckets), with nothing mapped behind it.
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -52,11 +56,13 @@ class HostRingStore final : public VersionStore {
   uint64_t copy_bytes() const override { return 0; }
   uint64_t held_bytes() const override { return arena_ ? arena_->arena_bytes() : 0; }  // the ring
   std::string Describe() const override {
+    const std::string where =
+        arena_ ? " bytes in host memory (" : " bytes, none allocated: tcp sends the tensors (";
     return "a ring of " + std::to_string(ring_slots_) + " buckets of " +
-           std::to_string(arena_ ? arena_->slot_bytes() : 0) + " bytes in host memory (" +
-           std::to_string(version_buckets_) + " buckets a version), " +
-           std::to_string(segments_.size()) + " segments hashed in place, " +
-           std::to_string(workers_ ? workers_->size() : 0) + " threads";
+           std::to_string(bucket_bytes_) + where + std::to_string(version_buckets_) +
+           " buckets a version), " + std::to_string(segments_.size()) +
+           " segments hashed in place, " + std::to_string(workers_ ? workers_->size() : 0) +
+           " threads";
   }
   Status Close() override {
     util::MutexLock lock(&work_mu_);
@@ -108,6 +114,7 @@ class HostRingStore final : public VersionStore {
   uint32_t digest_count_ = 0;
   uint32_t version_buckets_ = 0;
   uint32_t ring_slots_ = 0;
+  uint64_t bucket_bytes_ = 0;
 };
 
 Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
@@ -117,10 +124,13 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
                       PlanRing(layout, [] { return Result<uint64_t>(FreeHostBytes()); }));
   const uint64_t bucket = ring.bucket_bytes;
   const uint32_t buckets = ring.buckets;
-  // The pieces of every bucket, in bucket order.
-  std::vector<std::vector<Piece>> by_bucket(buckets);
+  // The pieces of every bucket, in bucket order (none without buckets).
+  std::vector<std::vector<Piece>> by_bucket(layout.local_readers ? buckets : 0);
   std::vector<plan::RingPiece> cut;
-  for (const PublishedTensor& t : layout.tensors) {
+  const std::span<const PublishedTensor> filled =
+      layout.local_readers ? std::span<const PublishedTensor>(layout.tensors)
+                           : std::span<const PublishedTensor>();
+  for (const PublishedTensor& t : filled) {
     if (t.alias_of >= 0) continue;  // a tied tensor's bytes are its original's
     cut.clear();
     plan::CutAtBuckets(t.placement.offset, t.placement.spec.nbytes, bucket, kPieceBytes, &cut);
@@ -135,23 +145,27 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
     tasks.push_back({layout.tensors[s.tensor].source + s.offset, s.bytes, s.digest});
   }
   // Its own memfd, sized for the ring alone (the address space it reserves is the ring's).
-  WS_ASSIGN_OR_RETURN(std::unique_ptr<HostArena> arena,
-                      HostArena::Create(name_ + "-ring", bucket * layout.ring_slots + (1 << 20)));
-  WS_RETURN_IF_ERROR(arena->Freeze(bucket, layout.ring_slots));
-  if (arena->slot_bytes() != bucket) {
-    return Status::Internal("ring arena slots of ", arena->slot_bytes(), " bytes, buckets of ",
-                            bucket);
+  std::unique_ptr<HostArena> arena;
+  if (layout.local_readers) {
+    WS_ASSIGN_OR_RETURN(arena,
+                        HostArena::Create(name_ + "-ring", bucket * layout.ring_slots + (1 << 20)));
+    WS_RETURN_IF_ERROR(arena->Freeze(bucket, layout.ring_slots));
+    if (arena->slot_bytes() != bucket) {
+      return Status::Internal("ring arena slots of ", arena->slot_bytes(), " bytes, buckets of ",
+                              bucket);
+    }
   }
   welcome->arena_kind = wire::ArenaKind::kHostRing;
   welcome->device = -1;
   welcome->digest_kind = wire::DigestKind::kXxh3;
   welcome->segment_bytes = layout.segment_bytes;
   welcome->slot_count = layout.ring_slots;
-  welcome->arena_bytes = arena->arena_bytes();
+  // Without buckets the geometry alone: slots from offset 0, nothing behind them.
+  welcome->arena_bytes = arena ? arena->arena_bytes() : bucket * layout.ring_slots;
   welcome->direct_offset = 0;
   welcome->direct_bytes = 0;
-  welcome->slots_offset = arena->slots_offset();
-  welcome->slot_bytes = arena->slot_bytes();
+  welcome->slots_offset = arena ? arena->slots_offset() : 0;
+  welcome->slot_bytes = bucket;
   welcome->version_buckets = static_cast<uint32_t>(buckets);
   welcome->tensors.clear();
   for (const PublishedTensor& t : layout.tensors) welcome->tensors.push_back(t.placement);
@@ -166,6 +180,7 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   digest_count_ = segments.digest_count;
   version_buckets_ = static_cast<uint32_t>(buckets);
   ring_slots_ = layout.ring_slots;
+  bucket_bytes_ = bucket;
   return Status::Ok();
 }
 
@@ -182,6 +197,11 @@ Status HostRingStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests, vo
 Status HostRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   util::MutexLock lock(&work_mu_);
   if (!workers_) return Status::FailedPrecondition("ring store is closed");
+  if (!arena_) {
+    return Status::FailedPrecondition("bucket ", bucket,
+                                      ": this ring publisher serves tcp, which sends the version "
+                                      "from the tensors; it holds no buckets to fill");
+  }
   if (bucket >= version_buckets_ || slot != bucket % ring_slots_) {
     return Status::InvalidArgument("bucket ", bucket, " into slot ", slot, ": the ring has ",
                                    version_buckets_, " buckets a version and ", ring_slots_,

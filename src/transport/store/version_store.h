@@ -46,6 +46,10 @@ struct StoreLayout {
   // GPU ring: how long a fill may take (the publisher's timeout); past it the GPU is taken to be
   // wedged and the readers waiting on the fill are failed.
   std::chrono::milliseconds fill_wait{60000};
+  // Whether subscribers may map the store (a local:// publisher). Over tcp the session sends a
+  // ring publisher's version straight from the registered tensors, so the host ring allocates no
+  // buckets there (the Welcome still carries the ring's geometry, which cuts the version).
+  bool local_readers = true;
 };
 
 // A ring's bucket when none is asked for: a quarter of `free_bytes` spread over the ring's

@@ -1,7 +1,8 @@
 // The host ring store (host_ring_store.cc) on its own, over a real memfd: a fill puts exactly the
 // version's bytes [b × bucket, (b + 1) × bucket) into its slot, tensors cut at bucket edges; a
 // fill outside the ring, a ring of one bucket, and a version needing more than kMaxVersionBuckets
-// buckets are refused naming the numbers.
+// buckets are refused naming the numbers. Without local readers (a tcp publisher) it allocates no
+// bucket: the same geometry and digests, nothing to fill.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "plan/plan.h"
 #include "testing/test_util.h"
 #include "transport/store/version_store.h"
 
@@ -83,6 +85,34 @@ TEST_F(HostRingStoreTest, AFillOutsideTheRingIsRefusedNamingIt) {
   EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(0, 2), "bucket 0 into slot 2");
   EXPECT_STATUS_IS(kInvalidArgument, store_->FillBucket(1, 0), "bucket 1 into slot 0",
                    "bucket b in slot b % 2");
+}
+
+// A tcp publisher's ring (no local readers): the same geometry in the Welcome, nothing allocated,
+// the digests still those of the tensors, and a fill refused naming why.
+TEST_F(HostRingStoreTest, WithoutLocalReadersNoBucketIsAllocated) {
+  wire::Welcome mapped;
+  ASSERT_OK(store_->Freeze(layout_, &mapped));
+  std::vector<uint64_t> want(store_->digest_count());
+  ASSERT_OK(store_->Publish(0, want, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
+  ASSERT_OK_AND_ASSIGN(auto tcp, NewHostRingStore(testing::UniqueEndpoint("ring-store-tcp")));
+  layout_.local_readers = false;
+  wire::Welcome welcome;
+  ASSERT_OK(tcp->Freeze(layout_, &welcome));
+  EXPECT_EQ(tcp->held_bytes(), 0u);
+  EXPECT_EQ(tcp->fd(), -1);
+  EXPECT_EQ(tcp->base(), nullptr);
+  EXPECT_EQ(welcome.version_buckets, mapped.version_buckets);
+  EXPECT_EQ(welcome.slot_bytes, kBucket);
+  EXPECT_EQ(welcome.slot_count, 2u);
+  EXPECT_EQ(welcome.slots_offset, 0u);
+  EXPECT_EQ(welcome.arena_bytes, 2 * kBucket) << "the geometry, nothing behind it";
+  EXPECT_OK(plan::ValidateLayout(welcome));
+  std::vector<uint64_t> got(tcp->digest_count());
+  ASSERT_OK(tcp->Publish(0, got, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
+  EXPECT_EQ(got, want);
+  EXPECT_STATUS_IS(kFailedPrecondition, tcp->FillBucket(0, 0), "serves tcp",
+                   "holds no buckets to fill");
+  EXPECT_NE(tcp->Describe().find("none allocated"), std::string::npos) << tcp->Describe();
 }
 
 TEST_F(HostRingStoreTest, ARingOfOneBucketIsRefused) {
