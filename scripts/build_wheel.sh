@@ -40,7 +40,10 @@ if ! command -v ccache >/dev/null; then
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ccache \
       >/dev/null; } || say "no ccache: every interpreter compiles everything"
 fi
-defines=(-Ccmake.define.WS_STATIC_DEPS=ON -Ccmake.define.WS_CUDA="${WS_CUDA:-ON}")
+# The system linker, as manylinux toolchains use: auditwheel's patchelf then edits a layout it
+# is known to handle (lld only speeds up the many test links of the other builds).
+defines=(-Ccmake.define.WS_STATIC_DEPS=ON -Ccmake.define.WS_CUDA="${WS_CUDA:-ON}"
+         -Ccmake.define.WS_USE_LLD=OFF)
 if [ -n "${WS_CUDA_ARCHITECTURES:-}" ]; then
   defines+=(-Ccmake.define.WS_CUDA_ARCHITECTURES="$WS_CUDA_ARCHITECTURES")
 fi
