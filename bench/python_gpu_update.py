@@ -17,6 +17,12 @@ cuda:1 when two GPUs exist (--dst), else on the same GPU. Rows (--rows picks som
              --mode, default in_place); steady median and first update; Python allocations per
              steady update (tracemalloc and sys.getallocatedblocks: the target is 0); a last
              update with verify=True checks the bytes (GPU digests)
+  zerocopy   the python row with PublisherOptions.zero_copy: the trainer's torch tensors are the
+             published version (no arena; each update reads them in place), from PyTorch's caching
+             allocator as it comes (cudaMalloc segments, shared by CUDA IPC handles)
+  zerocopy_expandable
+             the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trainer's
+             process (cuMem chunks, shared by fd); the row checks the segments are expandable
   cpp        the same transfer through the C++ bench binary (BUILD/bench/ws_gpu_update --only
              model, same scale, steps, mode, devices): Python's ratio to it (target <= 1.03)
   torch_ipc  PyTorch CUDA IPC as colocated RL stacks move weights (SGLang's
@@ -54,7 +60,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from model_shapes import model_shapes, total_bytes  # noqa: E402
 
-ROWS = ("limit", "python", "cpp", "torch_ipc", "nccl", "ckpt")
+ROWS = ("limit", "python", "zerocopy", "zerocopy_expandable", "cpp", "torch_ipc", "nccl", "ckpt")
+# The trainer's memory of each publisher row: (PublisherOptions.zero_copy, expandable segments).
+PUBLISHER_ROWS = {"python": (False, False), "zerocopy": (True, False),
+                  "zerocopy_expandable": (True, True)}
 CKPT_ARGS = "--bucket-gb 8 --updates 4 --keep-pg --e2e-gpu-src --budget-s 150"
 
 
@@ -82,6 +91,7 @@ def parse_args(argv=None):
                          "memory (shared memory), the others skipped; use a small --scale")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 16:
         ap.error(f"--scale {args.scale}: must be in (0, 16]")
@@ -150,6 +160,17 @@ def table(results):
         out.append(f"{'  of which inside the library (UpdateStats.seconds; copy)':<62} "
                    f"{_fmt_ms(ws['library_median_s']):>10} {_fmt_ms(ws['copy_median_s']):>8}  "
                    f"binding + Python {1e3 * (ws_s - ws['library_median_s']):.2f} ms")
+    for row, label in (("zerocopy", "zero-copy, caching allocator (cudaMalloc)"),
+                       ("zerocopy_expandable", "zero-copy, expandable segments (cuMem)")):
+        r = results.get(row)
+        line(f"Python, {label}", r, slower)
+        if r and not r.get("skipped"):
+            out.append(f"{'  trainer memory for versions (PublishStats.store_bytes); first':<62} "
+                       f"{r.get('trainer_store_bytes', 0) / 2**20:>8.0f} MiB "
+                       f"{_fmt_ms(r.get('first_update_s')):>6} ms")
+    if ws and not ws.get("skipped") and ws.get("trainer_store_bytes") is not None:
+        out.append(f"{'  arena publisher: trainer memory for versions (store_bytes)':<62} "
+                   f"{ws['trainer_store_bytes'] / 2**20:>8.0f} MiB")
     cpp = results.get("cpp")
     line("weightsync C++ (ws_gpu_update, the same transfer)", cpp,
          lambda s: f"Python {100 * (ws_s / s - 1):+.1f}% vs C++ (target <= +3%)")
@@ -243,14 +264,18 @@ def run_publisher(args):
     g = torch.Generator(device=dev).manual_seed(0)
     tensors = {n: torch.empty(s, dtype=torch.bfloat16, device=dev).normal_(generator=g)
                for n, s in model_shapes(args.scale)}
-    with weightsync.Publisher(args.endpoint, timeout=120) as pub:
+    expandable = 0
+    if dev.type == "cuda":  # every segment of the caching allocator an expandable one
+        segments = torch.cuda.memory_snapshot()
+        expandable = int(bool(segments) and all(x.get("is_expandable") for x in segments))
+    with weightsync.Publisher(args.endpoint, timeout=120, zero_copy=args.zero_copy) as pub:
         pub.register(tensors)
-        print("ready", pub.endpoint, flush=True)
+        print("ready", pub.endpoint, expandable, flush=True)
         for line in sys.stdin:
             faulthandler.dump_traceback_later(120, exit=True)
             step = int(line.split()[1])
-            stats = pub.publish(step)
-            print("ok", step, stats.seconds, flush=True)
+            stats = pub.publish(step)  # a zero-copy publish first waits for the last readers
+            print("ok", step, stats.seconds, stats.store_bytes, flush=True)
             faulthandler.cancel_dump_traceback_later()
     return 0
 
@@ -280,28 +305,38 @@ def row_limit(args, torch, nbytes):
             "bytes": nbytes, "seconds": median(times), "min_s": min(times)}
 
 
-def row_python(args, torch, shapes, nbytes):
+def row_python(args, torch, shapes, nbytes, row="python"):
     import weightsync
 
+    zero_copy, expandable = PUBLISHER_ROWS[row]
     dev = device(torch, args, args.dst)
     dst = {n: torch.empty(s, dtype=torch.bfloat16, device=dev) for n, s in shapes}
-    endpoint = f"local://ws-py-gpu-bench-{os.getpid()}"
+    endpoint = f"local://ws-py-gpu-bench-{os.getpid()}-{row}"
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if expandable:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     child = LineChild([sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--role",
                        "publisher", "--endpoint", endpoint, "--scale", repr(args.scale), "--src",
-                       str(args.src)] + (["--cpu"] if args.cpu else []), timeout=args.row_timeout)
+                       str(args.src)] + (["--cpu"] if args.cpu else []) +
+                      (["--zero-copy"] if zero_copy else []), timeout=args.row_timeout, env=env)
     try:
-        ready = child.readline()
-        assert ready.startswith("ready "), ready
-        sub = weightsync.Subscriber(ready.split()[1], mode=args.mode, timeout=120)
+        ready = child.readline().split()
+        assert ready[0] == "ready", ready
+        if ready[2] != str(int(expandable)):
+            raise RuntimeError(f"the trainer's segments: expandable={ready[2]}, the row needs "
+                               f"{int(expandable)}")
+        sub = weightsync.Subscriber(ready[1], mode=args.mode, timeout=120)
         sub.register(dst)
-        step, steady, publish, first, path = 0, [], [], None, None
+        step, steady, publish, first, path, store_bytes = 0, [], [], None, None, None
         inside, copying = [], []  # the library's own UpdateStats: where a Python gap is
 
         def one():
-            nonlocal step
+            nonlocal step, store_bytes
             step += 1
             answer = child.ask(f"publish {step}").split()
             assert answer[:2] == ["ok", str(step)], answer
+            store_bytes = int(answer[3])
             t0 = time.perf_counter()
             stats = sub.update(step)
             return time.perf_counter() - t0, float(answer[2]), stats
@@ -338,6 +373,8 @@ def row_python(args, torch, shapes, nbytes):
         path = ("shm (--cpu), " + args.mode if args.cpu else
                 "cuda-ipc, " + args.mode + (f", cuda:{args.src} -> cuda:{args.dst}"
                                             if args.src != args.dst else ", one GPU"))
+        path += {"python": "", "zerocopy": ", zero-copy", "zerocopy_expandable":
+                 ", zero-copy from expandable segments"}[row]
         sub.close()
     finally:
         child.close()
@@ -345,7 +382,8 @@ def row_python(args, torch, shapes, nbytes):
     del dst
     if not args.cpu:
         torch.cuda.empty_cache()
-    return {"what": "weightsync_python", "path": path, "mode": args.mode, "bytes": nbytes,
+    return {"what": "weightsync_python", "row": row, "path": path,
+            "trainer_store_bytes": store_bytes, "trainer_expandable_segments": expandable, "mode": args.mode, "bytes": nbytes,
             "tensors": len(shapes), "first_update_s": first, "seconds": median(steady),
             "min_s": min(steady), "publish_median_s": median(publish),
             "library_median_s": median(inside), "copy_median_s": median(copying),
@@ -535,7 +573,7 @@ def main(argv=None):
     status = weightsync.cuda_status()
     if args.cpu:
         gpus, args.dst, name = 0, args.src, "no GPU (--cpu)"
-        args.rows = [r for r in args.rows if r in ("limit", "python")]
+        args.rows = [r for r in args.rows if r in ("limit", "python")]  # zero-copy: CUDA only
     elif not status or not torch.cuda.is_available():
         print(f"python_gpu_update: needs a CUDA device ({status.reason or 'torch sees none'}); "
               "--cpu checks the script without one", file=sys.stderr)
@@ -560,8 +598,8 @@ def main(argv=None):
         try:
             if row == "limit":
                 r = row_limit(args, torch, nbytes)
-            elif row == "python":
-                r = row_python(args, torch, shapes, nbytes)
+            elif row in PUBLISHER_ROWS:
+                r = row_python(args, torch, shapes, nbytes, row)
             elif row == "cpp":
                 r = row_cpp(args, nbytes)
             elif row == "torch_ipc":

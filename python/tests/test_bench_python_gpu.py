@@ -69,6 +69,9 @@ def test_table(bench):
                   "seconds": 0.0080, "bytes": gb},
         "python": {"seconds": 0.0100, "bytes": gb, "path": "cuda-ipc, in_place, one GPU",
                    "tracemalloc_bytes_per_update": 0.0, "blocks_per_update": 0.0},
+        "zerocopy": {"seconds": 0.0110, "bytes": gb, "trainer_store_bytes": 8 << 20,
+                     "first_update_s": 0.124},
+        "zerocopy_expandable": {"skipped": "failed: RuntimeError: expandable=0"},
         "cpp": {"seconds": 0.0099, "bytes": gb},
         "torch_ipc": {"seconds": 0.030, "bytes": gb},
         "nccl": {"skipped": "needs two GPUs"},
@@ -83,6 +86,12 @@ def test_table(bench):
     assert "130.00x the time (slower)" in text and "50.00x the time (slower)" in text
     assert "torch.distributed NCCL broadcast" in text and "needs two GPUs" in text
     assert "1,523.1" in text  # GB/s of 15.23 GB in 10 ms
+    zero_copy = [line for line in text.splitlines() if "caching allocator (cudaMalloc)" in line]
+    assert len(zero_copy) == 1 and "1.10x the time (slower)" in zero_copy[0], text
+    assert any("store_bytes); first" in line and "8 MiB" in line and "124.0 ms" in line
+               for line in text.splitlines()), text
+    assert any("expandable segments (cuMem)" in line and "expandable=0" in line
+               for line in text.splitlines()), text
     lines = bench.table({"python": {"skipped": "failed: boom"}})
     assert any("skipped" in line and "failed: boom" in line for line in lines)
 
