@@ -21,8 +21,12 @@ struct LedgerSnapshot {
   // memory handed to the caller (weightsync::DeviceMemory, Python's allocate(device=...)) and a
   // peer's memory mapped here (mappings / mapped_bytes).
   int64_t device_bytes = 0;
-  int64_t handles = 0;           // prepared transfer handles
-  int64_t connections = 0;       // live control connections (both roles)
+  int64_t handles = 0;      // prepared transfer handles
+  int64_t connections = 0;  // live control connections (both roles)
+  // The caller's GPU allocations kept alive by weightsync: cuMem allocations a zero-copy publisher
+  // retained (cuMemRetainAllocationHandle) to export them. Their memory stays allocated until the
+  // publisher releases them (a new prepare, Close, destruction), even if the caller frees it.
+  int64_t retained_allocations = 0;
   int64_t release_failures = 0;  // cumulative: cleanups that failed (and were logged)
 
   // Compares the live counts (not the cumulative ones).

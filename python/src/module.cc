@@ -20,6 +20,7 @@ nb::dict LedgerDict() {
   d["device_bytes"] = s.device_bytes;
   d["handles"] = s.handles;
   d["connections"] = s.connections;
+  d["retained_allocations"] = s.retained_allocations;
   d["release_failures"] = s.release_failures;
   return d;
 }

@@ -636,6 +636,7 @@ Result<RetainedChunk> RetainedChunk::Retain(const VmmChunk& chunk) {
         "cuMemRetainAllocationHandle");
   RetainedChunk r;
   r.handle_ = handle;
+  LedgerAdd(LedgerItem::kRetainedAllocations, 1);
   return std::move(r);
 }
 
@@ -664,6 +665,8 @@ Result<util::UniqueFd> RetainedChunk::ExportFd() const {
 
 Status RetainedChunk::Close() {
   if (handle_ == 0) return Status::Ok();
+  // Not held past here either way: a failed release cannot be retried with a forgotten handle.
+  LedgerAdd(LedgerItem::kRetainedAllocations, -1);
   const CUresult r = GetDriver().MemRelease(std::exchange(handle_, 0));
   if (r == CUDA_SUCCESS) return Status::Ok();
   LedgerAdd(LedgerItem::kReleaseFailures, 1);

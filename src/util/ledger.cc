@@ -33,6 +33,7 @@ LedgerSnapshot ReadLedger() {
   s.device_bytes = get(LedgerItem::kDeviceBytes);
   s.handles = get(LedgerItem::kHandles);
   s.connections = get(LedgerItem::kConnections);
+  s.retained_allocations = get(LedgerItem::kRetainedAllocations);
   s.release_failures = get(LedgerItem::kReleaseFailures);
   return s;
 }
@@ -41,7 +42,8 @@ bool LedgerSnapshot::SameLiveCounts(const LedgerSnapshot& o) const {
   return fds == o.fds && segments == o.segments && mappings == o.mappings &&
          mapped_bytes == o.mapped_bytes && threads == o.threads &&
          staging_bytes == o.staging_bytes && pinned_bytes == o.pinned_bytes &&
-         device_bytes == o.device_bytes && handles == o.handles && connections == o.connections;
+         device_bytes == o.device_bytes && handles == o.handles && connections == o.connections &&
+         retained_allocations == o.retained_allocations;
 }
 
 std::string LedgerSnapshot::ToString() const {
@@ -50,6 +52,7 @@ std::string LedgerSnapshot::ToString() const {
      << " mapped_bytes=" << mapped_bytes << " threads=" << threads
      << " staging_bytes=" << staging_bytes << " pinned_bytes=" << pinned_bytes
      << " device_bytes=" << device_bytes << " handles=" << handles << " connections=" << connections
+     << " retained_allocations=" << retained_allocations
      << " release_failures=" << release_failures;
   return os.str();
 }

@@ -18,6 +18,7 @@ enum class LedgerItem {
   kDeviceBytes,
   kHandles,
   kConnections,
+  kRetainedAllocations,
   kReleaseFailures,
   kCount
 };

@@ -247,6 +247,36 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
                    "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
 }
 
+// A zero-copy publisher keeps the trainer's cuMem chunks alive while it shares them: the ledger
+// counts each chunk it retained once (later publishes retain nothing more), and Close gives every
+// one back, so the trainer's free of that memory really frees it.
+TEST(ZeroCopyRetained, EveryRetainedChunkIsInTheLedgerUntilClose) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  const LedgerSnapshot before = ReadLedger();
+  ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation memory, cuda::ChunkedAllocation::Create(0, 8 << 20));
+  ASSERT_GE(memory.chunks(), 2u) << "a tensor across several chunks";
+  PublisherOptions o;
+  o.endpoint = testing::UniqueEndpoint("zc-retained");
+  o.zero_copy = true;
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  const int64_t elements = static_cast<int64_t>(memory.size() / 4);
+  ASSERT_OK(pub->Register(
+      {{"w", {memory.data(), DType::kFloat32, {elements}, {Device::Kind::kCUDA, 0}}}}));
+  EXPECT_EQ(ReadLedger().retained_allocations, before.retained_allocations) << "nothing yet";
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_OK(pub->Publish(step));
+    EXPECT_EQ(ReadLedger().retained_allocations,
+              before.retained_allocations + static_cast<int64_t>(memory.chunks()))
+        << "step " << step;
+  }
+  ASSERT_OK(pub->Close());
+  EXPECT_EQ(ReadLedger().retained_allocations, before.retained_allocations);
+  ASSERT_OK(memory.Close());
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(before, &last)) << last.ToString();
+}
+
 // A publisher's chunk sizes are its word: a chunk smaller than claimed must fail at the import's
 // mapping (the driver's check), not fault a later copy; the claimed size mapped, the memory reads
 // back what the owner wrote.

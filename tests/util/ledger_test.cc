@@ -32,6 +32,8 @@ constexpr Field kFields[] = {
     {LedgerItem::kDeviceBytes, &LedgerSnapshot::device_bytes, "device_bytes", true},
     {LedgerItem::kHandles, &LedgerSnapshot::handles, "handles", true},
     {LedgerItem::kConnections, &LedgerSnapshot::connections, "connections", true},
+    {LedgerItem::kRetainedAllocations, &LedgerSnapshot::retained_allocations,
+     "retained_allocations", true},
     {LedgerItem::kReleaseFailures, &LedgerSnapshot::release_failures, "release_failures", false},
 };
 
