@@ -3,7 +3,7 @@
 # fail is caught:
 #   format          every C++ source and header is clang-format clean (.clang-format: Google base,
 #                   100 columns); canary .ci/canaries/misformatted.cc
-#   thread-safety   the library, tests and CLI built with clang -Wthread-safety -Werror: every
+#   thread-safety   the library, tests and CLI parsed by clang -Wthread-safety -Werror: every
 #                   WS_GUARDED_BY member touched with its mutex held (src/util/mutex.h); canary
 #                   .ci/canaries/thread_safety_violation.cc
 #
@@ -53,13 +53,14 @@ if [ "$which" = thread-safety ] || [ "$which" = all ]; then
     fail "canary thread_safety_violation.cc compiled: the thread-safety check proves nothing"
   fi
   log "canary thread_safety_violation.cc failed to compile as it must"
-  # Build type None: no -O, no -g. The analysis runs in clang's front end, so optimizing and
-  # writing debug info would only cost time (this build is never run, except the test binaries'
-  # listing that gtest_discover_tests does).
+  # The analysis runs in clang's front end: every compile command of the configured build (library,
+  # tests, CLI, benchmarks) runs with -fsyntax-only, as the canary above does. Objects, links and
+  # the test binaries' listing would only cost time; build type None keeps -O and -g out.
   cmake -S . -B "$TSA_BUILD" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWS_CUDA=OFF \
-        -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" >/dev/null
-  cmake --build "$TSA_BUILD" -j"$JOBS"
-  log "thread-safety: library, tests and CLI build clean"
+        -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+        >/dev/null
+  python3 scripts/syntax_check.py "$TSA_BUILD" "$JOBS" || fail "thread-safety errors above"
+  log "thread-safety: library, tests, CLI and benchmarks clean"
 fi
 exit
 }

@@ -19,6 +19,10 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 JOBS=${JOBS:-2}
 say() { echo "python_test: $*"; }
+# How long each part took, printed at the end (CI reads where the stage's time goes).
+t0=$SECONDS
+parts=()
+lap() { parts+=("$1 $((SECONDS - t0)) s"); t0=$SECONDS; }
 
 # 1. The venv module. Debian's python3 ships it separately (python3-venv); pyenv builds have it.
 if ! "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null; then
@@ -40,6 +44,7 @@ else
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
 fi
+lap venv
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 
@@ -56,6 +61,7 @@ for fw in ${FRAMEWORKS-torch jax[cpu] paddlepaddle transformers}; do
     "${PIP[@]}" install "$fw" || say "$fw not installed; its tests will skip"
 done
 
+lap "dependencies"
 # vLLM for the engine tests (scripts/install_vllm.sh). CI (WS_REQUIRE_VLLM=1, .ci/run) fails here
 # rather than letting those tests skip.
 bash scripts/install_vllm.sh "$PY" "${VLLM-0.33.0}"
@@ -65,16 +71,28 @@ if [ "${WS_REQUIRE_VLLM:-0}" = 1 ] &&
   exit 1
 fi
 
+lap vllm
 # 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
-say "building the extension (pip install .)"
-CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "${PIP[@]}" install --no-build-isolation --no-deps .
+# Through ccache (scripts/install_deps.sh installs it): CI's wheel stage then builds its wheels
+# from these objects (the library's compile commands are the same, docs/ci.md), and a second
+# make test on a new clone recompiles nothing.
+launchers=()
+if command -v ccache >/dev/null; then
+  for lang in C CXX CUDA; do launchers+=("-Ccmake.define.CMAKE_${lang}_COMPILER_LAUNCHER=ccache"); done
+fi
+say "building the extension (pip install .${launchers:+, through ccache})"
+CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "${PIP[@]}" install --no-build-isolation --no-deps \
+  "${launchers[@]}" .
 
+lap "extension build"
 # 5. Tests. Run from the repo root so `import weightsync` finds the installed package, never the
 # source folder python/weightsync (which has no compiled extension).
 set +e
 "$PY" -m pytest python/tests -q -p no:cacheprovider "$@"
 rc=$?
 set -e
+lap tests
+say "took: ${parts[*]}"
 if [ $rc -eq 5 ]; then
   say "pytest collected no tests: treating as a failure"
   exit 1
