@@ -107,6 +107,17 @@ def test_without_a_gpu_it_says_so():
     assert out.returncode == 2 and "needs a CUDA device" in out.stderr, out.stderr
 
 
+def test_ipc_read_probe_without_a_gpu_says_so():
+    """bench/ipc_read_probe.py needs a GPU: without one it says so and exits 2, measuring nothing."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe would run")
+    out = subprocess.run([sys.executable, str(BENCH / "ipc_read_probe.py"), "--gib", "0.01"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs a CUDA device" in out.stderr, out.stderr
+    assert out.stdout == "", out.stdout
+
+
 def test_cpu_harness_run(tmp_path):
     """--cpu: the limit and python rows over host memory, end to end (child publisher, table,
     JSON), so this script's own plumbing is checked without a GPU."""
