@@ -6,8 +6,9 @@
 #      then scripts/wheel_smoke.py with the Debian libraries the wheels were built against hidden
 #      (libxxhash, libcrypto, libssl bind-mounted over by /dev/null in a private mount namespace;
 #      needs root and unshare, run unhidden with a note otherwise)
-#   3. for python3's wheel: pytest python/tests against the installed wheel (never the source
-#      folder or the source build), in make test's .venv with the wheel first on PYTHONPATH, or,
+#   3. for python3's wheel: pytest python/tests but the tests marked slow, against the installed
+#      wheel (never the source folder or the source build), in make test's .venv with the wheel
+#      first on PYTHONPATH, or,
 #      without a .venv, in a fresh venv with pytest, ml_dtypes, WHEEL_FRAMEWORKS (default: torch
 #      transformers) and vLLM (scripts/install_vllm.sh; VLLM="" skips it)
 # Prints how long each part took.
@@ -82,7 +83,10 @@ case "$from" in
   *) say "FAIL: weightsync imports from $from, not the wheel"; exit 1 ;;
 esac
 t_venv=$((SECONDS - t0 - t_build - t_smoke))
-# From the repository root: python/weightsync (no extension) is not on sys.path there.
-"$PY" -m pytest python/tests -q -p no:cacheprovider "$@"
+# From the repository root: python/weightsync (no extension) is not on sys.path there. Tests
+# marked slow (pyproject.toml) are left out: seconds of behaviour each (an RSS slope over 100,000
+# updates, killed and stalled publishers, the examples) that make test ran minutes ago on the same
+# compiled objects (scripts/python_test.sh builds through ccache, the wheel's objects are its).
+"$PY" -m pytest python/tests -q -p no:cacheprovider -m "not slow" "$@"
 say "wheels ${t_build} s, smoke tests ${t_smoke} s, test venv ${t_venv} s," \
     "tests $((SECONDS - t0 - t_build - t_smoke - t_venv)) s, in all $((SECONDS - t0)) s"

@@ -118,6 +118,7 @@ def test_ipc_read_probe_without_a_gpu_says_so():
     assert out.stdout == "", out.stdout
 
 
+@pytest.mark.slow
 def test_cpu_harness_run(tmp_path):
     """--cpu: the limit and python rows over host memory, end to end (child publisher, table,
     JSON), so this script's own plumbing is checked without a GPU."""

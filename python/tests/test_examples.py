@@ -36,12 +36,14 @@ def test_numpy_example(endpoint, style):
     assert "at step   4" in out
 
 
+@pytest.mark.slow
 def test_torch_example(endpoint):
     pytest.importorskip("torch")
     out = run_pair("torch", endpoint)
     assert "addresses unchanged" in out
 
 
+@pytest.mark.slow
 def test_torch_gpu_rl_example_on_the_cpu(endpoint):
     """examples/torch_gpu_rl with --device cpu and a tiny config: the engine's logits equal the
     trainer's bit for bit after every update (scripts/python_gpu_test.sh runs it on the GPU)."""

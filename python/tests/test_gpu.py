@@ -603,6 +603,7 @@ print(json.dumps(out), flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["staged", "in_place"])
 @pytest.mark.parametrize("device", ON)
 def test_publisher_killed_mid_transfer(endpoint, device, mode):
@@ -643,6 +644,7 @@ def test_publisher_killed_mid_transfer(endpoint, device, mode):
         assert not result["valid"], result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ON)
 def test_stalled_publisher_times_out(endpoint, device):
     """A publisher that stops answering (SIGSTOP) costs the subscriber its timeout, no more, and

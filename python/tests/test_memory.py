@@ -7,6 +7,7 @@ import time
 import tracemalloc
 
 import numpy as np
+import pytest
 
 import weightsync
 
@@ -28,6 +29,7 @@ def slope(xs, ys):
     return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
+@pytest.mark.slow
 def test_update_loop_rss_slope_and_tracemalloc(endpoint):
     model = {f"t{i}": np.arange(64, dtype=np.float32) + i for i in range(4)}
     dst = {k: np.zeros_like(v) for k, v in model.items()}

@@ -236,6 +236,7 @@ FAILED_UPDATE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_failed_update_keeps_old_weights_and_version(endpoint):
     """Staged + verify: a bit flipped after the bytes landed (fail point
     subscriber.flip_received, armed in a child process only, firing once) is caught before
