@@ -74,8 +74,8 @@ fi
 lap vllm
 # 4. The package itself. build-py/ (pyproject.toml: build-dir) keeps the CMake build.
 # Through ccache (scripts/install_deps.sh installs it): CI's wheel stage then builds its wheels
-# from these objects (the library's compile commands are the same, docs/ci.md), and a second
-# make test on a new clone recompiles nothing.
+# from these objects (the library's compile commands are the same, docs/ci.md), and a new clone
+# at the same path recompiles nothing (ccache keys on the sources' absolute paths).
 launchers=()
 if command -v ccache >/dev/null; then
   for lang in C CXX CUDA; do launchers+=("-Ccmake.define.CMAKE_${lang}_COMPILER_LAUNCHER=ccache"); done
