@@ -1,5 +1,7 @@
 #include "cuda/copy_batch.h"
 
+#include <algorithm>
+
 namespace weightsync::cuda {
 namespace {
 
@@ -107,6 +109,28 @@ void CopyBatch::Clear() {
   strided_.clear();
   strided_open_ = false;
   trail_ = 0;
+}
+
+LaneCuts CutIntoLanes(std::span<const size_t> sizes, size_t lanes) {
+  LaneCuts cuts;
+  if (sizes.empty()) return cuts;
+  lanes = std::min(lanes, kMaxCopyLanes);  // 0 lanes: one run, as 1
+  uint64_t total = 0;
+  for (size_t b : sizes) total += b;
+  // Run r ends after the copy that carries the prefix sum past r/lanes of the total; a run whose
+  // goal an earlier copy already passed would be empty and is merged away.
+  cuts.begin[0] = 0;
+  cuts.count = 0;
+  uint64_t prefix = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    prefix += sizes[i];
+    const size_t lane = cuts.count + 1;  // the run that copy i + 1 would open
+    if (lane < lanes && i + 1 < sizes.size() && prefix * lanes >= total * lane) {
+      cuts.begin[++cuts.count] = i + 1;
+    }
+  }
+  cuts.begin[++cuts.count] = sizes.size();
+  return cuts;
 }
 
 }  // namespace weightsync::cuda

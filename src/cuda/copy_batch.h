@@ -14,8 +14,10 @@
 // gave the same `span` id are combined.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace weightsync::cuda {
@@ -81,5 +83,17 @@ class CopyBatch {
   size_t trail_dst_pitch_ = 0;
   size_t trail_src_pitch_ = 0;
 };
+
+// Where the singles of a batch are cut to go out on several streams at once (CopyQueue's copy
+// lanes): at most `lanes` (1..kMaxCopyLanes) contiguous runs of about equal bytes, in order, none
+// empty. Run r is sizes[begin[r], begin[r + 1]); `count` runs. Contiguous runs keep each lane's
+// copies in the caller's prepared arrays (one cudaMemcpyBatchAsync per lane, nothing built per
+// step). A single copy larger than a lane's share makes fewer runs: copies are never split.
+inline constexpr size_t kMaxCopyLanes = 8;
+struct LaneCuts {
+  size_t count = 0;
+  std::array<size_t, kMaxCopyLanes + 1> begin{};
+};
+LaneCuts CutIntoLanes(std::span<const size_t> sizes, size_t lanes);
 
 }  // namespace weightsync::cuda

@@ -492,6 +492,10 @@ CopyQueue& CopyQueue::operator=(CopyQueue&& o) noexcept {
     event_ = std::exchange(o.event_, nullptr);
     after_event_ = std::exchange(o.after_event_, nullptr);
     device_ = std::exchange(o.device_, -1);
+    side_ = std::exchange(o.side_, {});
+    joined_ = std::exchange(o.joined_, {});
+    fork_ = std::exchange(o.fork_, nullptr);
+    side_count_ = std::exchange(o.side_count_, 0);
   }
   return *this;
 }
@@ -507,26 +511,105 @@ Status CopyQueue::Enqueue(void* dst, const void* src, uint64_t bytes) {
   return Status::Ok();
 }
 
-Status CopyQueue::EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
-                               size_t count) {
+namespace {
+
+// `count` copies on `stream` in one cudaMemcpyBatchAsync; one by one where that is unsupported.
+Status BatchOn(cudaStream_t stream, void* const* dsts, const void* const* srcs, const size_t* sizes,
+               size_t count) {
   if (count == 0) return Status::Ok();
   cudaMemcpyAttributes attr{};
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   size_t attr_index = 0;
-  cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &attr_index, 1,
-                                       static_cast<cudaStream_t>(stream_));
+  cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &attr_index, 1, stream);
   if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {
     (void)cudaGetLastError();  // clear it; copy one by one instead
-    for (size_t i = 0; i < count; ++i) WS_RETURN_IF_ERROR(Enqueue(dsts[i], srcs[i], sizes[i]));
+    for (size_t i = 0; i < count; ++i) {
+      if (sizes[i] == 0) continue;
+      WS_CUDART(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream),
+                "cudaMemcpyAsync");
+    }
     return Status::Ok();
   }
   if (e != cudaSuccess) return RuntimeError(e, "cudaMemcpyBatchAsync");
   return Status::Ok();
 }
 
+}  // namespace
+
+Status CopyQueue::EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                               size_t count) {
+  return BatchOn(static_cast<cudaStream_t>(stream_), dsts, srcs, sizes, count);
+}
+
+Status CopyQueue::EnsureLanes() {
+  if (side_count_ == side_.size()) return Status::Ok();
+  WS_RETURN_IF_ERROR(SetDevice(device_));
+  if (fork_ == nullptr) {
+    cudaEvent_t event;
+    WS_CUDART(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+              "cudaEventCreate (forking the copy lanes)");
+    fork_ = event;
+  }
+  // One lane at a time, so that a failure keeps (and Close destroys) the lanes made before it.
+  while (side_count_ < side_.size()) {
+    cudaStream_t stream;
+    WS_CUDART(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+              "cudaStreamCreate (a copy lane)");
+    cudaEvent_t event;
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        e != cudaSuccess) {
+      if (cudaError_t d = cudaStreamDestroy(stream); d != cudaSuccess) {
+        WS_LOG(WARN, "cuda-ipc") << "cleanup: "
+                                 << RuntimeError(d, "cudaStreamDestroy (a copy lane)");
+      }
+      return RuntimeError(e, "cudaEventCreate (joining a copy lane)");
+    }
+    side_[side_count_] = stream;
+    joined_[side_count_] = event;
+    ++side_count_;
+  }
+  return Status::Ok();
+}
+
+Status CopyQueue::EnqueueOnLanes(const CopyBatch& batch, const LaneCuts& cuts) {
+  WS_RETURN_IF_ERROR(EnsureLanes());
+  const auto main = static_cast<cudaStream_t>(stream_);
+  const auto fork = static_cast<cudaEvent_t>(fork_);
+  void* const* dsts = batch.dsts().data();
+  const void* const* srcs = batch.srcs().data();
+  const size_t* sizes = batch.sizes().data();
+  WS_CUDART(cudaEventRecord(fork, main), "cudaEventRecord (forking the copy lanes)");
+  // Run 0 on the queue's stream before any join: enqueued after the joins it would wait for
+  // every side lane to finish and run alone (measured: 0.92x a flat copy instead of 0.96x).
+  WS_RETURN_IF_ERROR(BatchOn(main, dsts, srcs, sizes, cuts.begin[1]));
+  for (size_t r = 1; r < cuts.count; ++r) {
+    const auto lane = static_cast<cudaStream_t>(side_[r - 1]);
+    const auto joined = static_cast<cudaEvent_t>(joined_[r - 1]);
+    if (cudaError_t e = cudaStreamWaitEvent(lane, fork, 0); e != cudaSuccess) {
+      return RuntimeError(e, "cudaStreamWaitEvent (a copy lane waiting for its fork)");
+    }
+    const size_t b = cuts.begin[r];
+    Status sent = BatchOn(lane, dsts + b, srcs + b, sizes + b, cuts.begin[r + 1] - b);
+    // Joined even when its copies did not all go out: those that did then order before what is
+    // enqueued next, and a Drain of the queue's stream covers them.
+    cudaError_t e = cudaEventRecord(joined, lane);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(main, joined, 0);
+    if (e != cudaSuccess) sent.Update(RuntimeError(e, "joining a copy lane"));
+    WS_RETURN_IF_ERROR(sent);
+  }
+  return Status::Ok();
+}
+
 Status CopyQueue::EnqueueBatch(const CopyBatch& batch) {
-  WS_RETURN_IF_ERROR(EnqueueBatch(batch.dsts().data(), batch.srcs().data(), batch.sizes().data(),
-                                  batch.sizes().size()));
+  const std::vector<size_t>& sizes = batch.sizes();
+  const LaneCuts cuts =
+      CutIntoLanes(sizes, batch.bytes() >= kLaneMinBytes ? kCopyLanes : size_t{1});
+  if (cuts.count > 1) {
+    WS_RETURN_IF_ERROR(EnqueueOnLanes(batch, cuts));
+  } else {
+    WS_RETURN_IF_ERROR(
+        EnqueueBatch(batch.dsts().data(), batch.srcs().data(), sizes.data(), sizes.size()));
+  }
   for (const StridedCopy& g : batch.strided()) {
     WS_CUDART(cudaMemcpy2DAsync(g.dst, g.dst_pitch, g.src, g.src_pitch, g.width, g.height,
                                 cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)),
@@ -567,6 +650,12 @@ Status CopyQueue::Drain() {
   if (stream_ == nullptr) return Status::Ok();
   WS_RETURN_IF_ERROR(SetDevice(device_));
   WS_CUDART(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+  // The lanes are joined into stream_ after every batch; synchronized too all the same, for a
+  // batch whose join failed (its error was returned; its copies may still run).
+  for (size_t i = 0; i < side_count_; ++i) {
+    WS_CUDART(cudaStreamSynchronize(static_cast<cudaStream_t>(side_[i])),
+              "cudaStreamSynchronize (a copy lane)");
+  }
   return Status::Ok();
 }
 
@@ -593,6 +682,16 @@ Status CopyQueue::WaitFor(void* stream) {
 
 Status CopyQueue::Close() {
   Status result;
+  for (size_t i = std::exchange(side_count_, 0); i-- > 0;) {
+    cudaError_t e = cudaStreamDestroy(static_cast<cudaStream_t>(std::exchange(side_[i], nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaStreamDestroy (a copy lane)"));
+    e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(joined_[i], nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy (a copy lane)"));
+  }
+  if (fork_ != nullptr) {
+    cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(fork_, nullptr)));
+    if (e != cudaSuccess) result.Update(RuntimeError(e, "cudaEventDestroy (copy-lane fork)"));
+  }
   if (after_event_ != nullptr) {
     cudaError_t e =
         cudaEventDestroy(static_cast<cudaEvent_t>(std::exchange(after_event_, nullptr)));

@@ -7,6 +7,7 @@
 // Host code with no CUDA headers; in a CPU-only build every call returns Unavailable.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -124,8 +125,22 @@ class ImportedAllocation {
 
 // Asynchronous copies on one non-blocking stream of `device`, completion by an event, waited for
 // with a deadline (the host polls the event, so a stuck copy is a Timeout, not a hang).
+//
+// Copy lanes: a prepared batch of at least kLaneMinBytes goes out on kCopyLanes streams at once
+// (the queue's own and kCopyLanes - 1 side streams, created at the first such batch and kept):
+// forked from the queue's stream by an event, each lane's run of copies (CutIntoLanes) in one
+// cudaMemcpyBatchAsync, joined back by events, so whatever is enqueued or waited for afterwards
+// on the queue's stream orders after all of it. Why: one stream runs its copies one after the
+// other with a gap between them; on one H200 the 339 copies of a 7B model (15.2 GB, device to
+// device) ran at 0.88x the speed of one flat copy of the same bytes on one stream, 0.92x on two
+// lanes, 0.96x on four and 0.97x on eight (bench/copy_kernel_probe.cu,
+// bench/results/copy_kernel_probe_1xh200_2026-12-0{3,4}.jsonl). Eight streams cost nothing per
+// step; no copy kernel we tried beat 0.92x (docs/gpu.md, "Copy lanes").
 class CopyQueue {
  public:
+  static constexpr size_t kCopyLanes = kMaxCopyLanes;
+  static constexpr uint64_t kLaneMinBytes = uint64_t{64} << 20;
+
   CopyQueue() = default;
   static Result<CopyQueue> Create(int device);
   CopyQueue(CopyQueue&& o) noexcept { *this = std::move(o); }
@@ -138,9 +153,11 @@ class CopyQueue {
   // arrays are the caller's, prepared once). Falls back to one call per copy where unsupported.
   Status EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
                       size_t count);
-  // A prepared batch: its singles in one EnqueueBatch call, then one cudaMemcpy2DAsync per
-  // strided copy.
+  // A prepared batch: its singles in one EnqueueBatch call per copy lane (one lane below
+  // kLaneMinBytes), then one cudaMemcpy2DAsync per strided copy.
   Status EnqueueBatch(const CopyBatch& batch);
+  // Side streams created so far (0 until a batch needed lanes; then kCopyLanes - 1).
+  size_t side_lanes() const { return side_count_; }
   // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
   Status Wait(const util::Deadline& deadline);
   // Makes `waiting_stream` (any device's) wait, on the GPU, for everything enqueued here so far.
@@ -161,6 +178,14 @@ class CopyQueue {
   void* event_ = nullptr;
   void* after_event_ = nullptr;  // recorded on another stream by WaitFor
   int device_ = -1;
+  // Copy lanes (cudaStream_t, cudaEvent_t): side streams, the fork event recorded on stream_,
+  // and one join event per side stream.
+  Status EnsureLanes();
+  Status EnqueueOnLanes(const CopyBatch& batch, const LaneCuts& cuts);
+  std::array<void*, kCopyLanes - 1> side_{};
+  std::array<void*, kCopyLanes - 1> joined_{};
+  void* fork_ = nullptr;
+  size_t side_count_ = 0;
 };
 
 // Makes `device` current on the calling thread.

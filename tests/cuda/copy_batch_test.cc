@@ -280,5 +280,60 @@ TEST(CopyBatch, ExpandsToExactlyTheCopiesAdded) {
   }
 }
 
+// The runs of CutIntoLanes, as (begin, end) pairs.
+std::vector<std::pair<size_t, size_t>> Runs(const std::vector<size_t>& sizes, size_t lanes) {
+  const LaneCuts cuts = CutIntoLanes(sizes, lanes);
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t r = 0; r < cuts.count; ++r) runs.emplace_back(cuts.begin[r], cuts.begin[r + 1]);
+  return runs;
+}
+
+using RunList = std::vector<std::pair<size_t, size_t>>;
+
+TEST(CutIntoLanes, EqualCopiesGoEvenlyIntoTheLanes) {
+  EXPECT_EQ(Runs(std::vector<size_t>(8, 10), 4), (RunList{{0, 2}, {2, 4}, {4, 6}, {6, 8}}));
+  EXPECT_EQ(Runs(std::vector<size_t>(8, 10), 1), (RunList{{0, 8}}));
+  EXPECT_EQ(Runs({}, 4), RunList{});
+}
+
+TEST(CutIntoLanes, CutsByBytesNotByCount) {
+  // Half the bytes in the first copy: it is a lane of its own, the other seven share the rest.
+  EXPECT_EQ(Runs({70, 10, 10, 10, 10, 10, 10, 10}, 2), (RunList{{0, 1}, {1, 8}}));
+  EXPECT_EQ(Runs({10, 10, 10, 10, 10, 10, 10, 70}, 2), (RunList{{0, 7}, {7, 8}}));
+}
+
+TEST(CutIntoLanes, NeverMoreRunsThanCopiesOrLanes) {
+  EXPECT_EQ(Runs({5, 5, 5}, 8), (RunList{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(Runs(std::vector<size_t>(100, 1), 0).size(), 1u);  // 0 lanes: one
+  EXPECT_EQ(Runs(std::vector<size_t>(100, 1), 1000).size(), kMaxCopyLanes);
+}
+
+// Random batches: the runs are contiguous, non-empty, in order, cover every copy, and none holds
+// more than a lane's share of the bytes plus one copy (the largest).
+TEST(CutIntoLanes, RunsCoverTheBatchAndStayBalanced) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<size_t> sizes(1 + rng() % 400);
+    for (size_t& b : sizes) b = rng() % 8 == 0 ? 1 + rng() % (1 << 30) : 1 + rng() % 4096;
+    const size_t lanes = 1 + rng() % kMaxCopyLanes;
+    const RunList runs = Runs(sizes, lanes);
+    uint64_t total = 0, largest = 0;
+    for (size_t b : sizes) total += b, largest = std::max<uint64_t>(largest, b);
+    ASSERT_FALSE(runs.empty());
+    ASSERT_LE(runs.size(), std::min(lanes, sizes.size())) << "trial " << trial;
+    EXPECT_EQ(runs.front().first, 0u);
+    EXPECT_EQ(runs.back().second, sizes.size());
+    for (size_t r = 0; r < runs.size(); ++r) {
+      ASSERT_LT(runs[r].first, runs[r].second) << "trial " << trial << " run " << r;
+      if (r > 0) {
+        ASSERT_EQ(runs[r].first, runs[r - 1].second);
+      }
+      uint64_t bytes = 0;
+      for (size_t i = runs[r].first; i < runs[r].second; ++i) bytes += sizes[i];
+      EXPECT_LE(bytes, total / lanes + 1 + largest) << "trial " << trial << " run " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weightsync::cuda

@@ -3,6 +3,7 @@
 // CopyBatch whose rows became strided (2-D) copies lands every row and nothing between them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -127,6 +128,74 @@ TEST(GpuCopyTest, AStridedBatchLandsEveryRowAndNothingBetween) {
   }
   ASSERT_OK(queue->Close());
   ASSERT_OK(pinned->Close());
+}
+
+// A batch of kLaneMinBytes or more goes out on the copy lanes: it starts only after what was
+// enqueued before it (the fork) and what is enqueued after it starts only once all of it landed
+// (the join). The batch: one fast device-to-device copy, which CutIntoLanes gives the queue's
+// own stream, then three slow copies from pinned host memory, one per side lane. Each round, on
+// the queue's stream: a slow dummy upload, then the host sources are written (a download of this
+// round's pattern) and the device source too, then the batch, then a copy of the whole destination
+// into a check buffer. Without the fork the side lanes read the host sources before they are
+// written; without the join the check copy runs right after the fast copy, long before the slow
+// ones land. Either leaves bytes of another value in the check buffer.
+TEST(GpuCopyTest, ABatchOnCopyLanesOrdersAfterWhatCameBeforeAndBeforeWhatComesAfter) {
+  WS_SKIP_WITHOUT_GPU();
+  constexpr size_t kFast = size_t{512} << 20, kSlow = size_t{128} << 20, kSlowPieces = 3;
+  constexpr size_t kHost = kSlow * kSlowPieces, kBytes = kFast + kHost;
+  static_assert(kBytes >= CopyQueue::kLaneMinBytes);
+  std::vector<uint8_t> host(kHost, 0);
+  Result<HostRegistration> pinned = HostRegistration::Register(host.data(), kHost, false);
+  ASSERT_OK(pinned);
+  Result<DeviceBuffer> pattern = DeviceBuffer::Allocate(kFast);
+  Result<DeviceBuffer> src = DeviceBuffer::Allocate(kFast);
+  Result<DeviceBuffer> scratch = DeviceBuffer::Allocate(kHost);
+  Result<DeviceBuffer> dst = DeviceBuffer::Allocate(kBytes);
+  Result<DeviceBuffer> check = DeviceBuffer::Allocate(kBytes);
+  for (auto* b : {&pattern, &src, &scratch, &dst, &check}) ASSERT_OK(*b);
+  Result<CopyQueue> queue = CopyQueue::Create(0);
+  ASSERT_OK(queue);
+  CopyBatch batch;
+  batch.Add(dst->data(), src->data(), kFast, 0);
+  for (size_t i = 0; i < kSlowPieces; ++i) {  // in reverse order: singles, never a strided copy
+    batch.Add(dst->as<uint8_t>() + kFast + (kSlowPieces - 1 - i) * kSlow, host.data() + i * kSlow,
+              kSlow, 1 + i);
+  }
+  ASSERT_EQ(batch.sizes().size(), 1 + kSlowPieces);
+  const LaneCuts cuts = CutIntoLanes(batch.sizes(), CopyQueue::kCopyLanes);
+  ASSERT_EQ(cuts.count, 1 + kSlowPieces);  // the fast copy alone on the queue's stream
+  for (uint8_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const uint8_t value = uint8_t(0xA0 + round);
+    ASSERT_OK(MemsetDevice(pattern->data(), value, kFast));
+    ASSERT_OK(MemsetDevice(dst->data(), 0x00, kBytes));
+    ASSERT_OK(DeviceSynchronize());  // the memsets ran on the legacy stream
+    ASSERT_OK(queue->Enqueue(scratch->data(), host.data(), kHost));  // the slow dummy
+    ASSERT_OK(queue->Enqueue(host.data(), pattern->data(), kHost));
+    ASSERT_OK(queue->Enqueue(src->data(), pattern->data(), kFast));
+    ASSERT_OK(queue->EnqueueBatch(batch));
+    ASSERT_OK(queue->Enqueue(check->data(), dst->data(), kBytes));
+    ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
+    EXPECT_EQ(queue->side_lanes(), CopyQueue::kCopyLanes - 1);
+    Result<std::vector<uint8_t>> out = Download<uint8_t>(check->data(), kBytes);
+    ASSERT_OK(out);
+    const auto wrong =
+        std::find_if(out->begin(), out->end(), [&](uint8_t b) { return b != value; });
+    ASSERT_EQ(wrong, out->end()) << "byte " << (wrong - out->begin()) << " is " << int(*wrong)
+                                 << ", want " << int(value);
+  }
+  ASSERT_OK(queue->Close());
+  ASSERT_OK(pinned->Close());
+  // Below kLaneMinBytes a batch stays on the queue's stream: no side stream is made.
+  Result<CopyQueue> small = CopyQueue::Create(0);
+  ASSERT_OK(small);
+  CopyBatch few;
+  few.Add(dst->data(), src->data(), 1 << 20, 0);
+  few.Add(dst->as<uint8_t>() + (2 << 20), src->data(), 1 << 20, 1);
+  ASSERT_OK(small->EnqueueBatch(few));
+  ASSERT_OK(small->Wait(util::Deadline(std::chrono::seconds(30))));
+  EXPECT_EQ(small->side_lanes(), 0u);
+  ASSERT_OK(small->Close());
 }
 
 // One launch for many copies: odd sizes and alignments, a zero-byte copy, and copies above the
