@@ -19,6 +19,8 @@
 
 namespace weightsync::cuda {
 
+class PreparedCopyGroup;  // cuda/kernels.h
+
 // Device memory on `device` from cuMemCreate (POSIX-fd exportable), mapped read-write there. In
 // the ledger as a segment, a mapping, mapped_bytes and device_bytes until Close.
 class ExportedAllocation {
@@ -154,8 +156,11 @@ class CopyQueue {
   Status EnqueueBatch(void* const* dsts, const void* const* srcs, const size_t* sizes,
                       size_t count);
   // A prepared batch: its singles in one EnqueueBatch call per copy lane (one lane below
-  // kLaneMinBytes), then one cudaMemcpy2DAsync per strided copy.
-  Status EnqueueBatch(const CopyBatch& batch);
+  // kLaneMinBytes), then one cudaMemcpy2DAsync per strided copy. `small` (optional): the copy
+  // group of the batch's small copies (SplitOffSmallCopies), prepared on this queue's stream; it
+  // is launched there right after the fork, so it runs while the side lanes copy (launched after
+  // the batch it would start only once every lane joined).
+  Status EnqueueBatch(const CopyBatch& batch, PreparedCopyGroup* small = nullptr);
   // Side streams created so far (0 until a batch needed lanes; then kCopyLanes - 1).
   size_t side_lanes() const { return side_count_; }
   // Records the event and waits until every enqueued copy (and kernel on stream()) is done.
@@ -181,7 +186,7 @@ class CopyQueue {
   // Copy lanes (cudaStream_t, cudaEvent_t): side streams, the fork event recorded on stream_,
   // and one join event per side stream.
   Status EnsureLanes();
-  Status EnqueueOnLanes(const CopyBatch& batch, const LaneCuts& cuts);
+  Status EnqueueOnLanes(const CopyBatch& batch, const LaneCuts& cuts, PreparedCopyGroup* small);
   std::array<void*, kCopyLanes - 1> side_{};
   std::array<void*, kCopyLanes - 1> joined_{};
   void* fork_ = nullptr;

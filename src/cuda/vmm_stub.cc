@@ -39,7 +39,7 @@ Status CopyQueue::Enqueue(void*, const void*, uint64_t) { return NoCuda(); }
 Status CopyQueue::EnqueueBatch(void* const*, const void* const*, const size_t*, size_t) {
   return NoCuda();
 }
-Status CopyQueue::EnqueueBatch(const CopyBatch&) { return NoCuda(); }
+Status CopyQueue::EnqueueBatch(const CopyBatch&, PreparedCopyGroup*) { return NoCuda(); }
 Status CopyQueue::Wait(const util::Deadline&) { return NoCuda(); }
 Status CopyQueue::SignalTo(void*) { return NoCuda(); }
 Status CopyQueue::WaitFor(void*) { return NoCuda(); }

@@ -138,11 +138,13 @@ TEST(GpuCopyTest, AStridedBatchLandsEveryRowAndNothingBetween) {
 // round's pattern) and the device source too, then the batch, then a copy of the whole destination
 // into a check buffer. Without the fork the side lanes read the host sources before they are
 // written; without the join the check copy runs right after the fast copy, long before the slow
-// ones land. Either leaves bytes of another value in the check buffer.
+// ones land. Either leaves bytes of another value in the check buffer. The batch's copy group
+// (small copies, launched by EnqueueBatch with the batch) lands in the destination's tail.
 TEST(GpuCopyTest, ABatchOnCopyLanesOrdersAfterWhatCameBeforeAndBeforeWhatComesAfter) {
   WS_SKIP_WITHOUT_GPU();
   constexpr size_t kFast = size_t{512} << 20, kSlow = size_t{128} << 20, kSlowPieces = 3;
-  constexpr size_t kHost = kSlow * kSlowPieces, kBytes = kFast + kHost;
+  constexpr size_t kSmall = 4096, kSmallCopies = 3;
+  constexpr size_t kHost = kSlow * kSlowPieces, kBytes = kFast + kHost + kSmall * kSmallCopies;
   static_assert(kBytes >= CopyQueue::kLaneMinBytes);
   std::vector<uint8_t> host(kHost, 0);
   Result<HostRegistration> pinned = HostRegistration::Register(host.data(), kHost, false);
@@ -164,6 +166,13 @@ TEST(GpuCopyTest, ABatchOnCopyLanesOrdersAfterWhatCameBeforeAndBeforeWhatComesAf
   ASSERT_EQ(batch.sizes().size(), 1 + kSlowPieces);
   const LaneCuts cuts = CutIntoLanes(batch.sizes(), CopyQueue::kCopyLanes);
   ASSERT_EQ(cuts.count, 1 + kSlowPieces);  // the fast copy alone on the queue's stream
+  std::vector<SingleCopy> small_copies;
+  for (size_t i = 0; i < kSmallCopies; ++i) {
+    small_copies.push_back(
+        {dst->as<uint8_t>() + kFast + kHost + i * kSmall, src->as<uint8_t>() + i, kSmall});
+  }
+  Result<PreparedCopyGroup> group = PrepareCopyGroup(small_copies, queue->stream());
+  ASSERT_OK(group);
   for (uint8_t round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     const uint8_t value = uint8_t(0xA0 + round);
@@ -173,7 +182,7 @@ TEST(GpuCopyTest, ABatchOnCopyLanesOrdersAfterWhatCameBeforeAndBeforeWhatComesAf
     ASSERT_OK(queue->Enqueue(scratch->data(), host.data(), kHost));  // the slow dummy
     ASSERT_OK(queue->Enqueue(host.data(), pattern->data(), kHost));
     ASSERT_OK(queue->Enqueue(src->data(), pattern->data(), kFast));
-    ASSERT_OK(queue->EnqueueBatch(batch));
+    ASSERT_OK(queue->EnqueueBatch(batch, &*group));
     ASSERT_OK(queue->Enqueue(check->data(), dst->data(), kBytes));
     ASSERT_OK(queue->Wait(util::Deadline(std::chrono::seconds(30))));
     EXPECT_EQ(queue->side_lanes(), CopyQueue::kCopyLanes - 1);

@@ -178,8 +178,7 @@ Status GpuCopyPath::CopyFromRing(const wire::StepBegin& begin, const util::Deadl
       link_->channel(), link_->peer(), begin.step, static_cast<uint32_t>(slot_batches_.size()),
       welcome_->slot_count, deadline, [&](uint32_t b, uint32_t /*slot*/) {
         Batch& batch = slot_batches_[b];  // prepared for slot b % slot_count
-        WS_RETURN_IF_ERROR(queue.EnqueueBatch(batch.copies));
-        WS_RETURN_IF_ERROR(batch.small_copies.Launch());
+        WS_RETURN_IF_ERROR(queue.EnqueueBatch(batch.copies, &batch.small_copies));
         return queue.Wait(deadline);  // the slot is refilled once answered: the copies are done
       }));
   return receiver_.MaybeInjectBitFlip();
@@ -198,8 +197,7 @@ Status GpuCopyPath::Copy(const wire::StepBegin& begin, bool verify,
   // A planned tensor is contiguous on both sides: one copy-engine transfer per tensor (the rows
   // of a region cut as one 2-D transfer, cuda/copy_batch.h), all submitted at once (first, so
   // they overlap the conversions on the publisher's GPU).
-  WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies));
-  WS_RETURN_IF_ERROR(b.small_copies.Launch());
+  WS_RETURN_IF_ERROR(queue.EnqueueBatch(b.copies, &b.small_copies));
   if (source_device_ >= 0 && !b.conversions.empty()) {
     // On the publisher's GPU: read its memory locally, write the converted bytes across the
     // link, hash what was converted while the step is pinned; this device's stream waits for it

@@ -285,8 +285,7 @@ Status GpuLanding::Verify(std::span<const uint64_t> digests, int64_t step,
 Status GpuLanding::Commit(const util::Deadline& deadline) {
   if (commit_.empty() && commit_small_.empty() && conversions_.empty()) return Status::Ok();
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_));
-  WS_RETURN_IF_ERROR(commit_small_.Launch());
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(commit_, &commit_small_));
   WS_RETURN_IF_ERROR(conversions_.Launch(queue_));
   return queue_.Wait(deadline);
 }

@@ -68,8 +68,7 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(copies_by_slot_[slot]));
-  WS_RETURN_IF_ERROR(small_by_slot_[slot].Launch());
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(copies_by_slot_[slot], &small_by_slot_[slot]));
   WS_RETURN_IF_ERROR(digests_[slot].Launch());
   WS_RETURN_IF_ERROR(queue_.Enqueue(digests,
                                     digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,

@@ -197,8 +197,7 @@ Status GpuRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   cuda::ScopedDevice restore;  // sessions' threads fill
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   Fill& f = fills_[bucket];
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(f.copies));
-  WS_RETURN_IF_ERROR(f.small.Launch());
+  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(f.copies, &f.small));
   Status waited = queue_.Wait(util::Deadline(fill_wait_));
   if (!waited.ok()) return waited.WithContext("filling ring bucket " + std::to_string(bucket));
   return waited;  // a step allocates nothing: the context is built only for an error
