@@ -13,14 +13,27 @@
 //   per_tensor_streamsN  the per-tensor copies round robin over N streams
 //   batch_lanesN         cuda::CutIntoLanes runs, one cudaMemcpyBatchAsync per stream, N streams
 //   copy_queue  cuda::CopyQueue::EnqueueBatch of the prepared batch (the product's copy lanes)
+//   copy_queue_host  the same host-timed, finished by CopyQueue::Wait (the paths' polled wait)
+//               and by cudaStreamSynchronize: what the wait adds to a step
 //   hybrid      copy engines (first tensors, a share of the bytes) and the kernel at once
 //   tma_*       TMA bulk copies, global -> shared -> global, pipelines of S stages
 // Each row: median of --reps timed runs after two warm-ups (cudaEvents), GB/s and its ratio to
 // flat, and a byte-for-byte check of the destination (every variant must copy exactly).
+// --src says where the source lives: "own" (one cudaMalloc of this process, the default), "cumem"
+// (this process's 20 MiB cuMem chunks, as a GPU arena or PyTorch's expandable segments) or "ipc"
+// (one cudaMalloc of a child process, opened here by its CUDA IPC handle: the zero-copy
+// publisher's `cudaMalloc` memory); "ipc" and "cumem" also time the flat copy from one cudaMalloc
+// of this process ("flat_own"), so one run says what the source's kind costs. --round-to N: the
+// owner's cudaMalloc is the bytes rounded up to a multiple of N (PyTorch's caching allocator
+// rounds large blocks to 2 MiB).
 // Prints one JSON object per line. Not a test: bench/results keeps what it printed.
 #include <cuda_runtime.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +43,7 @@
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "model_presets.h"
+#include "util/deadline.h"
 
 namespace {
 
@@ -359,12 +373,84 @@ void Tma(Probe& p, const char* tag, uint64_t chunk, int per_sm_cap) {
 
 }  // namespace
 
+// The "ipc" source's owner (a child of the probe): one cudaMalloc of `bytes`, filled; prints its
+// IPC handle in hex and keeps the memory until its stdin closes.
+int RunOwner(uint64_t bytes, uint64_t round_to) {
+  uint8_t* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, round_to > 1 ? (bytes + round_to - 1) / round_to * round_to : bytes));
+  Fill<<<1024, 256>>>(p, bytes);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaIpcMemHandle_t h;
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, p));
+  for (size_t i = 0; i < sizeof(h); ++i) std::printf("%02x", uint8_t(h.reserved[i]));
+  std::printf("\n");
+  std::fflush(stdout);
+  while (std::getchar() != EOF) {
+  }
+  return 0;
+}
+
+// The child owning the "ipc" source: its pid and the pipe to its stdin (closing it ends it).
+struct Owner {
+  pid_t pid = -1;
+  FILE* in = nullptr;
+};
+
+// Spawns the owner of `bytes` and opens its memory here.
+uint8_t* OpenOwnersMemory(uint64_t bytes, uint64_t round_to, Owner* owner) {
+  int to[2], from[2];
+  if (pipe(to) != 0 || pipe(from) != 0) std::exit(1);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to[1]);
+  posix_spawn_file_actions_addclose(&fa, from[0]);
+  std::string size = std::to_string(bytes), round = std::to_string(round_to);
+  char* argv[] = {const_cast<char*>("/proc/self/exe"),
+                  const_cast<char*>("--owner"),
+                  size.data(),
+                  const_cast<char*>("--round-to"),
+                  round.data(),
+                  nullptr};
+  if (posix_spawn(&owner->pid, "/proc/self/exe", &fa, nullptr, argv, environ) != 0) std::exit(1);
+  posix_spawn_file_actions_destroy(&fa);
+  close(to[0]);
+  close(from[1]);
+  owner->in = fdopen(to[1], "w");
+  FILE* out = fdopen(from[0], "r");
+  char hex[2 * sizeof(cudaIpcMemHandle_t) + 2] = {};
+  if (!std::fgets(hex, sizeof(hex), out)) std::exit(1);
+  std::fclose(out);
+  cudaIpcMemHandle_t h;
+  for (size_t i = 0; i < sizeof(h); ++i) {
+    unsigned v = 0;
+    std::sscanf(hex + 2 * i, "%2x", &v);
+    h.reserved[i] = char(v);
+  }
+  void* p = nullptr;
+  CHECK_CUDA(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  return static_cast<uint8_t*>(p);
+}
+
 int main(int argc, char** argv) {
   int reps = 10;
   std::string preset = "qwen2.5-7b";
+  std::string src_kind = "own";
+  uint64_t round_to = 0;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--round-to") && i + 1 < argc) round_to = std::stoull(argv[++i]);
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--owner") && i + 1 < argc) {
+      return RunOwner(std::stoull(argv[i + 1]), round_to);
+    }
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+    if (!std::strcmp(argv[i], "--src") && i + 1 < argc) src_kind = argv[++i];
+  }
+  if (src_kind != "own" && src_kind != "cumem" && src_kind != "ipc") {
+    return std::fprintf(stderr, "--src: own, cumem or ipc, not %s\n", src_kind.c_str()), 1;
   }
   using namespace weightsync;
   auto config = tools::FindPreset(preset);
@@ -381,8 +467,21 @@ int main(int argc, char** argv) {
   }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaMalloc(&s.src, s.packed));
-  Fill<<<1024, 256, 0, stream>>>(s.src, s.packed);
+  Owner owner;
+  cuda::ChunkedAllocation chunks;
+  uint8_t* own_src = nullptr;  // "flat_own"'s source when s.src is not this process's cudaMalloc
+  if (src_kind == "ipc") {
+    s.src = OpenOwnersMemory(s.packed, round_to, &owner);
+  } else if (src_kind == "cumem") {
+    auto c = cuda::ChunkedAllocation::Create(0, s.packed, true, uint64_t{20} << 20);
+    if (!c.ok()) return std::fprintf(stderr, "%s\n", c.status().ToString().c_str()), 1;
+    chunks = std::move(c).value();
+    s.src = chunks.data();
+  } else {
+    CHECK_CUDA(cudaMalloc(&s.src, s.packed));
+  }
+  if (src_kind != "own") CHECK_CUDA(cudaMalloc(&own_src, s.packed));
+  if (src_kind != "ipc") Fill<<<1024, 256, 0, stream>>>(s.src, s.packed);
   CHECK_CUDA(cudaMalloc(&s.flat_dst, s.total));
   for (uint64_t n : s.sizes) {
     uint8_t* d = nullptr;
@@ -393,10 +492,11 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "{\"device\":\"%s\",\"sms\":%d,\"preset\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,"
-      "\"reps\":%d}\n",
-      prop.name, prop.multiProcessorCount, preset.c_str(), s.sizes.size(),
-      (unsigned long long)s.total, reps);
+      "{\"device\":\"%s\",\"sms\":%d,\"preset\":\"%s\",\"src\":\"%s\",\"round_to\":%llu,"
+      "\"tensors\":%zu,"
+      "\"bytes\":%llu,\"reps\":%d}\n",
+      prop.name, prop.multiProcessorCount, preset.c_str(), src_kind.c_str(),
+      (unsigned long long)round_to, s.sizes.size(), (unsigned long long)s.total, reps);
 
   Probe p{s, stream, reps};
   CHECK_CUDA(cudaMalloc(&p.bad, sizeof(*p.bad)));
@@ -407,6 +507,11 @@ int main(int argc, char** argv) {
   p.Row("flat", "", false, [&] {
     CHECK_CUDA(cudaMemcpyAsync(s.flat_dst, s.src, s.total, cudaMemcpyDeviceToDevice, stream));
   });
+  if (own_src) {
+    p.Row("flat_own", "", false, [&] {
+      CHECK_CUDA(cudaMemcpyAsync(s.flat_dst, own_src, s.total, cudaMemcpyDeviceToDevice, stream));
+    });
+  }
   p.Row("per_tensor", "", true, [&] {
     for (size_t i = 0; i < s.sizes.size(); ++i) {
       CHECK_CUDA(cudaMemcpyAsync(s.dst[i], s.src + s.offsets[i], s.sizes[i],
@@ -505,6 +610,31 @@ int main(int argc, char** argv) {
       if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
     });
     std::printf("{\"copy_queue_side_lanes\":%zu}\n", queue->side_lanes());
+    // Host-timed, as a step sees it: the batch then CopyQueue::Wait (polled under a deadline, as
+    // the paths wait) against the batch then cudaStreamSynchronize (blocking, no deadline).
+    const util::Deadline deadline(std::chrono::seconds(30));
+    auto host_ms = [&](auto&& finish) {
+      std::vector<double> ms;
+      for (int i = 0; i < reps + 2; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status st = queue->EnqueueBatch(batch);
+        if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
+        finish();
+        const std::chrono::duration<double, std::milli> d = std::chrono::steady_clock::now() - t0;
+        if (i >= 2) ms.push_back(d.count());
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    const double waited = host_ms([&] {
+      const Status st = queue->Wait(deadline);
+      if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
+    });
+    const double synced = host_ms([&] { CHECK_CUDA(cudaStreamSynchronize(qstream)); });
+    std::printf(
+        "{\"row\":\"copy_queue_host\",\"wait_ms\":%.4f,\"sync_ms\":%.4f,"
+        "\"wait_over_sync_us\":%.1f}\n",
+        waited, synced, (waited - synced) * 1e3);
   }
   // Copy engines and SMs at once: the first tensors (about `share` of the bytes) by runtime copies
   // on a side stream, the rest by the 512-thread kernel on `stream`.
@@ -551,5 +681,11 @@ int main(int argc, char** argv) {
   p.Row("flat", "", false, [&] {
     CHECK_CUDA(cudaMemcpyAsync(s.flat_dst, s.src, s.total, cudaMemcpyDeviceToDevice, stream));
   });
+  if (owner.pid > 0) {
+    CHECK_CUDA(cudaIpcCloseMemHandle(s.src));
+    std::fclose(owner.in);
+    int status = 0;
+    waitpid(owner.pid, &status, 0);
+  }
   return 0;
 }

@@ -113,13 +113,23 @@ std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
   return *specs;
 }
 
-// Device tensors for `specs` on `device`, filled with `fill`.
+// `bytes` rounded up to whole 2 MiB pages, as PyTorch's caching allocator sizes its cudaMalloc
+// segments: a zero-copy subscriber reads an allocation that ends in a partial page at about 0.8x
+// (the driver maps it with small pages where it is opened by IPC; bench/copy_kernel_probe --src
+// ipc), which is not the memory a PyTorch trainer publishes.
+uint64_t WholePages(uint64_t bytes) {
+  constexpr uint64_t kPage = 2ull << 20;
+  return std::max<uint64_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+}
+
+// Device tensors for `specs` on `device`, one cudaMalloc of whole 2 MiB pages each, filled with
+// `fill`.
 std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, int device,
                                       uint8_t fill, std::vector<ws::cuda::DeviceBuffer>* keep) {
   if (auto s = ws::cuda::SetDevice(device); !s.ok()) Die("set device", s);
   std::vector<ws::NamedTensor> out;
   for (const auto& spec : specs) {
-    auto b = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(spec.nbytes, 1));
+    auto b = ws::cuda::DeviceBuffer::Allocate(WholePages(spec.nbytes));
     if (!b.ok()) Die("allocate " + spec.name, b.status());
     if (auto s = ws::cuda::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
     out.push_back(
@@ -130,8 +140,8 @@ std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, 
   return out;
 }
 
-// The tensors for `specs` on `device` packed at 256-byte boundaries into one cudaMalloc
-// ("packed") or into 20 MiB cuMem chunks ("cumem"), filled with `fill`.
+// The tensors for `specs` on `device` packed at 256-byte boundaries into one cudaMalloc of whole
+// 2 MiB pages ("packed") or into 20 MiB cuMem chunks ("cumem"), filled with `fill`.
 std::vector<ws::NamedTensor> AllocatePacked(const std::vector<ws::TensorSpec>& specs, int device,
                                             const std::string& memory, uint8_t fill,
                                             std::vector<ws::cuda::DeviceBuffer>* keep,
@@ -150,7 +160,7 @@ std::vector<ws::NamedTensor> AllocatePacked(const std::vector<ws::TensorSpec>& s
     base = c->data();
     chunked->push_back(std::move(c).value());
   } else {
-    auto b = ws::cuda::DeviceBuffer::Allocate(std::max<uint64_t>(total, 1));
+    auto b = ws::cuda::DeviceBuffer::Allocate(WholePages(total));
     if (!b.ok()) Die("allocate", b.status());
     base = b->as<uint8_t>();
     keep->push_back(std::move(b).value());
@@ -361,7 +371,7 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   // the subscriber's across its first update (staging, digests); both on one GPU when there is one.
   const int64_t before_publish = UsedGpuBytes(a.src);
   int64_t publisher_extra = 0, subscriber_extra = 0;
-  std::vector<double> steady, copy, publish;
+  std::vector<double> steady, copy, publish, wait, commit;
   double first = 0, first_prepare = 0;
   int64_t allocations = 0;
   uint64_t bytes = 0;
@@ -383,6 +393,8 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
     } else {
       steady.push_back(s);
       copy.push_back(stats->copy_seconds);
+      wait.push_back(stats->wait_seconds);
+      commit.push_back(stats->commit_seconds);
       publish.push_back(pub_s);
       if (step > 2) allocations += after - before;
     }
@@ -408,6 +420,8 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
                {"steady_min_s", Decimals(*std::min_element(steady.begin(), steady.end()), 6)},
                {"steady_GBps", Decimals(bytes / med / 1e9, 3)},
                {"copy_median_s", Decimals(Median(copy), 6)},
+               {"wait_median_s", Decimals(Median(wait), 6)},
+               {"commit_median_s", Decimals(Median(commit), 6)},
                {"publish_median_s", Decimals(Median(publish), 6)},
                {"publisher_extra_gpu_bytes", publisher_extra},
                {"subscriber_extra_gpu_bytes", subscriber_extra},

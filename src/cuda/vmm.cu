@@ -11,9 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <mutex>
-#include <thread>
 
 #include "cuda/ipc.h"
 #include "cuda/kernels.h"
@@ -21,6 +19,7 @@
 #include "util/fail_point.h"
 #include "util/ledger.h"
 #include "util/logging.h"
+#include "util/poll_backoff.h"
 
 namespace weightsync::cuda {
 namespace {
@@ -625,13 +624,12 @@ Status CopyQueue::EnqueueBatch(const CopyBatch& batch, PreparedCopyGroup* small)
 Status CopyQueue::Wait(const util::Deadline& deadline) {
   WS_CUDART(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)),
             "cudaEventRecord");
-  // Poll without sleeping for the first kSpinFor, then back off; the deadline bounds it. A GPU
-  // ring update waits once per bucket on each side (a bucket's copy takes ~0.1-1 ms on the GPU),
-  // so a sleep's granularity (50 us asked, ~100 us with the kernel's timer slack) would be paid
-  // per bucket. The cost: a core busy for up to kSpinFor per wait (the trainer's too, for a GPU
-  // ring's fill); longer waits (host copies of buckets or models, ms to seconds) sleep after it.
-  constexpr auto kSpinFor = std::chrono::milliseconds(2);
-  const auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
+  // Polled, not blocked on, so that the deadline and a cancel bound it. A GPU ring update waits
+  // once per bucket on each side (~0.1-1 ms on the GPU) and a same-GPU model copy takes a few
+  // ms: PollBackoff spins for the first 2 ms (a core busy that long per wait, the trainer's too
+  // for a GPU ring's fill), then sleeps slices of ~1/256 of the time waited, so a wait
+  // overshoots its copies by tens of microseconds, not the ~100 us a plain 50 us sleep costs.
+  util::PollBackoff backoff;
   while (true) {
     cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
     if (e == cudaSuccess) return Status::Ok();
@@ -644,9 +642,7 @@ Status CopyQueue::Wait(const util::Deadline& deadline) {
       // synchronizes the stream before anything it points at is freed.
       return Status::Cancelled("waiting for GPU copies on cuda:", device_, ": cancelled");
     }
-    if (std::chrono::steady_clock::now() >= spin_until) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    backoff.Pause();
   }
 }
 

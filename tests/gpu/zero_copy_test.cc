@@ -247,6 +247,40 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
                    "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
 }
 
+// cudaMalloc memory that ends in a partial 2 MiB page reads at about 0.8x where a subscriber
+// opens it by IPC (bench/copy_kernel_probe --src ipc): the publisher says so once, naming the
+// first tensor in such an allocation, and says nothing of whole-page allocations.
+TEST(ZeroCopyPages, AnAllocationEndingInAPartialPageIsWarnedOfNamingItsTensor) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  auto publish = [](const std::string& stem, const cuda::DeviceBuffer& memory) {
+    PublisherOptions o;
+    o.endpoint = testing::UniqueEndpoint(stem);
+    o.zero_copy = true;
+    auto pub = Publisher::Create(o);
+    if (!pub.ok()) return pub.status();
+    const int64_t elements = static_cast<int64_t>(memory.size() / 4);
+    if (Status s = (*pub)->Register(
+            {{"w", {memory.data(), DType::kFloat32, {elements}, {Device::Kind::kCUDA, 0}}}});
+        !s.ok()) {
+      return s;
+    }
+    return (*pub)->Publish(1).status();
+  };
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer partial, cuda::DeviceBuffer::Allocate((3 << 20) + 4096));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer whole, cuda::DeviceBuffer::Allocate(4 << 20));
+  {
+    testing::LogCapture log;
+    ASSERT_OK(publish("zc-pages-whole", whole));
+    EXPECT_FALSE(log.Contains("2 MiB pages")) << "a whole-page allocation is not warned of";
+  }
+  testing::LogCapture log;
+  ASSERT_OK(publish("zc-pages-partial", partial));
+  EXPECT_TRUE(log.Contains("1 of 1 cudaMalloc allocation(s) (" + std::to_string(partial.size()) +
+                           " bytes; the first holds tensor 'w'"));
+  EXPECT_TRUE(log.Contains("not a whole number of 2 MiB pages"));
+}
+
 // A zero-copy publisher keeps the trainer's cuMem chunks alive while it shares them: the ledger
 // counts each chunk it retained once (later publishes retain nothing more), and Close gives every
 // one back, so the trainer's free of that memory really frees it.
