@@ -25,12 +25,13 @@
 // publisher's `cudaMalloc` memory); "ipc" and "cumem" also time the flat copy from one cudaMalloc
 // of this process ("flat_own"), so one run says what the source's kind costs. --round-to N: the
 // owner's cudaMalloc is the bytes rounded up to a multiple of N (PyTorch's caching allocator
-// rounds large blocks to 2 MiB).
+// rounds large blocks to 2 MiB). Across GPUs (issue 18: copy kernels against the copy engines over
+// NVLink): --src-device / --dst-device place the source and the destinations, --run-on the stream
+// every row runs on (default the source's GPU: kernels write across the link; the destination's:
+// they read across it).
 // Prints one JSON object per line. Not a test: bench/results keeps what it printed.
 #include <cuda_runtime.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +44,7 @@
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "model_presets.h"
+#include "spawn_self.h"
 #include "util/deadline.h"
 
 namespace {
@@ -390,38 +392,15 @@ int RunOwner(uint64_t bytes, uint64_t round_to) {
   return 0;
 }
 
-// The child owning the "ipc" source: its pid and the pipe to its stdin (closing it ends it).
-struct Owner {
-  pid_t pid = -1;
-  FILE* in = nullptr;
-};
-
-// Spawns the owner of `bytes` and opens its memory here.
-uint8_t* OpenOwnersMemory(uint64_t bytes, uint64_t round_to, Owner* owner) {
-  int to[2], from[2];
-  if (pipe(to) != 0 || pipe(from) != 0) std::exit(1);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  posix_spawn_file_actions_addclose(&fa, to[1]);
-  posix_spawn_file_actions_addclose(&fa, from[0]);
-  std::string size = std::to_string(bytes), round = std::to_string(round_to);
-  char* argv[] = {const_cast<char*>("/proc/self/exe"),
-                  const_cast<char*>("--owner"),
-                  size.data(),
-                  const_cast<char*>("--round-to"),
-                  round.data(),
-                  nullptr};
-  if (posix_spawn(&owner->pid, "/proc/self/exe", &fa, nullptr, argv, environ) != 0) std::exit(1);
-  posix_spawn_file_actions_destroy(&fa);
-  close(to[0]);
-  close(from[1]);
-  owner->in = fdopen(to[1], "w");
-  FILE* out = fdopen(from[0], "r");
+// Spawns the owner of `bytes` (a child of this probe) and opens its memory here.
+uint8_t* OpenOwnersMemory(uint64_t bytes, uint64_t round_to, weightsync::bench::SelfChild* owner) {
+  *owner = weightsync::bench::SpawnSelf(
+      {"--owner", std::to_string(bytes), "--round-to", std::to_string(round_to)});
+  FILE* out = owner->out;
   char hex[2 * sizeof(cudaIpcMemHandle_t) + 2] = {};
   if (!std::fgets(hex, sizeof(hex), out)) std::exit(1);
   std::fclose(out);
+  owner->out = nullptr;
   cudaIpcMemHandle_t h;
   for (size_t i = 0; i < sizeof(h); ++i) {
     unsigned v = 0;
@@ -438,6 +417,7 @@ int main(int argc, char** argv) {
   std::string preset = "qwen2.5-7b";
   std::string src_kind = "own";
   uint64_t round_to = 0;
+  int src_device = 0, dst_device = 0, run_on = -1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--round-to") && i + 1 < argc) round_to = std::stoull(argv[++i]);
   }
@@ -448,9 +428,31 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     if (!std::strcmp(argv[i], "--src") && i + 1 < argc) src_kind = argv[++i];
+    if (!std::strcmp(argv[i], "--src-device") && i + 1 < argc) src_device = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--dst-device") && i + 1 < argc) dst_device = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--run-on") && i + 1 < argc) run_on = std::atoi(argv[++i]);
   }
+  if (run_on < 0) run_on = src_device;
   if (src_kind != "own" && src_kind != "cumem" && src_kind != "ipc") {
     return std::fprintf(stderr, "--src: own, cumem or ipc, not %s\n", src_kind.c_str()), 1;
+  }
+  if (src_kind == "cumem" && run_on != src_device) {
+    // ChunkedAllocation grants access to its own device only.
+    return std::fprintf(stderr, "--src cumem: rows run on the source's GPU (--run-on)\n"), 1;
+  }
+  if (src_kind == "ipc" && src_device != 0) {
+    return std::fprintf(stderr, "--src ipc: the owner allocates on device 0\n"), 1;
+  }
+  // Across GPUs the kernels on `run_on` read or write the other GPU's memory (peer access both
+  // ways, so that the byte check on `run_on` reads both sides too).
+  for (int a : {src_device, dst_device, run_on}) {
+    for (int b : {src_device, dst_device, run_on}) {
+      if (a == b) continue;
+      CHECK_CUDA(cudaSetDevice(a));
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(e);
+      (void)cudaGetLastError();
+    }
   }
   using namespace weightsync;
   auto config = tools::FindPreset(preset);
@@ -465,15 +467,14 @@ int main(int argc, char** argv) {
     s.total += t.nbytes;
     s.packed += (t.nbytes + 255) / 256 * 256;
   }
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  Owner owner;
+  weightsync::bench::SelfChild owner;
   cuda::ChunkedAllocation chunks;
   uint8_t* own_src = nullptr;  // "flat_own"'s source when s.src is not this process's cudaMalloc
+  CHECK_CUDA(cudaSetDevice(src_device));
   if (src_kind == "ipc") {
     s.src = OpenOwnersMemory(s.packed, round_to, &owner);
   } else if (src_kind == "cumem") {
-    auto c = cuda::ChunkedAllocation::Create(0, s.packed, true, uint64_t{20} << 20);
+    auto c = cuda::ChunkedAllocation::Create(src_device, s.packed, true, uint64_t{20} << 20);
     if (!c.ok()) return std::fprintf(stderr, "%s\n", c.status().ToString().c_str()), 1;
     chunks = std::move(c).value();
     s.src = chunks.data();
@@ -481,22 +482,27 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&s.src, s.packed));
   }
   if (src_kind != "own") CHECK_CUDA(cudaMalloc(&own_src, s.packed));
-  if (src_kind != "ipc") Fill<<<1024, 256, 0, stream>>>(s.src, s.packed);
+  if (src_kind != "ipc") Fill<<<1024, 256>>>(s.src, s.packed);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaSetDevice(dst_device));
   CHECK_CUDA(cudaMalloc(&s.flat_dst, s.total));
   for (uint64_t n : s.sizes) {
     uint8_t* d = nullptr;
     CHECK_CUDA(cudaMalloc(&d, n));
     s.dst.push_back(d);
   }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaSetDevice(run_on));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, run_on));
   std::printf(
       "{\"device\":\"%s\",\"sms\":%d,\"preset\":\"%s\",\"src\":\"%s\",\"round_to\":%llu,"
-      "\"tensors\":%zu,"
-      "\"bytes\":%llu,\"reps\":%d}\n",
+      "\"src_device\":%d,\"dst_device\":%d,\"run_on\":%d,\"tensors\":%zu,\"bytes\":%llu,"
+      "\"reps\":%d}\n",
       prop.name, prop.multiProcessorCount, preset.c_str(), src_kind.c_str(),
-      (unsigned long long)round_to, s.sizes.size(), (unsigned long long)s.total, reps);
+      (unsigned long long)round_to, src_device, dst_device, run_on, s.sizes.size(),
+      (unsigned long long)s.total, reps);
 
   Probe p{s, stream, reps};
   CHECK_CUDA(cudaMalloc(&p.bad, sizeof(*p.bad)));
@@ -597,7 +603,7 @@ int main(int argc, char** argv) {
   }
   // The product's own path: a CopyQueue given the prepared batch (its copy lanes).
   {
-    auto queue = cuda::CopyQueue::Create(0);
+    auto queue = cuda::CopyQueue::Create(run_on);
     if (!queue.ok()) return std::fprintf(stderr, "%s\n", queue.status().ToString().c_str()), 1;
     cuda::CopyBatch batch;
     for (size_t i = 0; i < s.sizes.size(); ++i)

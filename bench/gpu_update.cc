@@ -14,7 +14,6 @@
 // same way (host wall time around a copy and its event wait); with --fp8 1 (default) the same
 // model received as fp8 weights + float32 block scales, converted on the subscriber's GPU.
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +34,7 @@
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "model_presets.h"
+#include "spawn_self.h"
 #include "weightsync/weightsync.h"
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -49,7 +49,6 @@ void* operator new(size_t n) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 
-extern char** environ;
 namespace ws = weightsync;
 using Clock = std::chrono::steady_clock;
 
@@ -113,23 +112,26 @@ std::vector<ws::TensorSpec> Specs(const Args& a, double scale) {
   return *specs;
 }
 
-// `bytes` rounded up to whole 2 MiB pages, as PyTorch's caching allocator sizes its cudaMalloc
-// segments: a zero-copy subscriber reads an allocation that ends in a partial page at about 0.8x
-// (the driver maps it with small pages where it is opened by IPC; bench/copy_kernel_probe --src
-// ipc), which is not the memory a PyTorch trainer publishes.
-uint64_t WholePages(uint64_t bytes) {
+// The cudaMalloc size for a tensor of `bytes`: from 1 MiB up, rounded to whole 2 MiB pages, as
+// PyTorch's caching allocator sizes its segments for large blocks (small ones it packs into
+// shared 2 MiB segments; here they keep their own exact allocation, whose pages hold too few bytes
+// to matter). A zero-copy subscriber reads an allocation that ends in a partial page at about
+// 0.8x (the driver maps it with small pages where it is opened by IPC; bench/copy_kernel_probe
+// --src ipc), which is not the memory a PyTorch trainer publishes.
+uint64_t AllocationBytes(uint64_t bytes) {
   constexpr uint64_t kPage = 2ull << 20;
-  return std::max<uint64_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+  if (bytes < (1ull << 20)) return std::max<uint64_t>(bytes, 1);
+  return (bytes + kPage - 1) / kPage * kPage;
 }
 
-// Device tensors for `specs` on `device`, one cudaMalloc of whole 2 MiB pages each, filled with
+// Device tensors for `specs` on `device`, one cudaMalloc each (AllocationBytes), filled with
 // `fill`.
 std::vector<ws::NamedTensor> Allocate(const std::vector<ws::TensorSpec>& specs, int device,
                                       uint8_t fill, std::vector<ws::cuda::DeviceBuffer>* keep) {
   if (auto s = ws::cuda::SetDevice(device); !s.ok()) Die("set device", s);
   std::vector<ws::NamedTensor> out;
   for (const auto& spec : specs) {
-    auto b = ws::cuda::DeviceBuffer::Allocate(WholePages(spec.nbytes));
+    auto b = ws::cuda::DeviceBuffer::Allocate(AllocationBytes(spec.nbytes));
     if (!b.ok()) Die("allocate " + spec.name, b.status());
     if (auto s = ws::cuda::MemsetDevice(b->data(), fill, b->size()); !s.ok()) Die("memset", s);
     out.push_back(
@@ -160,7 +162,7 @@ std::vector<ws::NamedTensor> AllocatePacked(const std::vector<ws::TensorSpec>& s
     base = c->data();
     chunked->push_back(std::move(c).value());
   } else {
-    auto b = ws::cuda::DeviceBuffer::Allocate(WholePages(total));
+    auto b = ws::cuda::DeviceBuffer::Allocate(AllocationBytes(total));
     if (!b.ok()) Die("allocate", b.status());
     base = b->as<uint8_t>();
     keep->push_back(std::move(b).value());
@@ -228,48 +230,22 @@ struct Child {
 };
 
 Child Spawn(const Args& a, double scale, const std::string& endpoint) {
-  int to[2], from[2];
-  if (pipe(to) != 0 || pipe(from) != 0) std::exit(1);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  posix_spawn_file_actions_addclose(&fa, to[1]);
-  posix_spawn_file_actions_addclose(&fa, from[0]);
-  std::vector<std::string> argv = {"/proc/self/exe",
-                                   "--role",
-                                   "publisher",
-                                   "--endpoint",
-                                   endpoint,
-                                   "--model",
-                                   a.model,
-                                   "--scale",
-                                   std::to_string(scale),
-                                   "--src",
-                                   std::to_string(a.src),
-                                   "--host",
-                                   a.host ? "1" : "0",
-                                   "--zero-copy",
-                                   a.zero_copy ? "1" : "0",
-                                   "--memory",
-                                   a.memory,
-                                   "--many",
-                                   std::to_string(a.many),
-                                   "--ring-buckets",
-                                   std::to_string(a.ring_buckets),
-                                   "--ring-bytes",
-                                   std::to_string(a.ring_bucket_bytes)};
-  std::vector<char*> cargv;
-  for (auto& s : argv) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
+  const ws::bench::SelfChild self =
+      ws::bench::SpawnSelf({"--role",         "publisher",
+                            "--endpoint",     endpoint,
+                            "--model",        a.model,
+                            "--scale",        std::to_string(scale),
+                            "--src",          std::to_string(a.src),
+                            "--host",         a.host ? "1" : "0",
+                            "--zero-copy",    a.zero_copy ? "1" : "0",
+                            "--memory",       a.memory,
+                            "--many",         std::to_string(a.many),
+                            "--ring-buckets", std::to_string(a.ring_buckets),
+                            "--ring-bytes",   std::to_string(a.ring_bucket_bytes)});
   Child c;
-  if (posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, cargv.data(), environ) != 0) {
-    std::exit(1);
-  }
-  close(to[0]);
-  close(from[1]);
-  c.in = fdopen(to[1], "w");
-  c.out = fdopen(from[0], "r");
+  c.pid = self.pid;
+  c.in = self.in;
+  c.out = self.out;
   char line[256];
   if (!fgets(line, sizeof(line), c.out) || std::strncmp(line, "ready ", 6) != 0) {
     std::fprintf(stderr, "gpu_update: publisher did not start\n");

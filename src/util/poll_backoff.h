@@ -28,7 +28,8 @@ class PollBackoff {
  private:
   std::chrono::steady_clock::time_point start_;
   std::chrono::nanoseconds spin_for_;
-  long saved_slack_ = -1;  // the thread's slack before the first sleep; -1 until then
+  bool slack_checked_ = false;  // the first sleep looked at the thread's slack
+  long saved_slack_ = -1;       // the slack it replaced, to give back; -1: none replaced
 };
 
 }  // namespace weightsync::util

@@ -249,35 +249,38 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
 
 // cudaMalloc memory that ends in a partial 2 MiB page reads at about 0.8x where a subscriber
 // opens it by IPC (bench/copy_kernel_probe --src ipc): the publisher says so once, naming the
-// first tensor in such an allocation, and says nothing of whole-page allocations.
+// first tensor in such an allocation, and says nothing of whole-page allocations or of ones
+// smaller than a page.
 TEST(ZeroCopyPages, AnAllocationEndingInAPartialPageIsWarnedOfNamingItsTensor) {
   WS_SKIP_WITHOUT_GPU();
   ASSERT_OK(cuda::SetDevice(0));
-  auto publish = [](const std::string& stem, const cuda::DeviceBuffer& memory) {
+  auto publish = [](const std::string& stem, const std::vector<const cuda::DeviceBuffer*>& memory) {
     PublisherOptions o;
     o.endpoint = testing::UniqueEndpoint(stem);
     o.zero_copy = true;
     auto pub = Publisher::Create(o);
     if (!pub.ok()) return pub.status();
-    const int64_t elements = static_cast<int64_t>(memory.size() / 4);
-    if (Status s = (*pub)->Register(
-            {{"w", {memory.data(), DType::kFloat32, {elements}, {Device::Kind::kCUDA, 0}}}});
-        !s.ok()) {
-      return s;
+    std::vector<NamedTensor> tensors;
+    for (const cuda::DeviceBuffer* m : memory) {
+      const int64_t elements = static_cast<int64_t>(m->size() / 4);
+      tensors.push_back({"w" + std::to_string(tensors.size()),
+                         {m->data(), DType::kFloat32, {elements}, {Device::Kind::kCUDA, 0}}});
     }
+    if (Status s = (*pub)->Register(tensors); !s.ok()) return s;
     return (*pub)->Publish(1).status();
   };
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer partial, cuda::DeviceBuffer::Allocate((3 << 20) + 4096));
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer whole, cuda::DeviceBuffer::Allocate(4 << 20));
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer small, cuda::DeviceBuffer::Allocate(64 << 10));
   {
     testing::LogCapture log;
-    ASSERT_OK(publish("zc-pages-whole", whole));
-    EXPECT_FALSE(log.Contains("2 MiB pages")) << "a whole-page allocation is not warned of";
+    ASSERT_OK(publish("zc-pages-whole", {&whole, &small}));
+    EXPECT_FALSE(log.Contains("2 MiB pages")) << "whole pages, and a small allocation";
   }
   testing::LogCapture log;
-  ASSERT_OK(publish("zc-pages-partial", partial));
-  EXPECT_TRUE(log.Contains("1 of 1 cudaMalloc allocation(s) (" + std::to_string(partial.size()) +
-                           " bytes; the first holds tensor 'w'"));
+  ASSERT_OK(publish("zc-pages-partial", {&small, &partial, &whole}));
+  EXPECT_TRUE(log.Contains("1 of 3 cudaMalloc allocation(s) (" + std::to_string(partial.size()) +
+                           " bytes; the first holds tensor 'w1'"));
   EXPECT_TRUE(log.Contains("not a whole number of 2 MiB pages"));
 }
 

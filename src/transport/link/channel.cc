@@ -26,10 +26,24 @@ void Channel::set_max_payload(uint32_t max_payload) {
 
 namespace {
 
-// Waits until fd is ready for `events`; Timeout when the deadline passes, Cancelled when the
-// caller cancels.
+// Waits until fd is ready for `events`, polling without sleeping for the first `spin`; Timeout
+// when the deadline passes, Cancelled when the caller cancels.
 Status WaitReady(int fd, short events, const util::Deadline& deadline, const std::string& peer,
-                 const char* what) {
+                 const char* what, std::chrono::nanoseconds spin = std::chrono::nanoseconds(0)) {
+  if (spin.count() > 0) {
+    const auto spin_until = std::chrono::steady_clock::now() + spin;
+    do {
+      // What is there is read even past the deadline, as by the blocking wait below.
+      pollfd p{fd, events, 0};
+      int r = ::poll(&p, 1, 0);
+      if (r > 0) return Status::Ok();
+      if (r < 0 && errno != EINTR) return Status::FromErrno(errno, peer + ": poll");
+      if (deadline.cancelled()) return Status::Cancelled(peer, ": cancelled while ", what);
+      if (deadline.expired()) {
+        return Status::Timeout(peer, ": no progress ", what, " before the deadline");
+      }
+    } while (std::chrono::steady_clock::now() < spin_until);
+  }
   while (true) {
     if (deadline.cancelled()) return Status::Cancelled(peer, ": cancelled while ", what);
     pollfd p{fd, events, 0};
@@ -115,7 +129,8 @@ Status Channel::ReadExact(uint8_t* dst, size_t n, const util::Deadline& deadline
                           util::UniqueFd* received_fd, bool first) {
   size_t got = 0;
   while (got < n) {
-    WS_RETURN_IF_ERROR(WaitReady(fd_.get(), POLLIN, deadline, peer_, "receiving"));
+    WS_RETURN_IF_ERROR(WaitReady(fd_.get(), POLLIN, deadline, peer_, "receiving",
+                                 in_reply_ ? reply_spin_ : std::chrono::nanoseconds(0)));
     iovec iov{dst + got, n - got};
     msghdr msg{};
     msg.msg_iov = &iov;

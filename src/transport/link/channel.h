@@ -6,6 +6,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -61,6 +62,17 @@ class Channel {
   Status WriteAll(std::span<const iovec> parts, const util::Deadline& deadline);
   Status ReadAll(std::span<const iovec> parts, const util::Deadline& deadline);
 
+  // ReceiveExpect for an answer due within microseconds (a step's StepBegin, StepEnd, a ring
+  // bucket's announcement): if nothing is there yet it polls without sleeping for up to the
+  // channel's reply spin before it blocks, so the answer is read without this thread's wake-up
+  // from a blocking poll (13-153 us on the H200 machine, twice per step). The deadline and a
+  // cancel bound the spin as they bound the wait. Every other receive blocks at once.
+  template <typename Message>
+  Status ReceiveReply(wire::FrameType type, Message* message, const util::Deadline& deadline);
+  // The reply spin; zero (the default, and the publisher's: its sessions wait for requests that
+  // may be minutes away) never spins.
+  void set_reply_spin(std::chrono::nanoseconds spin) { reply_spin_ = spin; }
+
   // True if the peer has closed or sent data (non-blocking check).
   bool PeerHungUpOrSpoke() const;
 
@@ -79,6 +91,8 @@ class Channel {
   std::vector<uint8_t> send_buffer_;
   std::vector<uint8_t> recv_buffer_;
   size_t payload_size_ = 0;
+  std::chrono::nanoseconds reply_spin_{0};
+  bool in_reply_ = false;  // inside ReceiveReply: ReadExact spins for reply_spin_
 };
 
 }  // namespace weightsync::transport::link
@@ -95,6 +109,15 @@ Status Channel::ReceiveExpect(wire::FrameType type, Message* message,
   Status s = Decode(payload(), message);
   if (!s.ok()) return s.WithContext(peer_);
   return Status::Ok();
+}
+
+template <typename Message>
+Status Channel::ReceiveReply(wire::FrameType type, Message* message,
+                             const util::Deadline& deadline) {
+  in_reply_ = true;
+  Status s = ReceiveExpect(type, message, deadline);
+  in_reply_ = false;
+  return s;
 }
 
 }  // namespace weightsync::transport::link

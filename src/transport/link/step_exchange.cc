@@ -18,7 +18,7 @@ Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string
   wire::UpdateRequest req{step.value_or(-1), after_step,
                           static_cast<uint64_t>(deadline.RemainingMs())};
   WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
-  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepBegin, begin, deadline));
+  WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kStepBegin, begin, deadline));
   if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing
   if (begin->step < after_step || (step && begin->step != *step)) {
     return Status::ProtocolError(peer, ": asked for step ",
@@ -32,7 +32,7 @@ Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& chann
                                                  const std::string& peer, int64_t step,
                                                  uint32_t digest_count, wire::StepEnd* end,
                                                  const util::Deadline& deadline) {
-  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kStepEnd, end, deadline));
+  WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kStepEnd, end, deadline));
   if (end->step != step) {
     return Status::ProtocolError(peer, ": step end for step ", end->step, ", expected ", step);
   }
@@ -49,7 +49,7 @@ Result<uint32_t> ReceiveBucketReady(transport::link::Channel& channel, const std
   if (slot_count == 0)
     return Status::InvalidArgument("ring bucket ", bucket, ": a ring of 0 slots");
   wire::RingBucket ready;
-  WS_RETURN_IF_ERROR(channel.ReceiveExpect(wire::FrameType::kRingBucketReady, &ready, deadline));
+  WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kRingBucketReady, &ready, deadline));
   if (ready.step != step || ready.bucket != bucket) {
     return Status::ProtocolError(peer, ": ring bucket ", ready.bucket, " of step ", ready.step,
                                  " announced, expected bucket ", bucket, " of step ", step);

@@ -124,15 +124,16 @@ Status AddHolding(const std::string& name, const uint8_t* p, uint64_t bytes,
   return Status::Ok();
 }
 
-// One warning per prepare for the cudaMalloc allocations that end in a partial large page
-// (kWholePageBytes): the trainer can fix it (round its allocations up), nothing here can.
+// One warning per prepare for the cudaMalloc allocations of a large page or more that end in a
+// partial one (kWholePageBytes): the trainer can fix it (round its allocations up), nothing here
+// can. Smaller allocations (a bias of its own) hold too few bytes for their pages to matter.
 void WarnOfPartialPages(const std::map<const uint8_t*, Holding>& holdings) {
   uint64_t count = 0, bytes = 0, ipc = 0;
   const Holding* first = nullptr;
   for (const auto& [base, h] : holdings) {
     if (!h.chunks.empty()) continue;
     ++ipc;
-    if (h.bytes % kWholePageBytes == 0) continue;
+    if (h.bytes < kWholePageBytes || h.bytes % kWholePageBytes == 0) continue;
     ++count;
     bytes += h.bytes;
     if (first == nullptr) first = &h;

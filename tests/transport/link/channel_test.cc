@@ -9,10 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/test_util.h"
@@ -151,6 +153,49 @@ TEST(WireChannelFds, AnFdDroppedForWantOfOpenFilesSaysSo) {
   // false error when it cannot); the plain build runs this.
   if (testing::kUnderSanitizer) GTEST_SKIP() << "a sanitizer runtime needs free fds";
   EXPECT_EXIT(ReceiveAnFdWithNoRoomForIt(), ::testing::ExitedWithCode(0), "");
+}
+
+// A reply's spin (Channel::ReceiveReply with set_reply_spin, the subscriber's) is bounded like the
+// wait after it: a frame that comes during it is read, one already there is read even past the
+// deadline (as the blocking wait does), and the deadline or a cancel ends it long before the spin
+// would (a minute here).
+TEST(WireChannelSpin, AReplyDuringTheSpinIsReadAndTheDeadlineAndACancelEndIt) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<uint8_t> payload;
+  Encode(CopyDone{7}, &payload);
+  Pair p;
+  p.channel->set_reply_spin(std::chrono::minutes(1));
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    p.Write(FrameBytes(FrameType::kCopyDone, payload));
+  });
+  CopyDone done;
+  Status s =
+      p.channel->ReceiveReply(FrameType::kCopyDone, &done, Deadline(std::chrono::seconds(5)));
+  writer.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(done.step, 7);
+
+  p.Write(FrameBytes(FrameType::kCopyDone, payload));
+  done.step = 0;
+  ASSERT_OK(
+      p.channel->ReceiveReply(FrameType::kCopyDone, &done, Deadline(std::chrono::milliseconds(0))));
+  EXPECT_EQ(done.step, 7) << "a reply already there is read past the deadline";
+
+  auto t0 = Clock::now();
+  EXPECT_STATUS_IS(
+      kTimeout,
+      p.channel->ReceiveReply(FrameType::kCopyDone, &done, Deadline(std::chrono::milliseconds(50))),
+      "before the deadline");
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10)) << "the deadline ends the spin";
+
+  std::atomic<bool> cancel{true};
+  t0 = Clock::now();
+  EXPECT_STATUS_IS(kCancelled,
+                   p.channel->ReceiveReply(FrameType::kCopyDone, &done,
+                                           Deadline(std::chrono::seconds(30), &cancel)),
+                   "cancelled while receiving");
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10)) << "a cancel ends the spin";
 }
 
 }  // namespace
