@@ -5,7 +5,7 @@
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
 //                 [--only
-//                 peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,many,h2d,d2h,h2dring,d2hring]
+//                 peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,ncclzerocopy,ncclring,many,h2d,d2h,h2dring,d2hring]
 //                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
 //                 [--ring-buckets 2 --ring-bytes 1073741824]   (the ring row's ring)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
@@ -377,7 +377,9 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
   }
   double med = Median(steady);
   const bool ring = a.ring_buckets > 0;
-  const char* what = tcp           ? "weightsync_nccl"
+  const char* what = tcp           ? (a.zero_copy ? "weightsync_nccl_zero_copy"
+                                      : ring      ? "weightsync_nccl_ring"
+                                                  : "weightsync_nccl")
                      : a.zero_copy ? "weightsync_cuda_ipc_zero_copy"
                      : a.host      ? (ring ? "weightsync_shm_ring_to_gpu" : "weightsync_shm_to_gpu")
                      : a.host_destinations ? (ring ? "weightsync_cuda_ipc_ring_to_host"
@@ -561,6 +563,19 @@ int main(int argc, char** argv) {
   // Same tensors, 128 bytes each: host overhead of a step.
   if (a.Row("tiny")) Measure(a, 0, "tiny", /*tcp=*/false);
   if (a.nccl && a.Row("nccl")) Measure(a, a.scale, "model", /*tcp=*/true);
+  if (a.nccl && a.Row("ncclzerocopy")) {
+    // Over tcp a zero-copy publisher exports nothing: NCCL broadcasts its tensors themselves.
+    Args zero = a;
+    zero.zero_copy = true;
+    Measure(zero, a.scale, "model", /*tcp=*/true);
+  }
+  if (a.nccl && a.Row("ncclring")) {
+    // A ring publisher over tcp allocates no bucket: NCCL broadcasts from its tensors.
+    Args ring = a;
+    ring.ring_buckets = ring_buckets > 0 ? ring_buckets : 2;
+    ring.ring_bucket_bytes = ring_bytes > 0 ? ring_bytes : 1ull << 30;
+    Measure(ring, a.scale, "model_ring", /*tcp=*/true);
+  }
   if (a.Row("many")) {
     // MoE-like: 100,000 expert tensors of 64 KiB (6.6 GB), the per-tensor cost of a step.
     Args many = a;

@@ -58,6 +58,8 @@ def main():
     ws_ring = by.get("weightsync_cuda_ipc_ring/model_ring_2x1024MiB")
     ws_st = by.get("weightsync_cuda_ipc/model/staged_verify")
     ws_nccl = by.get("weightsync_nccl/model")
+    ws_nccl_zero = by.get("weightsync_nccl_zero_copy/model")
+    ws_nccl_ring = by.get("weightsync_nccl_ring/model_ring")
     ws_fp8 = by.get("weightsync_cuda_ipc/model_fp8")
     ws_fp8_dst = by.get("weightsync_cuda_ipc/model_fp8_on_destination_gpu")
     tiny = by.get("weightsync_cuda_ipc/tiny")
@@ -139,6 +141,14 @@ def main():
         if torch:
             line("nccl steady ms vs torch one_flat_broadcast", ws_nccl["steady_median_s"] * 1e3,
                  "torch ms", torch["one_flat_broadcast_s"] * 1e3)
+    for name, r in (("zero-copy", ws_nccl_zero), ("ring", ws_nccl_ring)):
+        if r and ws_nccl:
+            line(f"nccl {name} steady ms (sent from the trainer's tensors)",
+                 r["steady_median_s"] * 1e3, "nccl from the arena ms",
+                 ws_nccl["steady_median_s"] * 1e3)
+            line(f"nccl {name} extra GPU MiB on the trainer's GPU",
+                 r["publisher_extra_gpu_bytes"] / 2**20, "arena MiB",
+                 ws_nccl["publisher_extra_gpu_bytes"] / 2**20)
     if ws_st and peer:
         line("cuda-ipc steady GB/s, staged + GPU verify", ws_st["steady_GBps"],
              "peer copy GB/s", peer["GBps"], higher_better=True)

@@ -207,16 +207,16 @@ void BindPublisher(nb::module_& m) {
           "random one per start). resume_from_step: the step of `lineage` this trainer resumed\n"
           "from (its checkpoint); it publishes later steps only. Subscribers tell versions apart\n"
           "by (lineage, publisher session, step), so a restart is never taken for up to date.\n"
-          "zero_copy (CUDA tensors, local:// only): the registered tensors are the published\n"
-          "version: no GPU arena and no copy; subscribers on this host read them in place, so\n"
-          "call begin_write() before the optimizer changes them (PyTorch's caching allocator,\n"
-          "with or without expandable segments).\n"
+          "zero_copy (CUDA tensors): the registered tensors are the published version: no\n"
+          "GPU arena and no copy; subscribers on this host (local://) read them in place and\n"
+          "tcp sessions broadcast them over NCCL, so call begin_write() before the optimizer\n"
+          "changes them (PyTorch's caching allocator, with or without expandable segments).\n"
           "ring_buckets (>= 2): a ring of that many buckets of\n"
           "ring_bucket_bytes (0: from free memory) instead of `slots` copies of the model, in\n"
           "shared memory for host tensors, on the tensors' GPU for CUDA tensors;\n"
           "publish() only hashes, each update streams the tensors through the ring, and\n"
-          "begin_write() fences the optimizer's writes as with zero_copy. Over tcp (host\n"
-          "tensors only) sessions send the version from the tensors themselves and no\n"
+          "begin_write() fences the optimizer's writes as with zero_copy. Over tcp sessions\n"
+          "send the version from the tensors themselves (NCCL for CUDA tensors) and no\n"
           "bucket is allocated.")
       .def(
           "register",

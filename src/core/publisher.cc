@@ -150,9 +150,12 @@ struct Publisher::Impl final : transport::link::VersionSource {
                                             const std::function<bool()>& give_up) override {
     return PinVersion(request, deadline, give_up);  // a ring's round is for bucket readers
   }
-  // `tensors` is read-only once frozen (Register refuses then), which sessions wait for.
+  // `tensors` is read-only once frozen (Register refuses then), which sessions wait for. A ring's
+  // or a zero-copy publisher's version is its registered tensors.
   const uint8_t* TensorBytes(uint32_t tensor) const override {
-    return options.ring_buckets > 0 && tensor < tensors.size() ? tensors[tensor].source : nullptr;
+    return (options.ring_buckets > 0 || options.zero_copy) && tensor < tensors.size()
+               ? tensors[tensor].source
+               : nullptr;
   }
 };
 
@@ -212,12 +215,6 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   impl->welcome.lineage = options.lineage.empty() ? RandomLineage() : options.lineage;
   impl->welcome.resumed_from = options.resume_from_step;
   WS_ASSIGN_OR_RETURN(impl->endpoint, transport::link::ParseEndpoint(options.endpoint));
-  if (options.zero_copy && impl->endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
-    return Status::InvalidArgument(
-        "PublisherOptions.zero_copy with endpoint '", options.endpoint,
-        "': zero-copy subscribers open this process's GPU memory by CUDA IPC handle, on this "
-        "host only: use a local:// endpoint (or publish without zero_copy over tcp)");
-  }
   WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
   transport::link::ServerOptions server_options;
   server_options.max_connections = options.max_connections;
@@ -359,13 +356,8 @@ Status Publisher::Impl::Freeze() {
     WS_ASSIGN_OR_RETURN(store, transport::store::NewZeroCopyGpuStore(cuda_device));
     has_direct = true;
   } else if (options.ring_buckets > 0 && !store) {
-    // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones.
-    if (cuda_device >= 0 && endpoint.kind != transport::link::Endpoint::Kind::kLocal) {
-      return Status::NotSupported(
-          "PublisherOptions.ring_buckets with CUDA tensors and endpoint '", options.endpoint,
-          "': a ring of GPU buckets serves subscribers on this host (local://) only (nccl reads "
-          "a GPU arena); over tcp, publish host tensors or drop ring_buckets");
-    }
+    // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones. Over
+    // tcp the sessions send from the tensors and the store allocates no bucket.
     if (cuda_device >= 0) {
       WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuRingStore(cuda_device));
     } else {

@@ -125,9 +125,10 @@ Status CheckRing(const wire::Welcome& welcome, uint64_t* version_bytes) {
 }
 
 // A kCudaIpc store's allocations: sorted, disjoint, inside the direct region, and every direct
-// tensor inside one of them; other stores have none.
+// tensor inside one of them; other stores have none. A kCudaIpc store serving over tcp lists
+// none (it exports nothing; the link's end checks that a local one does: ChoosePath).
 Status CheckAllocations(const wire::Welcome& welcome) {
-  if (welcome.arena_kind != wire::ArenaKind::kCudaIpc) {
+  if (welcome.arena_kind != wire::ArenaKind::kCudaIpc || welcome.allocations.empty()) {
     if (welcome.allocations.empty()) return Status::Ok();
     return Status::ProtocolError("welcome: ", welcome.allocations.size(),
                                  " CUDA IPC allocations in a store of another kind");

@@ -77,6 +77,14 @@ constexpr PathEntry kPaths[] = {
      &ServesTcp, &Make<path::TcpReadPath>},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
      &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>},
+    {"nccl-zero-copy",
+     "zero-copy GPU tensors -> one CUDA device: grouped broadcasts over a two-rank communicator, "
+     "read from the publisher's own tensors",
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaIpc, DestinationKind::kCuda>, &Make<path::NcclPath>},
+    {"nccl-ring",
+     "ring publisher of GPU tensors -> one CUDA device: grouped broadcasts over a two-rank "
+     "communicator, read from its tensors (no bucket: NCCL's buffers bound what is in flight)",
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaRing, DestinationKind::kCuda>, &Make<path::NcclPath>},
 };
 
 std::string StoreText(const wire::Welcome& welcome) {
@@ -129,6 +137,14 @@ Result<const PathEntry*> ChoosePath(const link::Link& link, const wire::Welcome&
                                     const std::vector<plan::Destination>& destinations) {
   if (link.kind() == LinkKind::kUnix && welcome.arena_kind == ArenaKind::kNone) {
     return Status::ProtocolError(link.peer(), ": welcome on a local socket names no arena");
+  }
+  // A zero-copy layout without allocations is the one made for tcp (nothing exported): on this
+  // host the subscriber would have nothing to open.
+  if (link.kind() == LinkKind::kUnix && welcome.arena_kind == ArenaKind::kCudaIpc &&
+      welcome.allocations.empty() && welcome.direct_bytes > 0) {
+    return Status::ProtocolError(link.peer(),
+                                 ": zero-copy welcome on a local socket names none of the "
+                                 "publisher's CUDA allocations");
   }
   const DestinationKind kind = KindOf(destinations);
   for (const PathEntry& entry : kPaths) {

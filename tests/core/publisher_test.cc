@@ -57,15 +57,19 @@ TEST(PublisherAllocate, AFailedAllocateLeavesNothingBehind) {
   EXPECT_EQ((*p)->manifest().total_bytes(), 64u);
 }
 
-// Zero-copy publishes CUDA tensors where they are, to subscribers on this host: every other use
-// is refused up front, saying what to do instead (the GPU round trips are
-// tests/gpu/zero_copy_test.cc and the conformance suite's cuda-ipc-zero-copy rows).
-TEST(PublisherZeroCopy, IsRefusedOverTcpForHostTensorsAndForAllocate) {
+// Zero-copy publishes CUDA tensors where they are (to subscribers on this host by CUDA IPC, over
+// tcp by NCCL): host tensors and Allocate are refused up front, saying what to do instead (the
+// GPU round trips are tests/gpu/zero_copy_test.cc and the conformance suite's cuda-ipc-zero-copy
+// and nccl-zero-copy rows).
+TEST(PublisherZeroCopy, IsRefusedForHostTensorsAndForAllocateOverEitherLink) {
   PublisherOptions tcp;
   tcp.endpoint = "tcp://127.0.0.1:0";
   tcp.zero_copy = true;
-  EXPECT_STATUS_IS(kInvalidArgument, Publisher::Create(tcp), "zero_copy",
-                   "use a local:// endpoint");
+  ASSERT_OK_AND_ASSIGN(auto over_tcp, Publisher::Create(tcp));
+  std::vector<float> bias(4);
+  EXPECT_STATUS_IS(kInvalidArgument,
+                   over_tcp->Register({{"b", {bias.data(), DType::kFloat32, {4}}}}),
+                   "tensor 'b' is on cpu", "zero_copy");
   PublisherOptions local;
   local.endpoint = testing::UniqueEndpoint("zerocopy");
   local.zero_copy = true;

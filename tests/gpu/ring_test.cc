@@ -228,19 +228,30 @@ TEST(GpuRingStore, AFillHoldsItsBucketAndWhatCannotBeFilledIsRefused) {
                    "more than 4096");
 }
 
-// A ring of GPU buckets serves this host only: with CUDA tensors and a tcp endpoint the first
-// Publish is refused naming what to do (a host ring over tcp sends from its tensors instead).
-TEST(GpuRingOverTcp, IsRefusedAtTheFirstPublish) {
+// Over tcp a ring publisher of CUDA tensors allocates no bucket: its sessions' NCCL broadcasts
+// read the tensors (the nccl-ring rows of the conformance suite, two GPUs). Its Welcome keeps the
+// ring's geometry; a subscriber of host memory is told no path moves it there.
+TEST(GpuRingOverTcp, AllocatesNoBucketAndTellsAHostSubscriberWhyNot) {
   WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
   ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer w, cuda::DeviceBuffer::Allocate(4096));
   PublisherOptions o;
   o.endpoint = "tcp://127.0.0.1:0";
   o.ring_buckets = 2;
+  o.ring_bucket_bytes = 1024;
   ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
   ASSERT_OK(
       pub->Register({{"w", {w.data(), DType::kFloat32, {1024}, Device{Device::Kind::kCUDA, 0}}}}));
-  EXPECT_STATUS_IS(kNotSupported, pub->Publish(1).status(), "ring_buckets with CUDA tensors",
-                   "local://");
+  ASSERT_OK_AND_ASSIGN(PublishStats stats, pub->Publish(1));
+  EXPECT_EQ(stats.store_bytes, 0u) << "no ring of buckets behind a tcp endpoint";
+  std::vector<float> host(1024, -1.0f);
+  SubscriberOptions so;
+  so.endpoint = pub->endpoint();
+  so.timeout = std::chrono::milliseconds(3000);
+  auto sub = testing::NewSubscriber(so, {{"w", {host.data(), DType::kFloat32, {1024}}}});
+  EXPECT_STATUS_IS(kNotSupported, sub->Update(), "a ring of buckets in GPU memory (cuda:0)",
+                   "over tcp into host memory");
+  EXPECT_EQ(host[0], -1.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuRing,

@@ -247,6 +247,36 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
                    "tensor 'v' (4096 bytes) runs past the end of its CUDA allocation");
 }
 
+// Over tcp a zero-copy publisher exports nothing (its sessions' NCCL broadcasts read the tensors
+// in its process; the nccl-zero-copy rows of the conformance suite, two GPUs): memory no IPC could
+// share publishes, and the Welcome passes the tcp server's guard against exported allocations, so
+// a subscriber of host memory learns that no path moves GPU tensors there.
+TEST(ZeroCopyOverTcp, ExportsNothingSoUnshareableMemoryPublishes) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation private_memory,
+                       cuda::ChunkedAllocation::Create(0, 4 << 20, /*exportable=*/false));
+  PublisherOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.zero_copy = true;
+  ASSERT_OK_AND_ASSIGN(auto pub, Publisher::Create(o));
+  ASSERT_OK(pub->Register({{"w",
+                            {private_memory.data() + private_memory.chunk_bytes() - 4096,
+                             DType::kFloat32,
+                             {2048},
+                             {Device::Kind::kCUDA, 0}}}}));
+  ASSERT_OK_AND_ASSIGN(PublishStats stats, pub->Publish(1));  // local://: refused, above
+  EXPECT_EQ(stats.store_bytes, 0u);
+  std::vector<float> host(2048, -1.0f);
+  SubscriberOptions so;
+  so.endpoint = pub->endpoint();
+  so.timeout = std::chrono::milliseconds(3000);
+  auto sub = testing::NewSubscriber(so, {{"w", {host.data(), DType::kFloat32, {2048}}}});
+  EXPECT_STATUS_IS(kNotSupported, sub->Update(), "its own GPU tensors (zero-copy, cuda:0)",
+                   "over tcp into host memory");
+  EXPECT_EQ(host[0], -1.0f);
+}
+
 // cudaMalloc memory that ends in a partial 2 MiB page reads at about 0.8x where a subscriber
 // opens it by IPC (bench/copy_kernel_probe --src ipc): the publisher says so once, naming the
 // first tensor in such an allocation, and says nothing of whole-page allocations or of ones

@@ -421,6 +421,23 @@ TEST(ValidateLayoutTest, RejectsZeroCopyAllocationsThatOverlapOrLeaveATensorOut)
   EXPECT_CONTAINS(s.message(), "CUDA IPC allocations in a store of another kind");
 }
 
+// A zero-copy publisher serving over tcp exports nothing: its layout lists no allocation (NCCL
+// reads its tensors on its side) and is valid as long as the tensors fit the direct region. A
+// local subscriber refuses that form (ChoosePath: tests/transport/path_table_test.cc).
+TEST(ValidateLayoutTest, AcceptsAZeroCopyLayoutWithoutAllocationsForTcp) {
+  wire::Welcome w = ZeroCopyWelcome();
+  w.allocations.clear();
+  Status s = ValidateLayout(w);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(AllocationFdCount(w), 0u);
+
+  w.tensors[1].offset = 8192 + 2000;  // 3000 bytes: past the direct region's 12288
+  s = ValidateLayout(w);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+  EXPECT_CONTAINS(s.message(), "tensor 'a1'");
+  EXPECT_CONTAINS(s.message(), "exceeds direct size 12288");
+}
+
 // A cuMem allocation's chunks are mapped back to back by the subscriber: they must tile it.
 TEST(ValidateLayoutTest, ChecksThatFdChunksTileTheirAllocation) {
   wire::Welcome w = ZeroCopyWelcome();

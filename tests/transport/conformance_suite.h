@@ -94,7 +94,11 @@ inline std::vector<PathRow> GpuRows() {
                       {"cuda-ipc-ring", true, true, false, {}, nullptr, "2:131072"},
                       {"host-to-gpu-ring", false, true, false, {}, nullptr, "2:131072"},
                       {"gpu-to-host-ring", true, false, false, {}, nullptr, "2:131072"},
-                      {"nccl", true, true, true, {}}});
+                      {"nccl", true, true, true, {}},
+                      // From the publisher's own tensors, nothing exported or staged.
+                      {"nccl-zero-copy", true, true, true, {}, "1"},
+                      {"nccl-zero-copy", true, true, true, {}, "vmm"},
+                      {"nccl-ring", true, true, true, {}, nullptr, "2:131072"}});
 }
 
 inline void PrintTo(const PathRow& row, std::ostream* os) {

@@ -17,6 +17,11 @@ namespace {
 
 using util::Deadline;
 
+bool IsGpuStore(wire::ArenaKind kind) {
+  return kind == wire::ArenaKind::kCudaMem || kind == wire::ArenaKind::kCudaIpc ||
+         kind == wire::ArenaKind::kCudaRing;
+}
+
 // A host store's step: the selected byte ranges, in Select order, straight from the pinned
 // version (scatter-gather send, no staging copy). Prepared once per session. From a host ring
 // publisher the version is its registered tensors: sent from them (fenced by BeginWrite), the
@@ -83,14 +88,19 @@ class NcclDelivery final : public StepDelivery {
   // A broadcast waiting on a stalled receiver keeps NCCL kernels running on the publisher's GPU:
   // it is aborted at the publisher's timeout.
   bool BoundedByPublisher() const override { return true; }
+  // From a ring publisher: its tensors, pinned whole (no round of its ring; NCCL's own buffers
+  // bound what is in flight).
+  bool WholeVersion() const override { return true; }
 
  private:
   path::NcclSender* sender_;
   const cuda::nccl::Watch& watch_;
 };
 
-// A GPU arena's bytes go over NCCL: the subscriber asks with NcclSetup right after Select, and
-// gets the unique id of a two-rank communicator both sides then join. Once per session.
+// A GPU store's bytes go over NCCL: the subscriber asks with NcclSetup right after Select, and
+// gets the unique id of a two-rank communicator both sides then join. Once per session. From a
+// GPU arena the sender maps it; from a zero-copy or ring publisher it sends from the registered
+// tensors themselves.
 Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionConfig& config,
                                                     const wire::Welcome& welcome, int arena_fd,
                                                     const wire::Select& select,
@@ -118,7 +128,13 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
         cuda::nccl::NcclVersionString(static_cast<int>(setup.nccl_version)),
         " (both ranks of a communicator need the same NCCL major.minor)");
   }
-  WS_ASSIGN_OR_RETURN(auto sender, path::NcclSender::Prepare(arena_fd, welcome, select.ranges));
+  Result<std::unique_ptr<path::NcclSender>> prepared =
+      welcome.arena_kind == wire::ArenaKind::kCudaMem
+          ? path::NcclSender::Prepare(arena_fd, welcome, select.ranges)
+          : path::NcclSender::FromTensors(welcome, select.ranges, [&](uint32_t tensor) {
+              return config.source->TensorBytes(tensor);
+            });
+  WS_ASSIGN_OR_RETURN(auto sender, std::move(prepared));
   WS_ASSIGN_OR_RETURN(cuda::nccl::UniqueId id, cuda::nccl::NewUniqueId());
   wire::NcclId answer{static_cast<uint32_t>(version), id};
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kNcclId, answer, deadline));
@@ -135,16 +151,7 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
 Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
   WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
   const wire::Welcome& welcome = *layout.first;
-  if (welcome.arena_kind == wire::ArenaKind::kCudaIpc) {
-    // Its CUDA IPC handles are bearer secrets of this host: never on a network connection
-    // (Publisher::Create refuses zero_copy over tcp; this is the last line).
-    return Status::FailedPrecondition(
-        "a zero-copy publisher serves subscribers on its own host only (local://)");
-  }
-  if (welcome.arena_kind == wire::ArenaKind::kCudaRing) {  // Publish refuses it first
-    return Status::FailedPrecondition(
-        "a ring of GPU buckets serves subscribers on its own host only (local://)");
-  }
+  WS_RETURN_IF_ERROR(CheckServableOverTcp(welcome));
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
   WS_RETURN_IF_ERROR(ch.ReceiveExpect(wire::FrameType::kSelect, &select, Deadline(config.timeout)));
@@ -160,7 +167,7 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
                                    ") of tensor '", spec.name, "', which has ", spec.nbytes);
     }
   }
-  if (welcome.arena_kind == wire::ArenaKind::kCudaMem) {
+  if (IsGpuStore(welcome.arena_kind)) {
     const cuda::nccl::Watch watch{ch.fd(), config.stopping, "subscriber " + config.peer};
     WS_ASSIGN_OR_RETURN(auto sender, SetUpNccl(ch, config, welcome, layout.second, select, watch));
     NcclDelivery delivery(sender.get(), watch);
@@ -171,6 +178,19 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
 }
 
 }  // namespace
+
+Status CheckServableOverTcp(const wire::Welcome& welcome) {
+  // A zero-copy publisher's CUDA IPC handles and chunk fds are bearer secrets of this host: never
+  // on a network connection. A zero-copy store made for tcp exports none (its Welcome lists no
+  // allocations); this is the last line.
+  if (!welcome.allocations.empty()) {
+    return Status::FailedPrecondition(
+        "a zero-copy publisher that exported its CUDA allocations (for subscribers on its own "
+        "host, local://) never sends them over tcp: ",
+        welcome.allocations.size(), " allocation(s) in its layout");
+  }
+  return Status::Ok();
+}
 
 void RunSession(int fd, const SessionConfig& config) {
   Channel ch(util::UniqueFd(::dup(fd)), "subscriber " + config.peer);

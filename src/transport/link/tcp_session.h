@@ -6,13 +6,21 @@
 //   ... Select → NcclSetup → NcclId → (both join a two-rank communicator)
 //   { UpdateRequest → StepBegin → grouped ncclBroadcast (root) of the slot's selected tensors →
 //   StepEnd }*
+// From a zero-copy or ring GPU publisher the broadcast reads its registered tensors themselves
+// (fenced by BeginWrite); nothing is mapped, and no CUDA IPC handle leaves the host.
 // The communicator lives as long as the session; any failure aborts it and ends the session. The
 // step loop itself is publisher_session.h's, shared with the Unix link.
 #pragma once
 
 #include "transport/link/publisher_session.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
 
 namespace weightsync::transport::link {
+
+// FailedPrecondition when `welcome` must not go on a network connection: it lists a zero-copy
+// publisher's exported CUDA allocations (IPC handles, chunk fds).
+Status CheckServableOverTcp(const wire::Welcome& welcome);
 
 // Serves until the peer leaves, breaks the protocol or the server stops; logs why it ended.
 // Borrows `fd` (the caller closes it).

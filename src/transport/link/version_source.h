@@ -61,8 +61,9 @@ class VersionSource {
   }
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
-  // A ring publisher's registered tensor `tensor` (manifest order) in this process: what the TCP
-  // server sends from, the version being the tensors themselves. Null where there is none.
+  // A ring or zero-copy publisher's registered tensor `tensor` (manifest order) in this process
+  // (host memory, or its CUDA device's): what the TCP server sends from (on the socket, or by
+  // NCCL), the version being the tensors themselves. Null where there is none.
   virtual const uint8_t* TensorBytes(uint32_t /*tensor*/) const { return nullptr; }
 };
 

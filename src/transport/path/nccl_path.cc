@@ -42,6 +42,31 @@ Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(
   return s;
 }
 
+Result<std::unique_ptr<NcclSender>> NcclSender::FromTensors(
+    const wire::Welcome& welcome, std::span<const wire::SelectRange> selected,
+    const std::function<const uint8_t*(uint32_t)>& tensor_bytes) {
+  if ((welcome.arena_kind != wire::ArenaKind::kCudaIpc &&
+       welcome.arena_kind != wire::ArenaKind::kCudaRing) ||
+      welcome.device < 0) {
+    return Status::Internal("nccl: the publisher's version is not its CUDA tensors");
+  }
+  std::unique_ptr<NcclSender> s(new NcclSender());
+  s->device_ = welcome.device;
+  s->from_tensors_ = true;
+  s->slot_pieces_.assign(1, {});
+  for (const wire::SelectRange& range : selected) {  // checked against the Welcome
+    const uint8_t* bytes = tensor_bytes(range.tensor);
+    if (bytes == nullptr && range.bytes > 0) {
+      return Status::Internal("nccl: tensor '", welcome.tensors[range.tensor].spec.name,
+                              "' has no bytes in this process");
+    }
+    // NCCL only reads from the root's buffers.
+    s->slot_pieces_[0].push_back({const_cast<uint8_t*>(bytes) + range.offset, range.bytes});
+    s->bytes_per_step_ += range.bytes;
+  }
+  return s;
+}
+
 NcclSender::~NcclSender() {
   if (Status s = Close(); !s.ok()) WS_LOG(WARN, "nccl") << "sender cleanup: " << s;
 }
@@ -55,6 +80,7 @@ Status NcclSender::Connect(const cuda::nccl::UniqueId& id, const util::Deadline&
 Status NcclSender::Send(uint32_t slot, const util::Deadline& deadline,
                         const cuda::nccl::Watch& watch) {
   if (!link_) return Status::FailedPrecondition("nccl: Send() before Connect()");
+  if (from_tensors_) return link_->Transfer(slot_pieces_[0], deadline, watch);
   if (slot >= slot_pieces_.size()) {
     return Status::Internal("nccl: slot ", slot, " of ", slot_pieces_.size());
   }
@@ -97,7 +123,9 @@ Status NcclPath::Prepare(const PathContext& ctx) {
                                  static_cast<int>(welcome.digest_kind),
                                  ", expected 1 (GPU digest)");
   }
-  if (welcome.direct_bytes > 0 || ctx.plan->uses_direct) {
+  // A zero-copy publisher's tensors lie in its (virtual) direct region; a GPU arena has none.
+  if (welcome.arena_kind == wire::ArenaKind::kCudaMem &&
+      (welcome.direct_bytes > 0 || ctx.plan->uses_direct)) {
     return Status::NotSupported("nccl: arena-allocated GPU tensors are not supported yet");
   }
   // Staging, digests and the receive list first: the communicator is created last and released

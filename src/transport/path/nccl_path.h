@@ -4,7 +4,9 @@
 // NCCL communicator set up right after Select:
 //
 //   subscriber (NcclPath)                        publisher session (NcclSender)
-//   Prepare: staging, receive list               Prepare: arena mapped, send lists
+//   Prepare: staging, receive list               Prepare: arena mapped, send lists (or, from a
+//                                                zero-copy or ring publisher, the lists over its
+//                                                registered tensors: FromTensors)
 //   nccl_setup {version, device} ─────────────▶
 //             ◀───────────────────────────────── nccl_id {version, ncclUniqueId}
 //   Connect(id, rank 1)                           Connect(id, rank 0)    (non-blocking init)
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -48,13 +51,21 @@ class NcclSender {
   // the Welcome by the caller).
   static Result<std::unique_ptr<NcclSender>> Prepare(int arena_fd, const wire::Welcome& welcome,
                                                      std::span<const wire::SelectRange> selected);
+  // A publisher whose version is its registered tensors (zero-copy, ArenaKind::kCudaIpc; a ring,
+  // kCudaRing): the `selected` ranges straight from them, `tensor_bytes(i)` being tensor i's
+  // bytes in this process (VersionSource::TensorBytes). Every slot sends the same memory, fenced
+  // by the publisher's BeginWrite; nothing is mapped or copied.
+  static Result<std::unique_ptr<NcclSender>> FromTensors(
+      const wire::Welcome& welcome, std::span<const wire::SelectRange> selected,
+      const std::function<const uint8_t*(uint32_t)>& tensor_bytes);
   ~NcclSender();  // Close(), logging a failure
 
   // Joins the communicator as rank 0 (after the unique id went out in NcclId).
   Status Connect(const cuda::nccl::UniqueId& id, const util::Deadline& deadline,
                  const cuda::nccl::Watch& watch);
-  // Sends the selected tensors of `slot` and waits until NCCL has read all of them (after that,
-  // the slot may be unpinned and rewritten). A failure aborts the communicator.
+  // Sends the selected tensors of `slot` (from tensors: any slot) and waits until NCCL has read all
+  // of them (after that, the slot may be unpinned and rewritten). A failure aborts the
+  // communicator.
   Status Send(uint32_t slot, const util::Deadline& deadline, const cuda::nccl::Watch& watch);
   // Communicator (abort), then the arena mapping.
   Status Close();
@@ -67,7 +78,9 @@ class NcclSender {
   NcclSender() = default;
   int device_ = -1;
   cuda::ImportedAllocation arena_;
-  std::vector<std::vector<cuda::nccl::Piece>> slot_pieces_;  // [slot][selected tensor]
+  // [slot][selected tensor]; from tensors, one list that every slot sends.
+  std::vector<std::vector<cuda::nccl::Piece>> slot_pieces_;
+  bool from_tensors_ = false;
   uint64_t bytes_per_step_ = 0;
   std::unique_ptr<cuda::nccl::Link> link_;
 };

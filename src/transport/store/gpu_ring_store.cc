@@ -4,7 +4,8 @@
 // registered tensors themselves: Publish hashes them where they are and copies nothing; bucket b
 // is copied into slot b % ring_slots when the subscribers reading the version need it
 // (FillBucket, driven by BucketRing), so the trainer must not write the tensors until they are
-// done — the publisher's BeginWrite fence.
+// done — the publisher's BeginWrite fence. Over tcp (StoreLayout::local_readers false) no bucket
+// is allocated: the sessions' NCCL broadcasts read the tensors; the Welcome keeps the geometry.
 //
 // Prepared at Freeze: per bucket, the copy-engine batch of its pieces (the registered tensors cut
 // at the bucket's edges) and the copy-group launch of its small ones. A fill only submits them.
@@ -41,7 +42,7 @@ class GpuRingStore final : public VersionStore {
   Status Publish(uint32_t /*slot*/, std::span<uint64_t> digests, void* cuda_stream,
                  const util::Deadline& deadline) override {
     util::MutexLock lock(&mu_);
-    if (ring_.data() == nullptr) return Status::FailedPrecondition("GPU ring store is closed");
+    if (!frozen_) return Status::FailedPrecondition("GPU ring store is closed");
     cuda::ScopedDevice restore;
     WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
     return digests_.Run(queue_, digests, cuda_stream, deadline);
@@ -69,8 +70,10 @@ class GpuRingStore final : public VersionStore {
     util::MutexLock lock(&mu_);
     return "a ring of " + std::to_string(ring_slots_) + " buckets of " +
            std::to_string(bucket_bytes_) + " bytes on cuda:" + std::to_string(device_) + " (" +
-           std::to_string(version_buckets_) + " buckets a version), " +
-           std::to_string(digests_.segments()) + " segments hashed in place";
+           std::to_string(version_buckets_) + " buckets a version" +
+           (ring_.data() == nullptr ? "; none allocated: over tcp NCCL sends from the tensors"
+                                    : "") +
+           "), " + std::to_string(digests_.segments()) + " segments hashed in place";
   }
   Status Close() override {
     util::MutexLock lock(&mu_);
@@ -82,6 +85,7 @@ class GpuRingStore final : public VersionStore {
     result.Update(queue_.Close());
     result.Update(fd_.Close());
     result.Update(ring_.Close());
+    frozen_ = false;
     bucket_bytes_ = 0;
     version_buckets_ = 0;
     ring_slots_ = 0;
@@ -106,6 +110,7 @@ class GpuRingStore final : public VersionStore {
   uint64_t bucket_bytes_ WS_GUARDED_BY(mu_) = 0;
   uint32_t version_buckets_ WS_GUARDED_BY(mu_) = 0;
   uint32_t ring_slots_ WS_GUARDED_BY(mu_) = 0;
+  bool frozen_ WS_GUARDED_BY(mu_) = false;  // the ring (if any), queue and digests exist
   std::chrono::milliseconds fill_wait_ WS_GUARDED_BY(mu_){0};
 };
 
@@ -128,17 +133,22 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
                                    " buckets, more than ", kMaxGpuRingBuckets,
                                    ": use larger buckets (PublisherOptions.ring_bucket_bytes)");
   }
-  WS_ASSIGN_OR_RETURN(cuda::ExportedAllocation ring,
-                      cuda::ExportedAllocation::Create(device_, bucket * layout.ring_slots));
-  WS_ASSIGN_OR_RETURN(util::UniqueFd fd, ring.ExportFd());
+  // Over tcp no bucket: the sessions' NCCL broadcasts read the tensors themselves.
+  cuda::ExportedAllocation ring;
+  util::UniqueFd fd;
+  if (layout.local_readers) {
+    WS_ASSIGN_OR_RETURN(ring,
+                        cuda::ExportedAllocation::Create(device_, bucket * layout.ring_slots));
+    WS_ASSIGN_OR_RETURN(fd, ring.ExportFd());
+  }
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
   WS_ASSIGN_OR_RETURN(GpuTensorDigests digests,
                       GpuTensorDigests::Prepare(layout, CutSegments(layout), queue));
   // Every bucket's copies, into its slot b % ring_slots. A registered tensor is its own
   // allocation's (span: its index), so rows fold only within one.
-  std::vector<Fill> fills(buckets);
+  std::vector<Fill> fills(layout.local_readers ? buckets : 0);
   std::vector<plan::RingPiece> cut;
-  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+  for (size_t i = 0; layout.local_readers && i < layout.tensors.size(); ++i) {
     const PublishedTensor& t = layout.tensors[i];
     if (t.alias_of >= 0) continue;  // a tied tensor's bytes are its original's
     cut.clear();
@@ -165,7 +175,8 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   welcome->digest_kind = wire::DigestKind::kGpu64;
   welcome->segment_bytes = layout.segment_bytes;
   welcome->slot_count = layout.ring_slots;
-  welcome->arena_bytes = ring.size();
+  // Without buckets the geometry alone (as the host ring over tcp).
+  welcome->arena_bytes = layout.local_readers ? ring.size() : bucket * layout.ring_slots;
   welcome->direct_offset = 0;
   welcome->direct_bytes = 0;
   welcome->slots_offset = 0;
@@ -183,12 +194,14 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   bucket_bytes_ = bucket;
   version_buckets_ = buckets;
   ring_slots_ = layout.ring_slots;
+  frozen_ = true;
   return Status::Ok();
 }
 
 Status GpuRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   util::MutexLock lock(&mu_);
-  if (ring_.data() == nullptr) return Status::FailedPrecondition("GPU ring store is closed");
+  // Closed, or never allocated (served over tcp, where no session asks for a fill).
+  if (ring_.data() == nullptr) return Status::FailedPrecondition("GPU ring store has no buckets");
   if (bucket >= version_buckets_ || slot != bucket % ring_slots_) {
     return Status::InvalidArgument("bucket ", bucket, " into slot ", slot, ": the ring has ",
                                    version_buckets_, " buckets a version, bucket b in slot b % ",

@@ -7,7 +7,9 @@
 // Welcome's allocations) and read the trainer's memory directly. The tensors are placed in a
 // virtual direct region in which every allocation has its own range, so the rest of the system
 // addresses them by one offset as in an arena; like arena-allocated host tensors they are shared by
-// every version, and the publisher fences writes (BeginWrite).
+// every version, and the publisher fences writes (BeginWrite). Over tcp (StoreLayout::local_readers
+// false) nothing is exported: the sessions' NCCL broadcasts read the tensors in this process, and
+// the Welcome lists no allocation (no handle ever exists to leak).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -65,10 +67,13 @@ class ZeroCopyGpuStore final : public VersionStore {
   uint64_t copy_bytes() const override { return 0; }
   uint64_t held_bytes() const override { return 0; }  // the version is the registered tensors
   std::string Describe() const override {
-    return "zero-copy: the registered tensors in " + std::to_string(allocations_) +
-           " CUDA allocation(s) (" + std::to_string(chunks_.size()) +
-           " cuMem chunks) on cuda:" + std::to_string(device_) + ", " +
-           std::to_string(digests_.segments()) + " segments hashed in one grouped launch pair";
+    const std::string where = exported_
+                                  ? "in " + std::to_string(allocations_) + " CUDA allocation(s) (" +
+                                        std::to_string(chunks_.size()) + " cuMem chunks) "
+                                  : "(nothing exported: sent by NCCL from this process) ";
+    return "zero-copy: the registered tensors " + where + "on cuda:" + std::to_string(device_) +
+           ", " + std::to_string(digests_.segments()) +
+           " segments hashed in one grouped launch pair";
   }
   Status Close() override;
 
@@ -77,9 +82,14 @@ class ZeroCopyGpuStore final : public VersionStore {
   // the cuMem chunks it exports, retained, into `retained`.
   Status Place(const StoreLayout& layout, wire::Welcome* welcome,
                std::vector<cuda::RetainedChunk>* retained);
+  // Over tcp (no local readers): nothing exported, no allocation listed — NCCL reads the tensors
+  // in this process. They keep their registration offsets in the virtual direct region.
+  void PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome);
+  void SetKind(const StoreLayout& layout, wire::Welcome* welcome) const;
 
   int device_;
   uint64_t allocations_ = 0;
+  bool exported_ = true;                     // false over tcp: PlaceForNetwork
   std::vector<cuda::RetainedChunk> chunks_;  // the cuMem chunks in Welcome order
   cuda::CopyQueue queue_;
   GpuTensorDigests digests_;  // every segment, over the caller's tensors
@@ -236,6 +246,29 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
     }
     welcome->tensors.push_back(std::move(p));
   }
+  SetKind(layout, welcome);
+  welcome->direct_bytes = at;
+  welcome->arena_bytes = at;
+  return Status::Ok();
+}
+
+void ZeroCopyGpuStore::PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome) {
+  welcome->allocations.clear();
+  welcome->tensors.clear();
+  uint64_t end = 0;
+  for (const PublishedTensor& t : layout.tensors) {
+    wire::TensorPlacement p = t.placement;  // aliases share their original's offset
+    p.region = wire::Region::kDirect;
+    if (p.spec.nbytes == 0) p.offset = 0;
+    end = std::max(end, p.offset + p.spec.nbytes);
+    welcome->tensors.push_back(std::move(p));
+  }
+  SetKind(layout, welcome);
+  welcome->direct_bytes = end;
+  welcome->arena_bytes = end;
+}
+
+void ZeroCopyGpuStore::SetKind(const StoreLayout& layout, wire::Welcome* welcome) const {
   welcome->arena_kind = wire::ArenaKind::kCudaIpc;
   welcome->device = device_;
   welcome->digest_kind = wire::DigestKind::kGpu64;
@@ -244,9 +277,6 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
   welcome->slot_bytes = 0;
   welcome->slots_offset = 0;
   welcome->direct_offset = 0;
-  welcome->direct_bytes = at;
-  welcome->arena_bytes = at;
-  return Status::Ok();
 }
 
 Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
@@ -259,12 +289,17 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   // Built aside and kept only whole: a failed Freeze leaves the store and the Welcome as they were.
   wire::Welcome placed = *welcome;
   std::vector<cuda::RetainedChunk> chunks;
-  WS_RETURN_IF_ERROR(Place(layout, &placed, &chunks));
+  if (layout.local_readers) {
+    WS_RETURN_IF_ERROR(Place(layout, &placed, &chunks));
+  } else {
+    PlaceForNetwork(layout, &placed);
+  }
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
   WS_ASSIGN_OR_RETURN(GpuTensorDigests digests,
                       GpuTensorDigests::Prepare(layout, CutSegments(layout), queue));
   *welcome = std::move(placed);
   allocations_ = welcome->allocations.size();
+  exported_ = layout.local_readers;
   chunks_ = std::move(chunks);
   queue_ = std::move(queue);
   digests_ = std::move(digests);

@@ -1,7 +1,8 @@
-// A zero-copy publisher's Welcome carries CUDA IPC handles, bearer secrets of its host: the tcp
-// server never sends one. Publisher::Create refuses zero_copy over tcp (tests/core/
-// publisher_test.cc); this is the server's own guard, driven here by a version source whose layout
-// is a zero-copy one, against a real subscriber over loopback tcp.
+// A zero-copy publisher's Welcome for local subscribers carries CUDA IPC handles (and cuMem chunk
+// fds follow it), bearer secrets of its host: the tcp server never sends one. A zero-copy
+// publisher on a tcp endpoint exports nothing (its Welcome lists no allocation, NCCL reads its
+// tensors); this is the server's own guard, driven here by a version source whose layout is the
+// local one, against a real subscriber over loopback tcp.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -35,7 +36,7 @@ class FixedLayout final : public transport::link::VersionSource {
   wire::Welcome welcome_;
 };
 
-TEST(TcpServer, NeverSendsAZeroCopyLayoutAndTheSubscriberIsToldWhy) {
+wire::Welcome ZeroCopyLayout() {
   wire::Welcome w;
   w.session_id = 1;
   w.lineage = "zero-copy-test";
@@ -49,22 +50,47 @@ TEST(TcpServer, NeverSendsAZeroCopyLayoutAndTheSubscriberIsToldWhy) {
   t.spec = {"w", DType::kFloat32, {4}, 16};
   t.region = wire::Region::kDirect;
   w.tensors = {t};
-  FixedLayout source(w);
-  ASSERT_OK_AND_ASSIGN(auto endpoint, transport::link::ParseEndpoint("tcp://127.0.0.1:0"));
+  return w;
+}
+
+// Serves `layout` over loopback tcp to a subscriber of one host tensor: its first Update.
+Status FirstUpdateOf(const wire::Welcome& layout, std::vector<float>* dst) {
+  FixedLayout source(layout);
+  auto endpoint = transport::link::ParseEndpoint("tcp://127.0.0.1:0");
+  if (!endpoint.ok()) return endpoint.status();
   transport::link::ServerOptions options;
   options.timeout = std::chrono::milliseconds(3000);
-  ASSERT_OK_AND_ASSIGN(auto server, transport::link::StartServer(endpoint, options, &source));
-
-  std::vector<float> dst(4, -1.0f);
+  auto server = transport::link::StartServer(*endpoint, options, &source);
+  if (!server.ok()) return server.status();
   SubscriberOptions o;
-  o.endpoint = server->bound().ToString();
+  o.endpoint = (*server)->bound().ToString();
   o.timeout = std::chrono::milliseconds(3000);
-  auto sub = testing::NewSubscriber(o, {{"w", {dst.data(), DType::kFloat32, {4}}}});
+  auto sub = testing::NewSubscriber(o, {{"w", {dst->data(), DType::kFloat32, {4}}}});
+  Status s = sub->Update().status();
+  EXPECT_OK((*server)->Close());
+  return s;
+}
+
+TEST(TcpServer, NeverSendsAZeroCopyLayoutAndTheSubscriberIsToldWhy) {
+  std::vector<float> dst(4, -1.0f);
   // Without the guard the Welcome arrives and the subscriber finds no data path for it instead.
-  EXPECT_STATUS_IS(kFailedPrecondition, sub->Update(),
-                   "a zero-copy publisher serves subscribers on its own host only");
+  EXPECT_STATUS_IS(kFailedPrecondition, FirstUpdateOf(ZeroCopyLayout(), &dst),
+                   "a zero-copy publisher that exported its CUDA allocations",
+                   "never sends them over tcp", "1 allocation(s)");
   EXPECT_EQ(dst, std::vector<float>(4, -1.0f));
-  ASSERT_OK(server->Close());
+}
+
+// The form a zero-copy publisher on a tcp endpoint makes (nothing exported) is served: this
+// subscriber gets the Welcome and is told that no path moves GPU tensors into its host memory.
+TEST(TcpServer, ServesTheZeroCopyLayoutThatListsNoAllocation) {
+  wire::Welcome w = ZeroCopyLayout();
+  w.allocations.clear();
+  w.device = 0;
+  w.digest_kind = wire::DigestKind::kGpu64;
+  std::vector<float> dst(4, -1.0f);
+  EXPECT_STATUS_IS(kNotSupported, FirstUpdateOf(w, &dst), "its own GPU tensors (zero-copy, cuda:0)",
+                   "over tcp into host memory");
+  EXPECT_EQ(dst, std::vector<float>(4, -1.0f));
 }
 
 }  // namespace

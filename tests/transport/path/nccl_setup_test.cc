@@ -290,5 +290,32 @@ TEST_F(HostTcpPublisher, MixedHostAndCudaDestinationsAreNotSupported) {
   EXPECT_TRUE(SyntheticModel::Holds(host_dst, 1, &why)) << why;
 }
 
+// ---- a sender over the publisher's own tensors ----------------------------------------------
+
+// A zero-copy or ring publisher's sessions send from its registered tensors (no GPU needed to
+// build the send list): one whose tensor has no bytes in this process, or whose store is an arena,
+// is an internal error naming it rather than a broadcast from a null pointer.
+TEST(NcclSenderFromTensors, RefusesATensorWithoutBytesAndAStoreThatIsNotItsTensors) {
+  wire::Welcome w;
+  w.arena_kind = wire::ArenaKind::kCudaIpc;
+  w.device = 0;
+  wire::TensorPlacement t;
+  t.spec = {"layers.0.w", DType::kFloat32, {1024}, 4096};
+  t.region = wire::Region::kDirect;
+  w.tensors = {t};
+  const std::vector<wire::SelectRange> selected = {{0, 1024, 2048}};
+  std::vector<uint8_t> bytes(4096);
+  auto none = [](uint32_t) -> const uint8_t* { return nullptr; };
+  auto held = [&](uint32_t) -> const uint8_t* { return bytes.data(); };
+  EXPECT_STATUS_IS(kInternal, transport::path::NcclSender::FromTensors(w, selected, none),
+                   "'layers.0.w'", "no bytes in this process");
+  EXPECT_OK(transport::path::NcclSender::FromTensors(w, selected, held));
+  w.arena_kind = wire::ArenaKind::kCudaRing;
+  EXPECT_OK(transport::path::NcclSender::FromTensors(w, selected, held));
+  w.arena_kind = wire::ArenaKind::kCudaMem;
+  EXPECT_STATUS_IS(kInternal, transport::path::NcclSender::FromTensors(w, selected, held),
+                   "not its CUDA tensors");
+}
+
 }  // namespace
 }  // namespace weightsync
