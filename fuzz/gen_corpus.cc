@@ -186,6 +186,9 @@ void Messages() {
                           chunks.bytes - 2 * (chunks.bytes / 3)};
     w.allocations = {ipc, chunks};
     Write(t, "welcome_zero_copy", WithSelector(WelcomeSelector(1, 0), Payload(w)));
+    // The same publisher on a tcp endpoint: nothing exported, no allocation listed.
+    w.allocations.clear();
+    Write(t, "welcome_zero_copy_tcp", WithSelector(WelcomeSelector(1, 0), Payload(w)));
     // Converting subscriber (set 2): casts and bf16 → fp8 with scales, slots and direct.
     const std::vector<TensorSpec> converting = weightsync::fuzz::ConvertingPublisherSpecs();
     Write(t, "welcome_converting_seg16",

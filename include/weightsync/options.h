@@ -64,12 +64,13 @@ struct PublisherOptions {
   // ≥ 0: this publisher resumes `lineage` from that step (the checkpoint it restored); steps it
   // publishes must be greater. Requires `lineage`. -1: a fresh start.
   int64_t resume_from_step = -1;
-  // CUDA tensors, local:// endpoints: the registered tensors ARE the published version — no GPU
-  // arena, no copy; subscribers on this host read the trainer's memory (cuda-ipc, each CUDA
-  // allocation the tensors live in exported once by IPC handle). As with Allocate()d host
+  // CUDA tensors: the registered tensors ARE the published version — no GPU arena, no copy. On a
+  // local:// endpoint subscribers on this host read the trainer's memory (cuda-ipc: each
+  // cudaMalloc allocation the tensors live in exported once by IPC handle, cuMem memory such as
+  // PyTorch's expandable segments chunk by chunk as POSIX fds); on a tcp:// endpoint nothing is
+  // exported and each session broadcasts the tensors over NCCL. As with Allocate()d host
   // tensors, Publish(step) only hashes, and the trainer must call BeginWrite() before changing
-  // the tensors (it waits for readers, revoking any past `timeout`). Tensors must come from
-  // cudaMalloc memory (PyTorch's default allocator; not expandable segments), and stay allocated
+  // the tensors (it waits for readers, revoking any past `timeout`). The tensors stay allocated
   // until Close(): subscribers map them until their next update, sleep or close.
   bool zero_copy = false;
   // Bounded staging: ≥ 2 keeps versions in a ring of this many buckets of
@@ -81,10 +82,9 @@ struct PublisherOptions {
   // Subscribers updating at the same time share one pass through the ring (a round); one arriving
   // after the ring has moved on waits for the round to end, then starts the next. A subscriber
   // holding a bucket past `timeout` while others wait for its slot is revoked (it commits nothing).
-  // Over tcp (host tensors only) the session sends the version from the tensors themselves,
-  // BeginWrite waiting until the socket has taken the bytes; no bucket is allocated there
-  // (PublishStats::store_bytes 0). CUDA tensors with a tcp endpoint are refused at the first
-  // Publish. 0: off.
+  // Over tcp the session sends the version from the tensors themselves (socket writes for host
+  // tensors, NCCL broadcasts for CUDA ones), BeginWrite waiting until the bytes have been taken;
+  // no bucket is allocated there (PublishStats::store_bytes 0). 0: off.
   int ring_buckets = 0;
   // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)
   // memory over the buckets, within [64 MiB, 1 GiB], and never more than the model.

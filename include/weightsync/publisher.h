@@ -15,10 +15,10 @@
 //    has its read revoked (it gets a Timeout at the end of its step and commits nothing: staged,
 //    its old weights stay; in place, they are marked invalid) and BeginWrite returns, so one
 //    stalled subscriber never stalls the trainer. PublishStats says what it cost.
-//  * Register() with PublisherOptions::zero_copy (CUDA tensors, local:// endpoints): the
-//    registered tensors themselves are the published version — no GPU arena, Publish(step)
-//    copies nothing (it hashes the tensors where they are) and subscribers on this host read the
-//    trainer's memory. As for Allocate(), call BeginWrite() before changing them.
+//  * Register() with PublisherOptions::zero_copy (CUDA tensors): the registered tensors
+//    themselves are the published version — no GPU arena, Publish(step) copies nothing (it
+//    hashes the tensors where they are); subscribers on this host read the trainer's memory, tcp
+//    subscribers receive it over NCCL. As for Allocate(), call BeginWrite() before changing them.
 // All registration (Register/Allocate) happens before the first Publish.
 //
 // Versions are identified by (lineage, session, step): PublisherOptions::lineage and

@@ -26,7 +26,7 @@ inline constexpr uint32_t kMagic = 0x4E595357u;
 // regions, Select names byte ranges; 3: Welcome carries the publisher's lineage, UpdateRequest the
 // subscriber's wait (2: nccl steps are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv).
 // The header check refuses a peer of another version at once.
-inline constexpr uint16_t kProtocolVersion = 7;
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 

@@ -226,6 +226,16 @@ TEST(GpuRingStore, AFillHoldsItsBucketAndWhatCannotBeFilledIsRefused) {
   layout.tensors[0].placement.spec.nbytes = layout.slot_bytes;  // never read: refused first
   EXPECT_STATUS_IS(kInvalidArgument, store->Freeze(layout, &welcome), "needs 4097 buckets",
                    "more than 4096");
+  // Over tcp no bucket is allocated and none prepared, so the bound is not theirs to set; a fill
+  // (no session asks for one there) finds no bucket.
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer large, cuda::DeviceBuffer::Allocate(layout.slot_bytes));
+  layout.tensors[0].source = large.as<uint8_t>();
+  layout.local_readers = false;
+  ASSERT_OK(store->Freeze(layout, &welcome));
+  EXPECT_EQ(welcome.version_buckets, 4097u);
+  EXPECT_EQ(store->held_bytes(), 0u);
+  EXPECT_STATUS_IS(kFailedPrecondition, store->FillBucket(0, 0), "no buckets");
+  ASSERT_OK(store->Close());
 }
 
 // Over tcp a ring publisher of CUDA tensors allocates no bucket: its sessions' NCCL broadcasts

@@ -249,11 +249,13 @@ TEST(ZeroCopyRefusals, MemoryThatCannotBeSharedAndViewsPastTheirAllocationNameTh
 
 // Over tcp a zero-copy publisher exports nothing (its sessions' NCCL broadcasts read the tensors
 // in its process; the nccl-zero-copy rows of the conformance suite, two GPUs): memory no IPC could
-// share publishes, and the Welcome passes the tcp server's guard against exported allocations, so
-// a subscriber of host memory learns that no path moves GPU tensors there.
+// share publishes, no chunk is retained, and the Welcome passes the tcp server's guard against
+// exported allocations, so a subscriber of host memory learns that no path moves GPU tensors
+// there. A tensor running past its memory is still refused at the first publish, naming it.
 TEST(ZeroCopyOverTcp, ExportsNothingSoUnshareableMemoryPublishes) {
   WS_SKIP_WITHOUT_GPU();
   ASSERT_OK(cuda::SetDevice(0));
+  const LedgerSnapshot before = ReadLedger();
   ASSERT_OK_AND_ASSIGN(cuda::ChunkedAllocation private_memory,
                        cuda::ChunkedAllocation::Create(0, 4 << 20, /*exportable=*/false));
   PublisherOptions o;
@@ -267,6 +269,8 @@ TEST(ZeroCopyOverTcp, ExportsNothingSoUnshareableMemoryPublishes) {
                              {Device::Kind::kCUDA, 0}}}}));
   ASSERT_OK_AND_ASSIGN(PublishStats stats, pub->Publish(1));  // local://: refused, above
   EXPECT_EQ(stats.store_bytes, 0u);
+  EXPECT_EQ(ReadLedger().retained_allocations, before.retained_allocations)
+      << "two chunks under the tensor, none retained: nothing is shared";
   std::vector<float> host(2048, -1.0f);
   SubscriberOptions so;
   so.endpoint = pub->endpoint();
@@ -275,6 +279,13 @@ TEST(ZeroCopyOverTcp, ExportsNothingSoUnshareableMemoryPublishes) {
   EXPECT_STATUS_IS(kNotSupported, sub->Update(), "its own GPU tensors (zero-copy, cuda:0)",
                    "over tcp into host memory");
   EXPECT_EQ(host[0], -1.0f);
+
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer small, cuda::DeviceBuffer::Allocate(4096));
+  ASSERT_OK_AND_ASSIGN(auto past, Publisher::Create(o));
+  ASSERT_OK(past->Register(
+      {{"v", {small.as<uint8_t>() + 2048, DType::kFloat32, {1024}, {Device::Kind::kCUDA, 0}}}}));
+  EXPECT_STATUS_IS(kInvalidArgument, past->Publish(1), "tensor 'v' (4096 bytes)",
+                   "runs past the end of its CUDA allocation");
 }
 
 // cudaMalloc memory that ends in a partial 2 MiB page reads at about 0.8x where a subscriber

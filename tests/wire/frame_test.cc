@@ -47,8 +47,8 @@ std::vector<FrameType> AllTypes() {
 TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
-  // "WSYN" as bytes, then version 7, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 7, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  // "WSYN" as bytes, then version 8, type 6, length 3, reserved 0.
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 8, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
@@ -129,9 +129,9 @@ TEST(WireFrameTest, ForeignProtocolRejectedByMagic) {
 TEST(WireFrameTest, BadVersionRejected) {
   // 1: the protocol before nccl moved steps with broadcasts; 2: before versions carried a
   // lineage; 3: before tensors could be regions of global tensors; 4: before zero-copy
-  // allocations could be cuMem chunks; 5: before ring publishers; 6: before GPU rings (their
-  // peers must be refused).
-  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 8, 0x100, 0xFFFF}) {
+  // allocations could be cuMem chunks; 5: before ring publishers; 6: before GPU rings; 7: before
+  // zero-copy and GPU ring publishers served over tcp (their peers must be refused).
+  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 9, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,

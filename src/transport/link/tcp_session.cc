@@ -114,7 +114,7 @@ Result<std::unique_ptr<path::NcclSender>> SetUpNccl(Channel& ch, const SessionCo
   }
   if (header.type != wire::FrameType::kNcclSetup) {
     return Status::ProtocolError("expected nccl_setup, got ", wire::FrameTypeName(header.type),
-                                 ": this publisher keeps its arena on cuda:", welcome.device,
+                                 ": this publisher serves GPU memory on cuda:", welcome.device,
                                  ", which a tcp subscriber receives over nccl only");
   }
   wire::NcclSetup setup;

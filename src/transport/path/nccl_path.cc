@@ -107,8 +107,9 @@ NcclPath::~NcclPath() {
 }
 
 Status NcclPath::Available(const PathContext& ctx) {
+  // Its GPU arena, or (zero-copy, ring) its registered tensors.
   const std::string why = ctx.link->peer() +
-                          " keeps its arena on cuda:" + std::to_string(ctx.welcome->device) +
+                          " serves GPU memory on cuda:" + std::to_string(ctx.welcome->device) +
                           " and the destinations are CUDA tensors, which needs the nccl transport";
   WS_RETURN_IF_ERROR(cuda::nccl::NcclAvailable().WithContext(why));
   return cuda::CudaAvailable().WithContext(why);

@@ -127,7 +127,9 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
                       }));
   const uint64_t bucket = geometry.bucket_bytes;
   const uint32_t buckets = geometry.buckets;
-  if (buckets > kMaxGpuRingBuckets) {
+  // The bound is for the per-bucket batches prepared below; over tcp there are none (PlanRing
+  // keeps the wire's bound).
+  if (layout.local_readers && buckets > kMaxGpuRingBuckets) {
     return Status::InvalidArgument("a GPU ring version of ", layout.slot_bytes,
                                    " bytes in buckets of ", bucket, " bytes needs ", buckets,
                                    " buckets, more than ", kMaxGpuRingBuckets,
@@ -201,7 +203,9 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
 Status GpuRingStore::FillBucket(uint32_t bucket, uint32_t slot) {
   util::MutexLock lock(&mu_);
   // Closed, or never allocated (served over tcp, where no session asks for a fill).
-  if (ring_.data() == nullptr) return Status::FailedPrecondition("GPU ring store has no buckets");
+  if (ring_.data() == nullptr) {
+    return Status::FailedPrecondition("GPU ring store has no buckets (closed, or served over tcp)");
+  }
   if (bucket >= version_buckets_ || slot != bucket % ring_slots_) {
     return Status::InvalidArgument("bucket ", bucket, " into slot ", slot, ": the ring has ",
                                    version_buckets_, " buckets a version, bucket b in slot b % ",

@@ -83,8 +83,10 @@ class ZeroCopyGpuStore final : public VersionStore {
   Status Place(const StoreLayout& layout, wire::Welcome* welcome,
                std::vector<cuda::RetainedChunk>* retained);
   // Over tcp (no local readers): nothing exported, no allocation listed — NCCL reads the tensors
-  // in this process. They keep their registration offsets in the virtual direct region.
-  void PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome);
+  // in this process. Each tensor is still checked to lie inside its CUDA memory (a bad pointer is
+  // an error naming it, not a fault in the trainer's context at the first broadcast); they keep
+  // their registration offsets in the virtual direct region.
+  Status PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome);
   void SetKind(const StoreLayout& layout, wire::Welcome* welcome) const;
 
   int device_;
@@ -134,6 +136,15 @@ Status AddHolding(const std::string& name, const uint8_t* p, uint64_t bytes,
   return Status::Ok();
 }
 
+// Zero-copy publishes registered CUDA tensors only (not Allocate()d ones).
+Status CheckRegistered(const PublishedTensor& t) {
+  if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
+    return Status::NotSupported("zero-copy: tensor '", t.placement.spec.name,
+                                "' is not a registered CUDA tensor");
+  }
+  return Status::Ok();
+}
+
 // One warning per prepare for the cudaMalloc allocations of a large page or more that end in a
 // partial one (kWholePageBytes): the trainer can fix it (round its allocations up), nothing here
 // can. Smaller allocations (a bias of its own) hold too few bytes for their pages to matter.
@@ -166,9 +177,7 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
   std::map<const uint8_t*, std::string> chunk_tensor;   // a tensor in each chunk, for errors
   for (const PublishedTensor& t : layout.tensors) {
     const std::string& name = t.placement.spec.name;
-    if (t.placement.region != wire::Region::kSlot || t.source == nullptr) {
-      return Status::NotSupported("zero-copy: tensor '", name, "' is not a registered CUDA tensor");
-    }
+    WS_RETURN_IF_ERROR(CheckRegistered(t));
     if (t.placement.spec.nbytes == 0 || t.alias_of >= 0) continue;
     WS_RETURN_IF_ERROR(
         AddHolding(name, t.source, t.placement.spec.nbytes, &holdings, &vmm_chunks, &chunk_tensor)
@@ -252,7 +261,18 @@ Status ZeroCopyGpuStore::Place(const StoreLayout& layout, wire::Welcome* welcome
   return Status::Ok();
 }
 
-void ZeroCopyGpuStore::PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome) {
+Status ZeroCopyGpuStore::PlaceForNetwork(const StoreLayout& layout, wire::Welcome* welcome) {
+  std::map<const uint8_t*, Holding> holdings;  // found to check bounds only: nothing is exported
+  std::map<const uint8_t*, cuda::VmmChunk> vmm_chunks;
+  std::map<const uint8_t*, std::string> chunk_tensor;
+  for (const PublishedTensor& t : layout.tensors) {
+    WS_RETURN_IF_ERROR(CheckRegistered(t));
+    if (t.placement.spec.nbytes == 0 || t.alias_of >= 0) continue;
+    const std::string& name = t.placement.spec.name;
+    WS_RETURN_IF_ERROR(
+        AddHolding(name, t.source, t.placement.spec.nbytes, &holdings, &vmm_chunks, &chunk_tensor)
+            .WithContext("zero-copy: the CUDA memory of tensor '" + name + "'"));
+  }
   welcome->allocations.clear();
   welcome->tensors.clear();
   uint64_t end = 0;
@@ -266,6 +286,7 @@ void ZeroCopyGpuStore::PlaceForNetwork(const StoreLayout& layout, wire::Welcome*
   SetKind(layout, welcome);
   welcome->direct_bytes = end;
   welcome->arena_bytes = end;
+  return Status::Ok();
 }
 
 void ZeroCopyGpuStore::SetKind(const StoreLayout& layout, wire::Welcome* welcome) const {
@@ -292,7 +313,7 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   if (layout.local_readers) {
     WS_RETURN_IF_ERROR(Place(layout, &placed, &chunks));
   } else {
-    PlaceForNetwork(layout, &placed);
+    WS_RETURN_IF_ERROR(PlaceForNetwork(layout, &placed));
   }
   WS_ASSIGN_OR_RETURN(cuda::CopyQueue queue, cuda::CopyQueue::Create(device_));
   WS_ASSIGN_OR_RETURN(GpuTensorDigests digests,
@@ -321,6 +342,7 @@ Status ZeroCopyGpuStore::Close() {
   for (cuda::RetainedChunk& c : chunks_) result.Update(c.Close());
   chunks_.clear();
   allocations_ = 0;
+  exported_ = true;
   return result;
 }
 

@@ -47,8 +47,9 @@ struct StoreLayout {
   // wedged and the readers waiting on the fill are failed.
   std::chrono::milliseconds fill_wait{60000};
   // Whether subscribers may map the store (a local:// publisher). Over tcp the session sends a
-  // ring publisher's version straight from the registered tensors, so the host ring allocates no
-  // buckets there (the Welcome still carries the ring's geometry, which cuts the version).
+  // ring or zero-copy publisher's version straight from the registered tensors (socket writes for
+  // host tensors, NCCL for CUDA ones), so the rings allocate no buckets there (the Welcome still
+  // carries the ring's geometry, which cuts the version) and zero-copy exports nothing.
   bool local_readers = true;
 };
 

@@ -195,7 +195,7 @@ TEST(NcclPath, WithoutNcclOrACudaDeviceAvailableSaysWhatItNeeds) {
   NcclPath path;
   ExpectAvailableOrSaysWhy(path, c.ctx,
                            cuda::CudaAvailable().ok() && cuda::nccl::NcclAvailable().ok(),
-                           "keeps its arena on cuda:0 and the destinations are CUDA tensors, "
+                           "serves GPU memory on cuda:0 and the destinations are CUDA tensors, "
                            "which needs the nccl transport");
 }
 
