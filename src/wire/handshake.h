@@ -11,7 +11,8 @@
 // challenge, a recorded AuthOk fails against a new client nonce. Without a token (loopback only)
 // the MACs are all zero and auth_required is 0.
 //
-// When the Welcome says the arena is GPU memory (ArenaKind::kCudaMem), the bytes move over NCCL:
+// When the Welcome names a GPU store (ArenaKind::kCudaMem, or a zero-copy or GPU ring publisher's
+// tensors: kCudaIpc, kCudaRing) and the destinations are CUDA tensors, the bytes move over NCCL:
 // after Select the subscriber sends NcclSetup and the publisher answers NcclId, whose unique id
 // both sides use to join a two-rank communicator (publisher rank 0, subscriber rank 1), once per
 // connection (src/transport/nccl/).
