@@ -36,8 +36,8 @@ bench: cli
 clean:
 	rm -rf $(BUILD)
 
-# The portable wheel (README "Wheel"): manylinux, GPU data plane in, xxHash and libcrypto static,
-# into .whl/. PYTHONS="3.10 3.11 3.12 3.13" builds one per interpreter (default: python3).
+# The portable wheel (docs/packaging.md): manylinux, GPU data plane in, xxHash and libcrypto
+# static, into .whl/. PYTHONS="3.10 3.11 3.12 3.13" builds one per interpreter (default: python3).
 wheel:
 	JOBS=$(JOBS) bash scripts/build_wheel.sh
 

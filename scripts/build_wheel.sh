@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the portable wheels (`make wheel`, README "Wheel"), one per interpreter: the extension
+# Builds the portable wheels (`make wheel`, docs/packaging.md), one per interpreter: the extension
 # with the GPU data plane compiled in (static CUDA runtime; libcuda and NCCL are opened at run
 # time, as always), xxHash and libcrypto linked statically (WS_STATIC_DEPS), then
 # `auditwheel repair` from PyPI, which checks that the module needs nothing outside the manylinux

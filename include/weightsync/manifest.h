@@ -23,12 +23,18 @@ struct TensorSpec {
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;  // derived from dtype and shape
+  // Tied weights (Subscriber::PublishedManifest): the name of an earlier tensor of the same dtype
+  // and shape whose bytes these are — one tensor the publisher serves under both names and moves
+  // once, when the subscriber registers both names as one memory (an exact alias). Empty
+  // otherwise.
+  std::string alias_of;
 };
 
 class Manifest {
  public:
-  // Validates names (non-empty, unique, ≤ kMaxNameBytes), dims (≤ kMaxDims, ≥ 0) and byte sizes
-  // (overflow-checked), and fills each nbytes. One error lists every problem found.
+  // Validates names (non-empty, unique, ≤ kMaxNameBytes), dims (≤ kMaxDims, ≥ 0), byte sizes
+  // (overflow-checked) and aliases (alias_of names an earlier tensor of the same dtype and shape
+  // that is no alias itself), and fills each nbytes. One error lists every problem found.
   static Result<Manifest> Build(std::vector<TensorSpec> specs);
   static Result<Manifest> FromTensors(const std::vector<NamedTensor>& tensors);
 

@@ -27,6 +27,11 @@ struct UpdateOptions {
   // LineagePolicy::kStrict: this update follows the publisher into a new lineage (or a restart
   // whose steps are not newer) instead of refusing it. No effect under kFollow.
   bool accept_new_lineage = false;
+  // After the commit (or for an up-to-date step), digest the destinations' own memory and compare
+  // it with the committed version's digests: CheckWeights() as part of the update. A difference
+  // fails the update with Corruption naming every tensor that differs, and the weights are marked
+  // invalid until an update rewrites them.
+  bool check_weights = false;
 };
 
 class Subscriber {
@@ -56,6 +61,17 @@ class Subscriber {
   Result<Manifest> PublishedManifest();
   Result<UpdateStats> Update(const UpdateOptions& options = {});
   Result<UpdateStats> Update(int64_t step) { return Update(UpdateOptions{.step = step}); }
+  // Digests the destination memory itself — the engine's weights as they are now, not the bytes
+  // received — on the GPU with the digest kernels for CUDA destinations, on the CPU for host ones,
+  // and compares it with the digests the publisher sent for the committed version. Corruption
+  // names every tensor that differs (and the byte ranges); the weights are then marked invalid
+  // (weights_valid() false) and the next Update() rewrites every destination, even at the
+  // committed step ("corrupt, then restore"). Destinations holding bytes no digest describes
+  // (converted in flight, or filled from parts of digest segments) are counted as unchecked.
+  // Needs a committed version and the prepared handle (FailedPrecondition before the first
+  // update, after Sleep() or a failed update); Busy during an update. An engine whose own loader
+  // post-processes the received tensors (load_weights) checks the received copy, not its weights.
+  Result<WeightsCheck> CheckWeights();
   // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.
   Status Sleep();
   Status Close();

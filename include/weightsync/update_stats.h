@@ -53,6 +53,24 @@ struct UpdateStats {
   // this subscriber's share of the ledger's staging_bytes. The publisher's store, mapped or
   // imported (the ledger's mapped_bytes), is not counted.
   uint64_t staging_bytes = 0;
+  // UpdateOptions::check_weights: the destinations' own memory was digested after the commit and
+  // matched the committed version (Subscriber::CheckWeights), in check_seconds.
+  bool weights_checked = false;
+  double check_seconds = 0;
+};
+
+// What Subscriber::CheckWeights() compared: the destinations' own memory, digested where it lives
+// (on the CPU for host tensors, with the GPU digest kernels on their device for CUDA tensors),
+// against the committed version's digests from the publisher.
+struct WeightsCheck {
+  int64_t step = -1;     // the committed step checked against
+  uint64_t tensors = 0;  // destinations every byte of which was checked
+  uint64_t bytes = 0;    // bytes digested
+  // Destinations with bytes no digest describes as they are: converted in flight (casts, fp8),
+  // or filled from parts of digest segments (regions without verification, or region pieces
+  // extracted at commit). Their received bytes were verified, if asked, before the commit.
+  uint64_t unchecked_tensors = 0;
+  double seconds = 0;
 };
 
 }  // namespace weightsync

@@ -21,6 +21,23 @@ namespace weightsync::python {
 
 namespace nb = nanobind;
 
+// The C++ options' defaults: the Python constructors' keyword defaults are these values, and
+// _option_defaults() reports them for the test that the documented signatures say the same.
+inline const PublisherOptions kPublisherDefaults{};
+inline const SubscriberOptions kSubscriberDefaults{};
+inline double Seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1e3;
+}
+inline const char* ModeName(UpdateMode mode) {
+  return mode == UpdateMode::kStaged ? "staged" : "in_place";
+}
+inline const char* PolicyName(MatchPolicy policy) {
+  return policy == MatchPolicy::kStrict ? "strict" : "subset";
+}
+inline const char* LineagePolicyName(LineagePolicy policy) {
+  return policy == LineagePolicy::kFollow ? "follow" : "strict";
+}
+
 // A non-OK Status on its way to Python. Thrown where the GIL may be released; the translator
 // registered by RegisterErrorTranslator() turns it into the class _errors.BY_CODE names.
 class StatusError : public std::exception {

@@ -96,6 +96,42 @@ NB_MODULE(_weightsync, m) {
         "Whether this process can use the GPU paths (CUDA tensors in register() and\n"
         "allocate(device=...), cuda-ipc, nccl, host <-> GPU), and if not, why. Probes the driver\n"
         "once; the answer is cached for the life of the process.");
+  m.def(
+      "_option_defaults",
+      [] {
+        const weightsync::PublisherOptions& p = kPublisherDefaults;
+        const weightsync::SubscriberOptions& s = kSubscriberDefaults;
+        nb::dict publisher, subscriber;
+        publisher["slots"] = p.slots;
+        publisher["timeout"] = Seconds(p.timeout);
+        publisher["segment_bytes"] = p.segment_bytes;
+        publisher["copy_threads"] = p.copy_threads;
+        publisher["max_connections"] = p.max_connections;
+        publisher["lineage"] = p.lineage;
+        publisher["resume_from_step"] = p.resume_from_step;
+        publisher["zero_copy"] = p.zero_copy;
+        publisher["ring_buckets"] = p.ring_buckets;
+        publisher["ring_bucket_bytes"] = p.ring_bucket_bytes;
+        publisher["token"] = p.token;
+        publisher["token_file"] = p.token_file;
+        subscriber["mode"] = ModeName(s.mode);
+        subscriber["policy"] = PolicyName(s.policy);
+        subscriber["timeout"] = Seconds(s.timeout);
+        subscriber["verify"] = s.verify;
+        subscriber["copy_threads"] = s.copy_threads;
+        subscriber["convert_dtypes"] = s.convert_dtypes;
+        subscriber["convert_on_publisher_gpu"] = s.convert_on_publisher_gpu;
+        subscriber["lineage_policy"] = LineagePolicyName(s.lineage_policy);
+        subscriber["token"] = s.token;
+        subscriber["token_file"] = s.token_file;
+        nb::dict out;
+        out["Publisher"] = publisher;
+        out["Subscriber"] = subscriber;
+        return out;
+      },
+      nb::sig("def _option_defaults() -> dict[str, dict[str, typing.Any]]"),
+      "The C++ PublisherOptions/SubscriberOptions defaults under the Python keyword names (for\n"
+      "tests: the constructors' documented defaults must equal them).");
   m.def("dtypes", &DTypeNames, nb::sig("def dtypes() -> list[str]"),
         "Canonical names of the element types weightsync moves, in wire-code order.");
 }

@@ -171,9 +171,11 @@ void BindPublisher(nb::module_& m) {
           "__init__",
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
-             int64_t resume_from_step, bool zero_copy, int ring_buckets,
-             uint64_t ring_bucket_bytes) {
+             int64_t resume_from_step, bool zero_copy, int ring_buckets, uint64_t ring_bucket_bytes,
+             nb::handle token, nb::handle token_file) {
             PublisherOptions o;
+            o.token = Utf8Arg(token, "token");
+            o.token_file = Utf8Arg(token_file, "token_file");
             o.zero_copy = zero_copy;
             o.ring_buckets = ring_buckets;
             o.ring_bucket_bytes = ring_bucket_bytes;
@@ -193,14 +195,23 @@ void BindPublisher(nb::module_& m) {
             new (self) PyPublisher();
             self->publisher = std::move(p);
           },
-          "endpoint"_a, "slots"_a = 2, "timeout"_a = 10.0, "segment_bytes"_a = 8ull << 20,
-          "copy_threads"_a = 0, "max_connections"_a = 64, "lineage"_a = "",
-          "resume_from_step"_a = -1, "zero_copy"_a = false, "ring_buckets"_a = 0,
-          "ring_bucket_bytes"_a = 0,
+          // Defaults are the C++ options' own (test_stubs.py checks the signature text says them).
+          "endpoint"_a, "slots"_a = kPublisherDefaults.slots,
+          "timeout"_a = Seconds(kPublisherDefaults.timeout),
+          "segment_bytes"_a = kPublisherDefaults.segment_bytes,
+          "copy_threads"_a = kPublisherDefaults.copy_threads,
+          "max_connections"_a = kPublisherDefaults.max_connections,
+          "lineage"_a = kPublisherDefaults.lineage,
+          "resume_from_step"_a = kPublisherDefaults.resume_from_step,
+          "zero_copy"_a = kPublisherDefaults.zero_copy,
+          "ring_buckets"_a = kPublisherDefaults.ring_buckets,
+          "ring_bucket_bytes"_a = kPublisherDefaults.ring_bucket_bytes,
+          "token"_a = kPublisherDefaults.token, "token_file"_a = kPublisherDefaults.token_file,
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
-                  "segment_bytes: int = 8388608, copy_threads: int = 0, max_connections: int = "
+                  "segment_bytes: int = 0, copy_threads: int = 0, max_connections: int = "
                   "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False, "
-                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0) -> None"),
+                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0, token: str = '', "
+                  "token_file: str = '') -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
@@ -217,7 +228,10 @@ void BindPublisher(nb::module_& m) {
           "publish() only hashes, each update streams the tensors through the ring, and\n"
           "begin_write() fences the optimizer's writes as with zero_copy. Over tcp sessions\n"
           "send the version from the tensors themselves (NCCL for CUDA tensors) and no\n"
-          "bucket is allocated.")
+          "bucket is allocated. segment_bytes: bytes per digest segment (0: 8 MiB for host\n"
+          "tensors, 64 MiB on a GPU). token / token_file (tcp): the shared secret, or a 0600\n"
+          "file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or $WEIGHTSYNC_TOKEN. Required\n"
+          "to listen beyond loopback (docs/security.md).")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
@@ -330,9 +344,10 @@ void BindPublisher(nb::module_& m) {
            })
       .def_prop_ro(
           "manifest", [](PyPublisher& self) { return ManifestList(self.publisher->manifest()); },
-          nb::sig("def manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
+          nb::sig("def manifest(self) -> list[weightsync.PublishedTensor]"),
           "(name, dtype name, shape) of every tensor, in registration order: what a\n"
-          "Subscriber.allocate() loop needs to mirror this publisher.")
+          "Subscriber.allocate() loop needs to mirror this publisher (alias_of None here: the\n"
+          "subscriber's published_manifest() names tied weights).")
       .def(
           "close",
           [](PyPublisher& self) {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "binding.h"
 
@@ -119,6 +120,8 @@ struct PySubscriber {
   nb::dict kept;         // name → a registered caller tensor, kept alive while registered
   nb::list owned;        // (name, view) of allocate()d tensors, for receive()
   nb::dict owned_index;  // name → its position in `owned`
+  // What each allocate()d name is, for an alias allocated over it (allocate(alias_of=...)).
+  std::unordered_map<std::string, TensorView> allocated;
 
   // Keeps what a successful Register/Allocate of `name` points at, and forgets what the name
   // pointed at before (registering a name again replaces it): O(1) per name.
@@ -135,6 +138,7 @@ struct PySubscriber {
     } else {
       kept[key] = keep;
       if (owned_index.contains(key)) Forget({name});
+      allocated.erase(name);
     }
   }
   // Drops every reference to the named tensors (after a successful Unregister or replacement).
@@ -143,6 +147,7 @@ struct PySubscriber {
     for (const std::string& name : names) {
       nb::str key(name.c_str(), name.size());
       if (kept.contains(key)) nb::del(kept[key]);
+      allocated.erase(name);
       reindex = reindex || owned_index.contains(key);
     }
     if (!reindex) return;
@@ -236,8 +241,8 @@ struct PySubscriber {
   }
 
   UpdateStats Update(std::optional<int64_t> step, std::optional<bool> verify,
-                     bool accept_new_lineage = false) {
-    const UpdateOptions options{step, verify, accept_new_lineage};
+                     bool accept_new_lineage = false, bool check_weights = false) {
+    const UpdateOptions options{step, verify, accept_new_lineage, check_weights};
     if (closed) return ThrowIfError(subscriber->Update(options));  // its error
     WaitingScope scope(this);
     if (!worker) worker = std::make_unique<UpdateWorker>(subscriber.get());
@@ -270,6 +275,36 @@ struct PySubscriber {
     ThrowIfError(s);
   }
 };
+
+// allocate(name, ..., alias_of=original): `name` registered over the memory of the allocate()d
+// `original` (an exact alias: the subscriber writes it once); returns the original's view.
+nb::object AllocateAlias(PySubscriber& self, const std::string& name, DType dtype,
+                         const std::vector<int64_t>& shape, const Device& device,
+                         nb::handle alias_arg) {
+  const std::string original = Utf8Arg(alias_arg, "alias_of");
+  auto it = self.allocated.find(original);
+  nb::str original_key(original.c_str(), original.size());
+  if (it == self.allocated.end() || !self.owned_index.contains(original_key)) {
+    ThrowIfError(Status::InvalidArgument("allocate('", name, "', alias_of='", original, "'): '",
+                                         original,
+                                         "' is no allocate()d tensor of this subscriber "
+                                         "(allocate the original first)"));
+  }
+  const TensorView& v = it->second;
+  if (v.dtype != dtype || v.shape != shape || v.device != device) {
+    ThrowIfError(Status::InvalidArgument("allocate('", name, "', alias_of='", original,
+                                         "'): an alias shares its original's memory, ",
+                                         DTypeName(v.dtype), " ", ShapeString(v.shape), " on ",
+                                         DeviceString(v.device), ", not ", DTypeName(dtype), " ",
+                                         ShapeString(shape), " on ", DeviceString(device)));
+  }
+  const TensorView registered = v;  // `allocated` may rehash below
+  ThrowIfError(self.subscriber->Register({{name, registered}}));
+  nb::object view = nb::borrow(self.owned[nb::cast<size_t>(self.owned_index[original_key])])[1];
+  self.Keep(name, nb::object(), nb::make_tuple(nb::str(name.c_str(), name.size()), view));
+  self.allocated[name] = registered;
+  return view;
+}
 
 }  // namespace
 
@@ -306,6 +341,10 @@ void BindSubscriber(nb::module_& m) {
               "Bytes of staging this subscriber holds to receive (host or device memory): the\n"
               "shadow in 'staged' mode; in 'in_place' only the landing buffer of converted\n"
               "tensors (0 without). Held until sleep(), close() or a failed update.")
+      .def_ro("weights_checked", &UpdateStats::weights_checked,
+              "update(check_weights=True): the destinations' memory matched the committed\n"
+              "version.")
+      .def_ro("check_seconds", &UpdateStats::check_seconds, "The weights check's wall time.")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
@@ -316,6 +355,22 @@ void BindSubscriber(nb::module_& m) {
                std::string(s.path) + "'" + ", lineage='" + std::string(s.lineage.view()) +
                "', lineage_changed=" + b(s.lineage_changed) +
                ", staging_bytes=" + std::to_string(s.staging_bytes) + ")";
+      });
+
+  nb::class_<WeightsCheck>(m, "WeightsCheck",
+                           "What Subscriber.check_weights() compared (read-only).")
+      .def_ro("step", &WeightsCheck::step, "The committed step checked against.")
+      .def_ro("tensors", &WeightsCheck::tensors, "Destinations every byte of which was checked.")
+      .def_ro("bytes", &WeightsCheck::bytes, "Bytes digested.")
+      .def_ro("unchecked_tensors", &WeightsCheck::unchecked_tensors,
+              "Destinations holding bytes no digest describes (converted in flight, or filled\n"
+              "from parts of digest segments).")
+      .def_ro("seconds", &WeightsCheck::seconds)
+      .def("__repr__", [](const WeightsCheck& c) {
+        return "WeightsCheck(step=" + std::to_string(c.step) +
+               ", tensors=" + std::to_string(c.tensors) + ", bytes=" + std::to_string(c.bytes) +
+               ", unchecked_tensors=" + std::to_string(c.unchecked_tensors) +
+               ", seconds=" + std::to_string(c.seconds) + ")";
       });
 
   nb::class_<Received>(m, "Received",
@@ -345,9 +400,11 @@ void BindSubscriber(nb::module_& m) {
           "__init__",
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
-             bool convert_dtypes, bool convert_on_publisher_gpu,
-             const std::string& lineage_policy) {
+             bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy,
+             nb::handle token, nb::handle token_file) {
             SubscriberOptions o;
+            o.token = Utf8Arg(token, "token");
+            o.token_file = Utf8Arg(token_file, "token_file");
             std::string endpoint;
             if (nb::isinstance<nb::str>(endpoint_arg)) {
               o.endpoint = Utf8Arg(endpoint_arg, "endpoint");
@@ -376,15 +433,23 @@ void BindSubscriber(nb::module_& m) {
             self->subscriber = std::move(s);
             self->endpoint = endpoint;
           },
-          "endpoint"_a, "mode"_a = "staged", "policy"_a = "strict", "timeout"_a = 10.0,
-          "verify"_a = false, "copy_threads"_a = 0, "convert_dtypes"_a = false,
-          "convert_on_publisher_gpu"_a = false, "lineage_policy"_a = "follow",
+          // Defaults are the C++ options' own (test_stubs.py checks the signature text says them).
+          "endpoint"_a, "mode"_a = ModeName(kSubscriberDefaults.mode),
+          "policy"_a = PolicyName(kSubscriberDefaults.policy),
+          "timeout"_a = Seconds(kSubscriberDefaults.timeout),
+          "verify"_a = kSubscriberDefaults.verify,
+          "copy_threads"_a = kSubscriberDefaults.copy_threads,
+          "convert_dtypes"_a = kSubscriberDefaults.convert_dtypes,
+          "convert_on_publisher_gpu"_a = kSubscriberDefaults.convert_on_publisher_gpu,
+          "lineage_policy"_a = LineagePolicyName(kSubscriberDefaults.lineage_policy),
+          "token"_a = kSubscriberDefaults.token, "token_file"_a = kSubscriberDefaults.token_file,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
                   "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
-                  "lineage_policy: typing.Literal['follow', 'strict'] = 'follow') -> None"),
+                  "lineage_policy: typing.Literal['follow', 'strict'] = 'follow', "
+                  "token: str = '', token_file: str = '') -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -401,7 +466,9 @@ void BindSubscriber(nb::module_& m) {
           "lineage_policy: after the publisher restarts (a new session), 'follow' applies its\n"
           "latest step whatever its number; 'strict' applies a restart of the same lineage only\n"
           "once its steps pass the committed one and refuses another lineage (FailedPrecondition)\n"
-          "until update(accept_new_lineage=True).")
+          "until update(accept_new_lineage=True). token / token_file (tcp): the publisher's\n"
+          "shared secret, or a 0600 file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or\n"
+          "$WEIGHTSYNC_TOKEN.")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
@@ -450,7 +517,7 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "allocate",
           [](PySubscriber& self, nb::handle name_arg, nb::handle dtype, nb::handle shape,
-             nb::handle framework_arg, nb::handle device_arg) {
+             nb::handle framework_arg, nb::handle device_arg, nb::handle alias_arg) {
             const std::string name = Utf8Arg(name_arg, "tensor name");
             DType dt = DTypeArg(dtype);
             std::vector<int64_t> dims = ShapeArg(shape);
@@ -458,14 +525,16 @@ void BindSubscriber(nb::module_& m) {
             const Device device = DeviceArg(device_arg);
             // Negative dims, overflow: the library's rules, before NumPy sees them.
             ThrowIfError(TensorView{nullptr, dt, dims}.NumBytes());
+            if (!alias_arg.is_none()) return AllocateAlias(self, name, dt, dims, device, alias_arg);
             if (device.is_cuda()) {
               // Device memory of its own (weightsync::DeviceMemory), owned by the views' base:
               // buffer and view first, registration last, as on the CPU.
               DeviceTensor t = AllocateDeviceTensor(name, dt, dims, framework, device);
               nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), t.view);
-              ThrowIfError(
-                  self.subscriber->Register({{name, TensorView{t.data, dt, dims, device}}}));
+              const TensorView registered{t.data, dt, dims, device};
+              ThrowIfError(self.subscriber->Register({{name, registered}}));
               self.Keep(name, nb::object(), entry);
+              self.allocated[name] = registered;
               return t.view;
             }
             // Buffer and view first, registration last: a failure leaves nothing registered.
@@ -478,16 +547,18 @@ void BindSubscriber(nb::module_& m) {
             nb::ndarray<> raw_array = nb::cast<nb::ndarray<>>(raw, /*convert=*/false);
             nb::object view = ArrayView(raw_array.data(), dt, dims, raw, framework);
             nb::object entry = nb::make_tuple(nb::str(name.c_str(), name.size()), view);
-            ThrowIfError(
-                self.subscriber->Register({{name, TensorView{raw_array.data(), dt, dims}}}));
+            const TensorView registered{raw_array.data(), dt, dims};
+            ThrowIfError(self.subscriber->Register({{name, registered}}));
             self.Keep(name, nb::object(), entry);
+            self.allocated[name] = registered;
             return view;
           },
           "name"_a, "dtype"_a, "shape"_a, "framework"_a = "numpy", "device"_a = nb::none(),
+          "alias_of"_a = nb::none(),
           nb::sig("def allocate(self, name: str, dtype: str | numpy.dtype | type, shape: int | "
                   "collections.abc.Sequence[int], framework: typing.Literal['numpy', 'torch', "
-                  "'cupy', 'dlpack'] = 'numpy', device: str | int | typing.Any | None = None) "
-                  "-> typing.Any"),
+                  "'cupy', 'dlpack'] = 'numpy', device: str | int | typing.Any | None = None, "
+                  "alias_of: str | None = None) -> typing.Any"),
           "Creates a zero-filled destination the Subscriber owns and registers it; returns a view\n"
           "of it (the same object receive() yields every step, updated in place). framework:\n"
           "'numpy' (bfloat16/float8 as ml_dtypes arrays when ml_dtypes is installed, else raw\n"
@@ -496,30 +567,36 @@ void BindSubscriber(nb::module_& m) {
           "imports: torch.from_dlpack, cupy.from_dlpack, np.from_dlpack, jax.dlpack.from_dlpack).\n"
           "device: None or 'cpu' (host memory), 'cuda:N' / 'cuda' (= 'cuda:0') / N / a\n"
           "torch.device: device memory allocated once (cudaMalloc), freed when the last view of\n"
-          "it and the subscriber are gone (not 'numpy'). Zero-copy. A failed allocate()\n"
-          "registers nothing.")
+          "it and the subscriber are gone (not 'numpy'). Zero-copy. alias_of: the name of an\n"
+          "allocate()d tensor of the same dtype, shape and device whose memory this name shares\n"
+          "(tied weights: published_manifest() says which names are one tensor); returns that\n"
+          "tensor's view, and updates move the bytes once. A failed allocate() registers nothing.")
       .def("update", &PySubscriber::Update, "step"_a = nb::none(), "verify"_a = nb::none(),
-           "accept_new_lineage"_a = false,
+           "accept_new_lineage"_a = false, "check_weights"_a = false,
            "Applies version `step` (None: the latest) and returns its UpdateStats. Blocks until\n"
            "the step is published, up to `timeout`; the GIL is released meanwhile and Ctrl-C\n"
            "interrupts it within ~50 ms (see docs/python.md for what that leaves behind; an\n"
            "interrupt during the commit raises after it, with .update_stats on the exception).\n"
            "accept_new_lineage: with lineage_policy='strict', follow the publisher into a new\n"
-           "lineage (or a restart whose steps are not newer) instead of refusing it.")
+           "lineage (or a restart whose steps are not newer) instead of refusing it.\n"
+           "check_weights: then check_weights(): a difference raises Corruption naming every\n"
+           "tensor that differs, and the weights are marked invalid.")
       .def(
           "receive",
           [](PySubscriber& self, std::optional<int64_t> step, std::optional<bool> verify,
-             bool accept_new_lineage) {
+             bool accept_new_lineage, bool check_weights) {
             if (nb::len(self.owned) == 0) {
               ThrowIfError(Status::FailedPrecondition(
                   "receive() yields the tensors created with Subscriber.allocate(); there are "
                   "none (use update() for tensors you register)"));
             }
-            return Received{self.Update(step, verify, accept_new_lineage), self.owned};
+            return Received{self.Update(step, verify, accept_new_lineage, check_weights),
+                            self.owned};
           },
           "step"_a = nb::none(), "verify"_a = nb::none(), "accept_new_lineage"_a = false,
+          "check_weights"_a = false,
           nb::sig("def receive(self, step: int | None = None, verify: bool | None = None, "
-                  "accept_new_lineage: bool = False) -> Received"),
+                  "accept_new_lineage: bool = False, check_weights: bool = False) -> Received"),
           "update(step) into the allocate()d tensors, then iterate (name, tensor) pairs for an\n"
           "engine's own loader (e.g. model.load_weights(sub.receive())); the result's .stats is\n"
           "the update's UpdateStats. The tensors are created once, by allocate(): every step\n"
@@ -533,10 +610,25 @@ void BindSubscriber(nb::module_& m) {
             }();
             return ManifestList(ThrowIfError(std::move(m)));
           },
-          nb::sig("def published_manifest(self) -> list[tuple[str, str, tuple[int, ...]]]"),
+          nb::sig("def published_manifest(self) -> list[weightsync.PublishedTensor]"),
           "(name, dtype name, shape) of every tensor the publisher(s) publish, read over a\n"
           "short-lived connection without preparing: what an allocate() loop needs to mirror\n"
-          "them. Several publishers: the union, each name once.")
+          "them. Several publishers: the union, each name once. Each entry unpacks as that\n"
+          "3-tuple; its .alias_of names the earlier tensor whose bytes it is when the publisher\n"
+          "serves one tensor under two names (tied weights), else None: allocate(...,\n"
+          "alias_of=entry.alias_of) then moves those bytes once.")
+      .def(
+          "check_weights",
+          [](PySubscriber& self) {
+            nb::gil_scoped_release release;
+            return ThrowIfError(self.subscriber->CheckWeights());
+          },
+          "Digests the destinations' own memory (the engine's weights as they are now; the GPU\n"
+          "digest kernels for CUDA tensors) and compares it with the publisher's digests of the\n"
+          "committed version. Corruption names every tensor that differs; the weights are then\n"
+          "marked invalid and the next update() rewrites every destination, even at the\n"
+          "committed step. Needs the prepared handle (FailedPrecondition before the first\n"
+          "update or after sleep()). Returns a WeightsCheck.")
       .def(
           "sleep",
           [](PySubscriber& self) {

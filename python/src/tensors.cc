@@ -420,12 +420,16 @@ ImportedTensor ImportOne(const std::string& name, nb::handle obj, std::optional<
 }  // namespace
 
 nb::list ManifestList(const Manifest& manifest) {
+  // weightsync._manifest.PublishedTensor: the (name, dtype, shape) tuple, with alias_of.
+  nb::object entry = nb::module_::import_("weightsync._manifest").attr("PublishedTensor");
   nb::list out;
   for (const TensorSpec& s : manifest.tensors()) {
     nb::list shape;
     for (int64_t d : s.shape) shape.append(d);
     std::string_view dt = DTypeName(s.dtype);
-    out.append(nb::make_tuple(Utf8Out(s.name), nb::str(dt.data(), dt.size()), nb::tuple(shape)));
+    out.append(
+        entry(Utf8Out(s.name), nb::str(dt.data(), dt.size()), nb::tuple(shape),
+              s.alias_of.empty() ? nb::object(nb::none()) : nb::object(Utf8Out(s.alias_of))));
   }
   return out;
 }

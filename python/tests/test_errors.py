@@ -100,7 +100,8 @@ def test_stale_step_is_failed_precondition(endpoint):
         sub.update(3)
         with pytest.raises(weightsync.FailedPrecondition, match="not newer"):
             sub.update(2)
-        with pytest.raises(weightsync.InvalidArgument, match="steps must increase"):
+        # The same class on both sides: a stale step is a state, not a bad argument.
+        with pytest.raises(weightsync.FailedPrecondition, match="steps must increase"):
             pub.publish(3)
 
 
@@ -209,3 +210,5 @@ def test_closed_objects(endpoint):
     sub.close()
     with pytest.raises(weightsync.FailedPrecondition, match="closed"):
         sub.update()
+    with pytest.raises(weightsync.FailedPrecondition, match="closed"):
+        sub.sleep()  # like every other call, not a silent no-op

@@ -144,14 +144,14 @@ def test_close_from_another_thread_while_update_blocks(endpoint):
     with weightsync.Publisher(endpoint) as pub:
         pub.register({"x": np.ones(4)})
         pub.publish(1)
-        sub = weightsync.Subscriber(endpoint, timeout=0.8)
+        sub = weightsync.Subscriber(endpoint, timeout=30.0)
         sub.register({"x": np.zeros(4)})
         sub.update(1)
         errors = []
 
         def blocked():
             try:
-                sub.update(2)  # never published: times out after 0.8 s
+                sub.update(2)  # never published: would wait its whole 30 s timeout
             except weightsync.Error as e:
                 errors.append(e)
 
@@ -160,11 +160,16 @@ def test_close_from_another_thread_while_update_blocks(endpoint):
         import time
 
         time.sleep(0.2)
-        sub.close()  # waits for the update in flight, then releases
+        t0 = time.monotonic()
+        sub.close()  # cancels the update in flight, waits for it, then releases
+        assert time.monotonic() - t0 < 5, "close() waited for the update's timeout"
         t.join(timeout=5)
         assert not t.is_alive()
-        assert len(errors) == 1 and isinstance(errors[0], TimeoutError)
+        assert len(errors) == 1 and isinstance(errors[0], weightsync.Cancelled), errors
+        assert sub.committed_step == 1
         with pytest.raises(weightsync.FailedPrecondition, match="closed"):
             sub.update()
+        with pytest.raises(weightsync.FailedPrecondition, match="closed"):
+            sub.sleep()
         del sub
         gc.collect()

@@ -81,6 +81,46 @@ def test_tied_weights_move_once(endpoint):
     assert torch.equal(engine_weight, emb.weight.detach())
 
 
+def test_published_manifest_names_tied_weights_and_allocate_shares_them(endpoint):
+    # An engine mirroring the publisher through published_manifest() + allocate() + receive() (the
+    # SGLang loader path): the tied name is allocated over its original, yielded under both names,
+    # and its bytes move once.
+    emb = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    norm = np.ones(16, np.float32)
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        pub.register({"embed.weight": emb, "norm.weight": norm, "lm_head.weight": emb})
+        pub.publish(1)
+        manifest = sub.published_manifest()
+        assert [t.alias_of for t in manifest] == [None, None, "embed.weight"]
+        assert [tuple(t) for t in manifest] == [("embed.weight", "float32", (64, 16)),
+                                               ("norm.weight", "float32", (16,)),
+                                               ("lm_head.weight", "float32", (64, 16))]
+        views = {}
+        for t in manifest:
+            name, dtype, shape = t  # still unpacks as the (name, dtype, shape) it always was
+            views[name] = sub.allocate(name, dtype, shape, alias_of=t.alias_of)
+        assert views["lm_head.weight"] is views["embed.weight"]
+        received = sub.receive()
+        assert received.stats.bytes == emb.nbytes + norm.nbytes  # the tied bytes moved once
+        pairs = dict(received)
+        assert sorted(pairs) == ["embed.weight", "lm_head.weight", "norm.weight"]
+        assert pairs["lm_head.weight"] is pairs["embed.weight"]
+        np.testing.assert_array_equal(pairs["lm_head.weight"], emb)
+
+
+def test_an_alias_allocate_names_its_problem_and_registers_nothing(endpoint):
+    with weightsync.Subscriber(endpoint) as sub:
+        with pytest.raises(weightsync.InvalidArgument, match="'w' is no allocate\\(\\)d tensor"):
+            sub.allocate("w_tied", "float32", (4,), alias_of="w")
+        sub.allocate("w", "float32", (4,))
+        with pytest.raises(weightsync.InvalidArgument,
+                           match="shares its original's memory, float32 \\[4\\] on cpu, not "
+                                 "float32 \\[5\\] on cpu"):
+            sub.allocate("w_tied", "float32", (5,), alias_of="w")
+        with pytest.raises(weightsync.NotFound):
+            sub.unregister("w_tied")  # nothing was registered under it
+
+
 def test_overlapping_destinations_are_refused(endpoint):
     memory = np.zeros(64, np.float32)
     with weightsync.Subscriber(endpoint) as sub:

@@ -164,7 +164,9 @@ def test_update_stats_is_read_only_and_complete(endpoint):
         pub.publish(1)
         stats = sub.update()
     header = open(_update_stats_header()).read()
-    fields = re.findall(r"^\s+\w+ (\w+) = [^;]+;", header, re.M)
+    body = header[header.index("struct UpdateStats {"):]
+    body = body[:body.index("\n};")]  # UpdateStats' own fields, not WeightsCheck's
+    fields = re.findall(r"^\s+\w+ (\w+) = [^;]+;", body, re.M)
     assert len(fields) >= 14
     for f in fields:
         assert hasattr(stats, f), f
@@ -340,3 +342,54 @@ def test_ring_stats_say_what_memory_each_side_holds(endpoint, mode):
 def test_ring_refuses_one_bucket(endpoint):
     with pytest.raises(weightsync.InvalidArgument, match="ring_buckets = 1"):
         weightsync.Publisher(endpoint, ring_buckets=1)
+
+
+def test_check_weights_names_a_changed_tensor_and_the_next_update_restores_it(endpoint):
+    model = {"a": np.arange(4096, dtype=np.float32), "b": np.ones(64, np.float32)}
+    dst = {k: np.zeros_like(v) for k, v in model.items()}
+    with weightsync.Publisher(endpoint) as pub, weightsync.Subscriber(endpoint) as sub:
+        pub.register(model)
+        sub.register(dst)
+        with pytest.raises(weightsync.FailedPrecondition, match="prepared transfer handle"):
+            sub.check_weights()  # nothing committed yet
+        pub.publish(1)
+        stats = sub.update(check_weights=True)
+        assert stats.weights_checked and stats.check_seconds >= 0
+        check = sub.check_weights()
+        assert isinstance(check, weightsync.WeightsCheck)
+        assert (check.step, check.tensors, check.bytes, check.unchecked_tensors) == (
+            1, 2, model["a"].nbytes + model["b"].nbytes, 0)
+        dst["a"][1000] = -1.0  # the engine's memory changes behind the subscriber's back
+        with pytest.raises(weightsync.Corruption, match="tensor 'a' bytes"):
+            sub.check_weights()
+        assert not sub.weights_valid
+        restored = sub.update()  # the committed step again: rewritten, not "up to date"
+        assert not restored.up_to_date and sub.weights_valid
+        np.testing.assert_array_equal(dst["a"], model["a"])
+        sub.check_weights()
+
+
+def test_tcp_token_from_the_constructors(tmp_path):
+    # token= / token_file= on both sides (no environment variables): the right secret moves the
+    # bytes, a wrong one is refused as Unauthenticated, and a token file must be owner-only.
+    model = {"w": np.arange(256, dtype=np.float32)}
+    secret = tmp_path / "token"
+    secret.write_text("correct horse battery staple 42")
+    secret.chmod(0o600)
+    with weightsync.Publisher("tcp://127.0.0.1:0", token_file=str(secret)) as pub:
+        pub.register(model)
+        pub.publish(1)
+        dst = {"w": np.zeros(256, np.float32)}
+        with weightsync.Subscriber(pub.endpoint, token="correct horse battery staple 42",
+                                   verify=True) as sub:
+            sub.register(dst)
+            assert sub.update().verified
+        np.testing.assert_array_equal(dst["w"], model["w"])
+        with weightsync.Subscriber(pub.endpoint, token="a wrong but long enough token",
+                                   timeout=3.0) as sub:
+            sub.register({"w": np.zeros(256, np.float32)})
+            with pytest.raises(weightsync.Unauthenticated):
+                sub.update()
+    secret.chmod(0o644)
+    with pytest.raises(weightsync.Error, match="mode 644: it must not be readable by group"):
+        weightsync.Publisher("tcp://127.0.0.1:0", token_file=str(secret))

@@ -86,6 +86,25 @@ def test_five_updates_bit_exact_with_the_step_as_weight_version(endpoint):
         wsg._receivers[m][1].close()
 
 
+def test_tied_weights_reach_the_loader_under_both_names_and_move_once(endpoint):
+    # A trainer publishing its module (state_dict: the embedding also as lm_head.weight, copied
+    # once). The loader path mirrors published_manifest(): the alias shares its original's buffer,
+    # the loader sees both names, and the bytes cross once.
+    trainer, engine = TrainerModel(seed=3), FakeSGLang(tp_size=1)
+    unique = sum(p.numel() * p.element_size() for p in trainer.parameters())  # tied once
+    with weightsync.Publisher(endpoint) as pub:
+        publisher = ModulePublisher(pub, trainer)
+        publisher.publish(1)
+        assert "lm_head.weight" in publisher.names
+        assert wsg.update_weights(engine, 1, endpoint, verify=True)[0]
+        states_equal(engine, trainer)
+        model = engine.models[0]
+        assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(model.loaded[-1])
+        receiver = wsg._receivers[model][1]
+        assert receiver.last_stats.bytes == unique, "the tied embedding crossed twice"
+        receiver.close()
+
+
 def test_failed_update_keeps_weights_and_version(endpoint):
     trainer, engine = TrainerModel(seed=2), FakeSGLang(tp_size=1)
     with weightsync.Publisher(endpoint) as pub:

@@ -35,3 +35,23 @@ def test_package_exports_everything_it_lists():
 
 def test_py_typed_marker():
     assert pathlib.Path(weightsync.__file__).with_name("py.typed").is_file()
+
+
+def _documented_defaults(cls):
+    """The keyword defaults the stub (the constructor's signature text) documents for cls."""
+    stub = pathlib.Path(_weightsync.__file__).with_name("_weightsync.pyi")
+    for node in ast.parse(stub.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    args = f.args.args[len(f.args.args) - len(f.args.defaults):]
+                    return {a.arg: ast.literal_eval(d) for a, d in zip(args, f.args.defaults)}
+    raise AssertionError(f"{cls}.__init__ not in the stub")
+
+
+def test_constructor_defaults_are_the_cpp_options_defaults():
+    # The keyword defaults are taken from PublisherOptions{} / SubscriberOptions{} in the binding;
+    # the signature text (what help() and the stub show) is written by hand and must say the same.
+    cpp = _weightsync._option_defaults()
+    for cls in ("Publisher", "Subscriber"):
+        assert _documented_defaults(cls) == cpp[cls], cls

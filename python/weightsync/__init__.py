@@ -31,6 +31,7 @@ from ._errors import (
     Unauthenticated,
     Unavailable,
 )
+from ._manifest import PublishedTensor
 from ._weightsync import (
     CudaStatus,
     Publisher,
@@ -38,6 +39,7 @@ from ._weightsync import (
     Received,
     Subscriber,
     UpdateStats,
+    WeightsCheck,
     cuda_status,
     dtypes,
     ledger,
@@ -49,9 +51,11 @@ __all__ = [
     "CudaStatus",
     "Publisher",
     "PublishStats",
+    "PublishedTensor",
     "Received",
     "Subscriber",
     "UpdateStats",
+    "WeightsCheck",
     "cuda_status",
     "dtypes",
     "ledger",

@@ -78,8 +78,12 @@ class Receiver:
         return self.subscriber.committed_step
 
     def _prepare_buffers(self) -> None:
-        for name, dtype, shape in self.subscriber.published_manifest():
-            self.subscriber.allocate(name, dtype, shape, framework="torch", device=self.device)
+        # Tied weights (one tensor the publisher serves under two names) get one buffer: the
+        # alias is allocated over its original's, yielded under both names, moved once.
+        for tensor in self.subscriber.published_manifest():
+            name, dtype, shape = tensor
+            self.subscriber.allocate(name, dtype, shape, framework="torch", device=self.device,
+                                     alias_of=tensor.alias_of)
             self._allocated.append(name)
 
     def receive(self, step: int | None = None, verify: bool | None = None) -> weightsync.Received:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace weightsync {
@@ -21,6 +22,11 @@ Status Manifest::Append(std::vector<TensorSpec> specs) {
   }
   std::unordered_set<std::string_view> seen;  // names of this call
   seen.reserve(specs.size());
+  // Names of this call → index, for aliases (built only when one is asked for: most manifests
+  // have none, and a 10^6-tensor Register should not pay for a second map).
+  std::unordered_map<std::string_view, size_t> earlier;
+  const bool any_alias = std::any_of(specs.begin(), specs.end(),
+                                     [](const TensorSpec& t) { return !t.alias_of.empty(); });
   uint64_t total = total_bytes_;
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorSpec& s = specs[i];
@@ -31,9 +37,29 @@ Status Manifest::Append(std::vector<TensorSpec> specs) {
                          std::to_string(s.name.size()) + " bytes exceeds " +
                          std::to_string(kMaxNameBytes));
     }
+    if (!s.alias_of.empty()) {
+      const TensorSpec* original = nullptr;
+      if (auto it = earlier.find(s.alias_of); it != earlier.end()) {
+        original = &specs[it->second];
+      } else if (auto at = index_.find(s.alias_of); at != index_.end()) {
+        original = &tensors_[at->second];
+      }
+      if (original == nullptr) {
+        problems.push_back(who + ": an alias of '" + s.alias_of + "', which is no earlier tensor");
+      } else if (!original->alias_of.empty()) {
+        problems.push_back(who + ": an alias of '" + s.alias_of + "', itself an alias of '" +
+                           original->alias_of + "' (name the original)");
+      } else if (original->dtype != s.dtype || original->shape != s.shape) {
+        problems.push_back(who + ": an alias of '" + s.alias_of + "' (" +
+                           std::string(DTypeName(original->dtype)) + " " +
+                           ShapeString(original->shape) + ") must have its dtype and shape, not " +
+                           std::string(DTypeName(s.dtype)) + " " + ShapeString(s.shape));
+      }
+    }
     if (!s.name.empty() && (!seen.insert(s.name).second || index_.count(s.name) > 0)) {
       problems.push_back(who + ": duplicate name");
     }
+    if (any_alias) earlier.emplace(s.name, i);
     if (!IsValidDType(static_cast<uint8_t>(s.dtype))) {
       problems.push_back(who + ": unknown dtype code " + std::to_string(static_cast<int>(s.dtype)));
       continue;

@@ -462,16 +462,17 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     util::MutexLock lock(&d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
     if (step < 0) return Status::InvalidArgument("step ", step, " is negative");
+    // A stale step is the state's fault, not the argument's (the same step was fine a moment
+    // earlier, e.g. before another thread published it): FailedPrecondition, as a subscriber's
+    // stale step is.
     if (step <= d.latest_step) {
-      return Status::InvalidArgument("steps must increase: step ", step, " after step ",
-                                     d.latest_step);
+      return Status::FailedPrecondition("steps must increase: step ", step, " after step ",
+                                        d.latest_step);
     }
     if (step <= d.options.resume_from_step) {
-      return Status::InvalidArgument("step ", step, " is not after step ",
-                                     d.options.resume_from_step,
-                                     ", which this publisher resumes "
-                                     "lineage '",
-                                     d.welcome.lineage, "' from");
+      return Status::FailedPrecondition(
+          "step ", step, " is not after step ", d.options.resume_from_step,
+          ", which this publisher resumes lineage '", d.welcome.lineage, "' from");
     }
     if (d.tensors.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");

@@ -10,11 +10,14 @@
 #include <unordered_map>
 
 #include "core/destination_set.h"
+#include "core/weights_check.h"
 #include "cuda/vmm.h"
 #include "plan/mismatch_list.h"
 #include "plan/plan.h"
+#include "plan/published_manifest.h"
 #include "plan/regions.h"
 #include "plan/schedule.h"
+#include "plan/subscriber_regions.h"
 #include "transport/link/endpoint.h"
 #include "transport/transport.h"
 #include "util/deadline.h"
@@ -54,6 +57,7 @@ struct Source {
   // With several publishers: the share of the destinations this one delivers (the handle's plan
   // indexes into it, so it lives as long as the handle).
   std::vector<plan::Destination> share;
+  std::vector<uint32_t> share_at;  // per share entry, its index among the registered ones
   // With regions: this publisher's part of the region schedule (held = its Welcome's tensors).
   std::vector<plan::RegionCopy> copies;
   std::span<const uint64_t> digests;  // from EndStep, valid until the next BeginStep
@@ -63,6 +67,10 @@ struct Source {
   // Whose version this source last delivered into a committed update: its session and lineage.
   uint64_t committed_session = 0;
   std::string committed_lineage;
+  // The publisher's digests of the committed version (for CheckWeights): copied at each commit
+  // (the capacity kept, so a steady update allocates nothing), kept across Sleep() — a handle
+  // prepared again for the same session and step serves the same version.
+  std::vector<uint64_t> committed_digests;
 };
 
 // What the committed version is to the publishers now prepared.
@@ -86,6 +94,9 @@ struct Subscriber::Impl {
   // The registration changed since the last commit: the destinations do not all hold the
   // committed version, so the next update moves every byte even if the step is the same.
   bool registration_changed WS_GUARDED_BY(update_mu) = false;
+  // A weights check found destinations that differ from the committed version: like a changed
+  // registration, the next update moves every byte, even at the committed step.
+  bool weights_differ WS_GUARDED_BY(update_mu) = false;
   // The prepared state: the sources that deliver something (each with its transfer handle:
   // connection, mappings, plan, staging, workers) and, with several, one thread per source so
   // their links carry their shares at the same time.
@@ -99,7 +110,16 @@ struct Subscriber::Impl {
   bool closed WS_GUARDED_BY(update_mu) = false;
   uint64_t prepare_count WS_GUARDED_BY(update_mu) = 0;
 
-  std::atomic<bool> cancel{false};  // set by Cancel(), cleared when an update starts
+  std::atomic<bool> cancel{false};  // set by Cancel() and Close(), cleared when an update starts
+  // Set by Close() before it waits for update_mu: an update that clears `cancel` after Close set
+  // it sees this instead (both sequentially consistent), so no update outlives a Close for long.
+  std::atomic<bool> closing{false};
+  // Clears a Cancel() from before this call; FailedPrecondition once Close() began.
+  Status StartCancellable() {
+    cancel.store(false);
+    if (closing.load()) return Status::FailedPrecondition("subscriber is closed");
+    return Status::Ok();
+  }
   // Written under update_mu; atomic because committed_step()/weights_valid() read them from any
   // thread (e.g. Python while its worker thread updates).
   std::atomic<int64_t> committed{-1};
@@ -114,7 +134,6 @@ struct Subscriber::Impl {
   Status CheckCanRegister(const char* what) const WS_REQUIRES(update_mu);
   Status Prepare(const Deadline& deadline, bool for_verify) WS_REQUIRES(update_mu);
   Status PrepareShares(const Deadline& deadline) WS_REQUIRES(update_mu);
-  bool UsesRegions() const WS_REQUIRES(update_mu);
   Status PrepareRegions(const Deadline& deadline, bool for_verify) WS_REQUIRES(update_mu);
   // Releases the handles that deliver nothing and starts one pool thread per remaining source.
   void KeepDelivering(const std::vector<bool>& delivers) WS_REQUIRES(update_mu);
@@ -123,6 +142,36 @@ struct Subscriber::Impl {
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after, const Deadline& deadline)
       WS_REQUIRES(update_mu);
   void RecordCommitted(int64_t step) WS_REQUIRES(update_mu);
+  // CheckWeights against the committed version through the prepared handles; a difference marks
+  // the weights invalid and makes the next update rewrite them.
+  Status CheckCommitted(const Deadline& deadline, WeightsCheck* out) WS_REQUIRES(update_mu);
+  // UpdateOptions::check_weights: the check of what this update committed (or found committed).
+  Status CheckAfterCommit(const Deadline& deadline, UpdateStats* stats) WS_REQUIRES(update_mu) {
+    WeightsCheck check;
+    Status s = CheckCommitted(deadline, &check);
+    stats->check_seconds = check.seconds;
+    stats->weights_checked = s.ok();
+    return s.WithContext("update to step " + std::to_string(stats->step) + " from " + sources_text +
+                         ": weights check");
+  }
+  // One Update() in flight: what its phases share.
+  struct UpdateRun {
+    const UpdateOptions& request;
+    bool verify = false;
+    Deadline deadline;
+    Clock::time_point t0;
+    Clock::time_point t_wait;
+    UpdateStats stats;
+    std::string step_text;  // for error context: the step asked for, then the one served
+    bool touched_destinations = false;
+    Held held = Held::kNothing;
+    int64_t after = -1;  // the committed step where it is one of these sessions' steps, else -1
+    int64_t committed_step = -1;
+  };
+  Status Fail(const UpdateRun& run, const Status& s) WS_REQUIRES(update_mu);
+  Result<int64_t> OpenStep(UpdateRun& run) WS_REQUIRES(update_mu);
+  void LogLineageChange(const UpdateRun& run, int64_t step) const WS_REQUIRES(update_mu);
+  Status MoveStep(UpdateRun& run, int64_t step) WS_REQUIRES(update_mu);
   Result<UpdateStats> Update(const UpdateOptions& update) WS_REQUIRES(update_mu);
 
   // Runs fn(source) for every active source, concurrently when there are several, and combines
@@ -237,49 +286,19 @@ Result<Manifest> Subscriber::PublishedManifest() {
   if (!d.update_mu.TryLock()) return Status::Busy("PublishedManifest() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
-  d.cancel.store(false, std::memory_order_release);
+  WS_RETURN_IF_ERROR(d.StartCancellable());
   Deadline deadline(d.options.timeout, &d.cancel);
-  std::vector<TensorSpec> specs;
-  std::vector<std::string> from;  // which publisher each spec came from, for errors
+  plan::PublishedManifest published;
   for (const Source& source : d.sources) {
     // Its own handle, released before returning: a prepared one may exist and stays untouched.
     WS_ASSIGN_OR_RETURN(auto handle, transport::NewTransferHandle(source.endpoint, d.options));
-    Result<const wire::Welcome*> welcome = handle->Connect(deadline);
-    Status connected = welcome.status();
-    if (connected.ok()) {
-      for (const wire::TensorPlacement& p : (*welcome)->tensors) {
-        // A shard of a global tensor (a sharded trainer's piece) stands for the global tensor.
-        TensorSpec spec = p.spec;
-        if (p.sharded) {
-          spec = {p.shard.tensor, p.spec.dtype, p.shard.global_shape, 0};
-          Result<uint64_t> bytes = TensorView{nullptr, spec.dtype, spec.shape}.NumBytes();
-          if (!bytes.ok()) {
-            connected = Status::ProtocolError("tensor '", p.spec.name, "' is a shard of '",
-                                              spec.name, "', whose global shape ",
-                                              ShapeString(spec.shape), " has no byte size");
-            break;
-          }
-          spec.nbytes = *bytes;
-        }
-        auto seen = std::find_if(specs.begin(), specs.end(),
-                                 [&](const TensorSpec& s) { return s.name == spec.name; });
-        if (seen == specs.end()) {
-          specs.push_back(std::move(spec));
-          from.push_back(source.name);
-        } else if (seen->dtype != spec.dtype || seen->shape != spec.shape) {
-          connected = Status::InvalidArgument(
-              "tensor '", spec.name, "': ", from[seen - specs.begin()], " publishes ",
-              DTypeName(seen->dtype), " ", ShapeString(seen->shape), ", ", source.name,
-              " publishes ", DTypeName(spec.dtype), " ", ShapeString(spec.shape));
-          break;
-        }
-      }
-    }
+    Result<const wire::Welcome*> welcome = handle->Connect(deadline);  // validated there
+    Status read = welcome.ok() ? published.Add(**welcome, source.name) : welcome.status();
     Status released = handle->Release();
-    WS_RETURN_IF_ERROR(connected.WithContext("reading the manifest of " + source.name));
+    WS_RETURN_IF_ERROR(read.WithContext("reading the manifest of " + source.name));
     WS_RETURN_IF_ERROR(released.WithContext("closing the manifest connection to " + source.name));
   }
-  return Manifest::Build(std::move(specs));
+  return std::move(published).Finish();
 }
 
 Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
@@ -295,6 +314,7 @@ Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
     it->handle.reset();
     it->welcome = nullptr;
     it->share.clear();
+    it->share_at.clear();
     it->copies.clear();
   }
   prepared = false;
@@ -317,7 +337,9 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline, bool for_verify) {
     }
     source.welcome = *welcome;
   }
-  if (UsesRegions()) {
+  std::vector<const wire::Welcome*> welcomes;
+  for (const Source& source : sources) welcomes.push_back(source.welcome);
+  if (plan::UsesRegions(welcomes, registered.destinations())) {
     WS_RETURN_IF_ERROR(PrepareRegions(deadline, for_verify));
     regions = true;
     prepared_for_verify = for_verify;
@@ -331,18 +353,6 @@ Status Subscriber::Impl::Prepare(const Deadline& deadline, bool for_verify) {
   prepared = true;
   ++prepare_count;
   return Status::Ok();
-}
-
-bool Subscriber::Impl::UsesRegions() const {
-  for (const plan::Destination& d : registered.destinations()) {
-    if (!d.regions.empty()) return true;
-  }
-  for (const Source& source : sources) {
-    for (const wire::TensorPlacement& p : source.welcome->tensors) {
-      if (p.sharded) return true;
-    }
-  }
-  return false;
 }
 
 void Subscriber::Impl::KeepDelivering(const std::vector<bool>& delivers) {
@@ -363,76 +373,23 @@ void Subscriber::Impl::KeepDelivering(const std::vector<bool>& delivers) {
 }
 
 // Regions (a sharded trainer, a sharded engine, or both): what every publisher holds is
-// intersected with what every destination wants, once; each publisher's handle is then prepared
-// for its runs only.
+// intersected with what every destination wants, once (plan/subscriber_regions.h); each
+// publisher's handle is then prepared for its runs only.
 Status Subscriber::Impl::PrepareRegions(const Deadline& deadline, bool for_verify) {
-  std::vector<plan::HeldTensor> held;
-  std::vector<std::pair<uint32_t, uint32_t>> held_at;    // (source, index into its Welcome)
-  std::unordered_map<std::string_view, bool> published;  // global name → wanted by something
-  for (uint32_t s = 0; s < sources.size(); ++s) {
-    const wire::Welcome& welcome = *sources[s].welcome;
-    for (uint32_t i = 0; i < welcome.tensors.size(); ++i) {
-      const wire::TensorPlacement& p = welcome.tensors[i];
-      plan::HeldTensor h;
-      h.source = s;
-      h.name = p.sharded ? p.shard.tensor : p.spec.name;
-      h.dtype = p.spec.dtype;
-      h.global_shape = p.sharded ? p.shard.global_shape : p.spec.shape;
-      h.box.offset = p.sharded ? p.shard.offset : std::vector<int64_t>(p.spec.shape.size(), 0);
-      h.box.extent = p.spec.shape;
-      published.emplace(p.sharded ? p.shard.tensor : p.spec.name, false);
-      held.push_back(std::move(h));
-      held_at.emplace_back(s, i);
-    }
-  }
+  std::vector<const wire::Welcome*> welcomes;
+  for (const Source& source : sources) welcomes.push_back(source.welcome);
   const std::vector<plan::Destination>& destinations = registered.destinations();
-  std::vector<plan::DestinationShape> shapes;
-  std::vector<plan::WantedPiece> wanted;
-  for (uint32_t d = 0; d < destinations.size(); ++d) {
-    const plan::Destination& dst = destinations[d];
-    shapes.push_back(
-        {dst.spec.name, dst.spec.dtype, dst.spec.shape, dst.alias_of == plan::kNoDestination});
-    const std::vector<int64_t> origin(dst.spec.shape.size(), 0);
-    if (dst.alias_of != plan::kNoDestination) {  // written through the tensor it aliases
-      if (auto it = published.find(dst.spec.name); it != published.end()) it->second = true;
-      continue;
-    }
-    if (dst.regions.empty()) {
-      wanted.push_back({d, dst.spec.name, dst.spec.shape, {origin, dst.spec.shape}, origin});
-    }
-    for (const RegionPart& part : dst.regions) {  // completed by DestinationSet::Add
-      wanted.push_back({d, part.tensor, part.global_shape, {part.offset, part.extent}, part.at});
-    }
-  }
-  for (const plan::WantedPiece& piece : wanted) {
-    if (auto it = published.find(piece.name); it != published.end()) it->second = true;
-  }
-  plan::MismatchList unwanted("the publishers' tensors and the subscriber's (strict policy)");
-  if (options.policy == MatchPolicy::kStrict) {
-    for (const auto& [name, is_wanted] : published) {
-      if (!is_wanted) unwanted.Add("tensor '", name, "': published but wanted by no destination");
-    }
-  }
-  Result<plan::RegionSchedule> schedule =
-      plan::ScheduleRegions(held, shapes, wanted, static_cast<uint32_t>(sources.size()),
-                            /*rotation=*/0, /*load=*/nullptr, /*casts=*/options.convert_dtypes);
-  if (!unwanted.empty()) {
-    Status s = unwanted.ToStatus();
-    return schedule.ok() ? s : Status(s.code(), s.message() + "\n" + schedule.status().message());
-  }
-  WS_RETURN_IF_ERROR(schedule.status());
+  WS_ASSIGN_OR_RETURN(plan::SourceShares shares,
+                      plan::ScheduleSubscriberRegions(welcomes, destinations, options.policy,
+                                                      options.convert_dtypes));
   std::vector<bool> delivers(sources.size(), false);
-  for (plan::RegionCopy copy : schedule->copies) {
-    const auto [s, index] = held_at[copy.held];
-    copy.held = index;
-    sources[s].copies.push_back(copy);
-    delivers[s] = true;
-  }
   std::ostringstream line;
-  line << "region schedule over " << sources.size() << " publisher(s), " << schedule->copies.size()
+  line << "region schedule over " << sources.size() << " publisher(s), " << shares.total_copies
        << " copies:";
   for (size_t i = 0; i < sources.size(); ++i) {
-    line << " " << sources[i].name << " " << schedule->bytes_per_source[i] << " bytes;";
+    sources[i].copies = std::move(shares.copies[i]);
+    delivers[i] = !sources[i].copies.empty();
+    line << " " << sources[i].name << " " << shares.bytes[i] << " bytes;";
   }
   WS_LOG(INFO, "subscriber") << line.str();
   KeepDelivering(delivers);
@@ -466,6 +423,7 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
     for (uint32_t d : schedule.destinations[i]) {
       share_index.emplace(d, static_cast<uint32_t>(source.share.size()));
       source.share.push_back(registered.destinations()[d]);
+      source.share_at.push_back(d);
     }
     for (plan::Destination& dst : source.share) {
       if (dst.alias_of != plan::kNoDestination) dst.alias_of = share_index.at(dst.alias_of);
@@ -483,7 +441,9 @@ Status Subscriber::Impl::PrepareShares(const Deadline& deadline) {
 }
 
 Held Subscriber::Impl::HeldVersion() const {
-  if (committed.load(std::memory_order_relaxed) < 0 || registration_changed) return Held::kNothing;
+  if (committed.load(std::memory_order_relaxed) < 0 || registration_changed || weights_differ) {
+    return Held::kNothing;
+  }
   bool same_session = true, same_lineage = true;
   for (const Source* source : active) {
     same_session = same_session && source->welcome->session_id == source->committed_session;
@@ -540,11 +500,55 @@ void Subscriber::Impl::RecordCommitted(int64_t step) {
   for (Source* source : active) {
     source->committed_session = source->welcome->session_id;
     source->committed_lineage = source->welcome->lineage;
+    source->committed_digests.assign(source->digests.begin(), source->digests.end());
   }
   committed.store(step, std::memory_order_relaxed);
   registration_changed = false;
+  weights_differ = false;
   util::MutexLock lock(&lineage_mu);
   committed_lineage = active[0]->welcome->lineage;  // SSO or reused capacity: no allocation
+}
+
+Status Subscriber::Impl::CheckCommitted(const Deadline& deadline, WeightsCheck* out) {
+  std::vector<core::CheckedShare> shares;
+  for (Source* source : active) {
+    shares.push_back({source->handle.get(),
+                      source->share.empty() ? &registered.destinations() : &source->share,
+                      source->share_at, source->committed_digests});
+  }
+  Status s = core::CheckWeights(shares, registered.destinations(),
+                                committed.load(std::memory_order_relaxed), deadline, out);
+  if (s.code() == StatusCode::kCorruption) {
+    valid.store(false, std::memory_order_relaxed);
+    weights_differ = true;
+    return Status(s.code(), s.message() +
+                                "; the weights are marked invalid and the next update rewrites "
+                                "every destination");
+  }
+  return s;
+}
+
+Result<WeightsCheck> Subscriber::CheckWeights() {
+  Impl& d = *impl_;
+  if (!d.update_mu.TryLock()) return Status::Busy("CheckWeights() during an update");
+  util::MutexLock lock(&d.update_mu, util::kAdoptLock);
+  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
+  if (!d.prepared || d.committed.load(std::memory_order_relaxed) < 0) {
+    return Status::FailedPrecondition(
+        "CheckWeights() compares the destinations with the committed version through the prepared "
+        "transfer handle: there is none (before the first update, after Sleep() or a failed "
+        "update)");
+  }
+  if (d.registration_changed) {
+    return Status::FailedPrecondition(
+        "CheckWeights(): destinations were registered since the last commit; they hold no "
+        "committed version until the next update");
+  }
+  WS_RETURN_IF_ERROR(d.StartCancellable());
+  CallerDevice caller_device(d.registered.any_cuda());
+  WeightsCheck check;
+  WS_RETURN_IF_ERROR(d.CheckCommitted(Deadline(d.options.timeout, &d.cancel), &check));
+  return check;
 }
 
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
@@ -554,45 +558,27 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   return d.Update(update);
 }
 
-Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
-  auto t0 = Clock::now();
-  if (closed) return Status::FailedPrecondition("subscriber is closed");
-  CallerDevice caller_device(registered.any_cuda());
-  if (registered.empty()) {
-    return Status::FailedPrecondition("Update() before Register(): no destination tensors");
-  }
-  const bool verify = update.verify.value_or(options.verify);
-  cancel.store(false, std::memory_order_release);
-  Deadline deadline(options.timeout, &cancel);
-  UpdateStats stats;
-  std::string step_text = update.step ? std::to_string(*update.step) : std::string("latest");
-  bool touched_destinations = false;
+// Any failure of an update destroys the handle; the next update prepares a new one. Bytes already
+// in the destinations (in place, or a failed commit) mark the weights invalid.
+Status Subscriber::Impl::Fail(const UpdateRun& run, const Status& s) {
+  if (run.touched_destinations) valid.store(false, std::memory_order_relaxed);
+  (void)ReleaseHandles("update failed");
+  Status out = s.WithContext("update to step " + run.step_text + " from " + sources_text);
+  if (!run.touched_destinations) return out;
+  return Status(out.code(), out.message() + (options.mode == UpdateMode::kInPlace
+                                                 ? " (in_place: weights are now marked invalid)"
+                                                 : " (failed while committing: weights are now "
+                                                   "marked invalid)"));
+}
 
-  // Any failure from here on destroys the handle; the next update prepares a new one.
-  auto fail = [&](const Status& s) WS_REQUIRES(update_mu) -> Status {
-    if (touched_destinations) valid.store(false, std::memory_order_relaxed);
-    (void)ReleaseHandles("update failed");
-    Status out = s.WithContext("update to step " + step_text + " from " + sources_text);
-    if (touched_destinations) {
-      out = Status(out.code(), out.message() + (options.mode == UpdateMode::kInPlace
-                                                    ? " (in_place: weights are now marked invalid)"
-                                                    : " (failed while committing: weights are now "
-                                                      "marked invalid)"));
-    }
-    return out;
-  };
-
-  // A reused handle whose publisher went away (a trainer that restarted while this one slept
-  // between updates) fails at its first request, before anything moved: that is no failure of
-  // the update, so it prepares once more, against whoever serves the endpoint now.
-  const int64_t committed_step = committed.load(std::memory_order_relaxed);
+// Prepares (if needed) and asks for the step. A reused handle whose publisher went away (a trainer
+// that restarted while this one slept between updates) fails at its first request, before
+// anything moved: no failure of the update, so it prepares once more, against whoever serves the
+// endpoint now.
+Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
   const bool strict =
-      options.lineage_policy == LineagePolicy::kStrict && !update.accept_new_lineage;
-  Held held = Held::kNothing;
-  int64_t after = -1;
-  Result<int64_t> step = int64_t{-1};  // set by the first BeginStep
-  auto t_wait = Clock::now();
-  if (prepared && regions && verify && !prepared_for_verify) {
+      options.lineage_policy == LineagePolicy::kStrict && !run.request.accept_new_lineage;
+  if (prepared && regions && run.verify && !prepared_for_verify) {
     // A region plan moves only the wanted bytes, which need not be whole digest segments; one
     // that can verify is prepared now (plan/region_plan.h).
     WS_LOG(INFO, "subscriber") << sources_text
@@ -602,105 +588,89 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   }
   for (bool retried = false;; retried = true) {
     if (!prepared) {
-      Status s = Prepare(deadline, verify);
-      if (!s.ok()) return fail(s.WithContext("prepare"));
-      stats.handle_created = true;
-      stats.prepare_seconds = Seconds(t0, Clock::now());
+      Status s = Prepare(run.deadline, run.verify);
+      if (!s.ok()) return Fail(run, s.WithContext("prepare"));
+      run.stats.handle_created = true;
+      run.stats.prepare_seconds = Seconds(run.t0, Clock::now());
     }
-    stats.prepare_count = prepare_count;
+    run.stats.prepare_count = prepare_count;
     // Steps compare only within one publisher session: after a restart the committed step number
     // says nothing about what the new session's step of that number holds.
-    held = HeldVersion();
-    after =
-        held == Held::kSameSession || (held == Held::kRestarted && strict) ? committed_step : -1;
+    run.held = HeldVersion();
+    run.after = run.held == Held::kSameSession || (run.held == Held::kRestarted && strict)
+                    ? run.committed_step
+                    : -1;
     // Refusals that leave the prepared handle as it is: nothing failed, the request was refused.
-    if (Status s = CheckLineage(held, update); !s.ok()) {
-      return s.WithContext("update to step " + step_text + " from " + sources_text);
+    if (Status s = CheckLineage(run.held, run.request); !s.ok()) {
+      return s.WithContext("update to step " + run.step_text + " from " + sources_text);
     }
-    if (update.step && *update.step <= after) {
-      return Status::FailedPrecondition("step ", *update.step,
-                                        " is not newer than the committed step ", after,
+    if (run.request.step && *run.request.step <= run.after) {
+      return Status::FailedPrecondition("step ", *run.request.step,
+                                        " is not newer than the committed step ", run.after,
                                         " (steps only move forward)");
     }
-    t_wait = Clock::now();
-    step = BeginStep(update.step, after, deadline);
-    if (step.ok()) break;
-    if (retried || stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
-      return fail(step.status());
+    run.t_wait = Clock::now();
+    Result<int64_t> step = BeginStep(run.request.step, run.after, run.deadline);
+    if (step.ok()) return step;
+    if (retried || run.stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
+      return Fail(run, step.status());
     }
     WS_LOG(INFO, "subscriber") << sources_text << " went away since the last update ("
                                << step.status() << "); preparing again";
     (void)ReleaseHandles("publisher went away");
   }
-  auto t_copy = Clock::now();
-  stats.wait_seconds = Seconds(t_wait, t_copy);
-  stats.step = *step;
-  step_text = std::to_string(*step);
-  stats.lineage.Assign(active[0]->welcome->lineage);
-  stats.path = active[0]->handle->transport_name();
-  // What the prepared handles hold, reported by up-to-date updates too (no allocation).
-  for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
-  if (*step == after) {
-    if (held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
-      return Status::FailedPrecondition(
-          "update from ", sources_text, ": the publisher restarted lineage '",
-          active[0]->welcome->lineage, "' and its latest step ", *step,
-          " is not newer than the committed step ", committed_step,
-          " of its previous session; the strict lineage policy waits for a newer step (or "
-          "update with accept_new_lineage)");
-    }
-    stats.up_to_date = true;
-    stats.seconds = Seconds(t0, Clock::now());
-    return stats;
-  }
-  if (held == Held::kRestarted || held == Held::kOtherLineage) {
-    const wire::Welcome& now = *active[0]->welcome;
-    WS_LOG(WARN, "subscriber") << sources_text << ": "
-                               << (held == Held::kRestarted
-                                       ? "publisher restarted lineage '" + now.lineage + "'"
-                                       : "new lineage '" + now.lineage + "'")
-                               << (now.resumed_from >= 0
-                                       ? " resumed from step " + std::to_string(now.resumed_from)
-                                       : std::string())
-                               << ": its step " << *step << " replaces committed step "
-                               << committed_step << " of lineage '" << active[0]->committed_lineage
-                               << "'";
-    stats.lineage_changed = true;
-  }
+}
 
-  const bool staged = options.mode == UpdateMode::kStaged;
-  touched_destinations = !staged;
+void Subscriber::Impl::LogLineageChange(const UpdateRun& run, int64_t step) const {
+  const wire::Welcome& now = *active[0]->welcome;
+  WS_LOG(WARN, "subscriber") << sources_text << ": "
+                             << (run.held == Held::kRestarted
+                                     ? "publisher restarted lineage '" + now.lineage + "'"
+                                     : "new lineage '" + now.lineage + "'")
+                             << (now.resumed_from >= 0
+                                     ? " resumed from step " + std::to_string(now.resumed_from)
+                                     : std::string())
+                             << ": its step " << step << " replaces committed step "
+                             << run.committed_step << " of lineage '"
+                             << active[0]->committed_lineage << "'";
+}
+
+// Copy → the publisher's digests → verify (when asked) → commit, every source together.
+Status Subscriber::Impl::MoveStep(UpdateRun& run, int64_t step) {
+  auto fail = [&](const Status& s) WS_REQUIRES(update_mu) { return Fail(run, s); };
+  UpdateStats& stats = run.stats;
+  const auto t_copy = Clock::now();
+  run.touched_destinations = options.mode == UpdateMode::kInPlace;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
-  Status s = ForEachSource([&](Source& src) { return src.handle->CopyStep(verify, deadline); });
+  Status s =
+      ForEachSource([&](Source& src) { return src.handle->CopyStep(run.verify, run.deadline); });
   if (!s.ok()) return fail(s);
   s = ForEachSource([&](Source& src) {
-    Result<std::span<const uint64_t>> digests = src.handle->EndStep(deadline);
+    Result<std::span<const uint64_t>> digests = src.handle->EndStep(run.deadline);
     if (!digests.ok()) return digests.status();
     src.digests = *digests;
     return Status::Ok();
   });
   if (!s.ok()) return fail(s);
-  auto t_verify = Clock::now();
+  const auto t_verify = Clock::now();
   stats.copy_seconds = Seconds(t_copy, t_verify);
-
-  if (verify) {
+  if (run.verify) {
     s = ForEachSource(
-        [&](Source& src) { return src.handle->Verify(src.digests, *step, deadline); });
+        [&](Source& src) { return src.handle->Verify(src.digests, step, run.deadline); });
     if (!s.ok()) return fail(s);
     stats.verified = true;
   }
-  auto t_commit = Clock::now();
-  stats.verify_seconds = verify ? Seconds(t_verify, t_commit) : 0;
+  const auto t_commit = Clock::now();
+  stats.verify_seconds = run.verify ? Seconds(t_verify, t_commit) : 0;
   // Staged: staging → destinations. Both modes: converted tensors (convert_dtypes) are written
   // now, from verified bytes. From here the destinations change: a failure leaves them partly
   // written.
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_commit");
-  touched_destinations = true;
-  s = ForEachSource([&](Source& src) { return src.handle->Commit(deadline); });
+  run.touched_destinations = true;
+  s = ForEachSource([&](Source& src) { return src.handle->Commit(run.deadline); });
   if (!s.ok()) return fail(s);
-  auto t_end = Clock::now();
-  stats.commit_seconds = Seconds(t_commit, t_end);
-  RecordCommitted(*step);
+  stats.commit_seconds = Seconds(t_commit, Clock::now());
+  RecordCommitted(step);
   valid.store(true, std::memory_order_relaxed);
   for (const Source* src : active) {
     stats.bytes += src->handle->plan().total_bytes;
@@ -708,6 +678,49 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   }
   // With regions several publishers may write parts of one destination: count it once.
   if (regions) stats.tensors = registered.written_count();
+  return Status::Ok();
+}
+
+Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
+  const auto t0 = Clock::now();
+  if (closed) return Status::FailedPrecondition("subscriber is closed");
+  CallerDevice caller_device(registered.any_cuda());
+  if (registered.empty()) {
+    return Status::FailedPrecondition("Update() before Register(): no destination tensors");
+  }
+  WS_RETURN_IF_ERROR(StartCancellable());
+  UpdateRun run{update, update.verify.value_or(options.verify), Deadline(options.timeout, &cancel),
+                t0};
+  run.step_text = update.step ? std::to_string(*update.step) : std::string("latest");
+  run.committed_step = committed.load(std::memory_order_relaxed);
+  WS_ASSIGN_OR_RETURN(const int64_t step, OpenStep(run));
+  UpdateStats& stats = run.stats;
+  stats.wait_seconds = Seconds(run.t_wait, Clock::now());
+  stats.step = step;
+  run.step_text = std::to_string(step);
+  stats.lineage.Assign(active[0]->welcome->lineage);
+  stats.path = active[0]->handle->transport_name();
+  // What the prepared handles hold, reported by up-to-date updates too (no allocation).
+  for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
+  if (step == run.after) {
+    if (run.held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
+      return Status::FailedPrecondition(
+          "update from ", sources_text, ": the publisher restarted lineage '",
+          active[0]->welcome->lineage, "' and its latest step ", step,
+          " is not newer than the committed step ", run.committed_step,
+          " of its previous session; the strict lineage policy waits for a newer step (or "
+          "update with accept_new_lineage)");
+    }
+    stats.up_to_date = true;
+  } else {
+    if (run.held == Held::kRestarted || run.held == Held::kOtherLineage) {
+      LogLineageChange(run, step);
+      stats.lineage_changed = true;
+    }
+    WS_RETURN_IF_ERROR(MoveStep(run, step));
+  }
+  const auto t_end = Clock::now();
+  if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
@@ -717,14 +730,20 @@ Status Subscriber::Sleep() {
   Impl& d = *impl_;
   if (!d.update_mu.TryLock()) return Status::Busy("Sleep() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
+  if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   CallerDevice caller_device(d.registered.any_cuda());
   return d.ReleaseHandles("sleep");
 }
 
 Status Subscriber::Close() {
   Impl& d = *impl_;
-  // Waits for an update in flight (bounded by its deadline) rather than pulling memory from
-  // under it.
+  // An update in flight on another thread is cancelled (it stops at its next wait, within about
+  // 20 ms plus the copy chunk under way, and fails as any update does: staged, the old weights
+  // intact; in place, marked invalid once bytes moved), then waited for, rather than pulling
+  // memory from under it or waiting for its whole timeout. One starting later is refused.
+  d.closing.store(true);
+  d.cancel.store(true);
+  util::FailPoints::Check("subscriber.closing");  // tests: sleep:<ms> widens the window
   util::MutexLock lock(&d.update_mu);
   if (d.closed) return Status::Ok();
   d.closed = true;

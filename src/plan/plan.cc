@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -276,6 +277,23 @@ Status ValidateLayout(const wire::Welcome& welcome) {
     }
   }
   return CheckAllocations(welcome);
+}
+
+std::vector<int64_t> PublishedAliases(const wire::Welcome& welcome) {
+  std::vector<int64_t> alias(welcome.tensors.size(), -1);
+  // (region, offset) → the first tensor placed there.
+  std::map<std::pair<wire::Region, uint64_t>, size_t> first;
+  for (size_t i = 0; i < welcome.tensors.size(); ++i) {
+    const wire::TensorPlacement& p = welcome.tensors[i];
+    if (p.spec.nbytes == 0 || p.sharded) continue;
+    auto [it, fresh] = first.emplace(std::make_pair(p.region, p.offset), i);
+    if (fresh) continue;
+    const wire::TensorPlacement& original = welcome.tensors[it->second];
+    if (original.spec.dtype == p.spec.dtype && original.spec.shape == p.spec.shape) {
+      alias[i] = static_cast<int64_t>(it->second);
+    }
+  }
+  return alias;
 }
 
 int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes) {

@@ -136,6 +136,12 @@ struct Plan {
 // the field and both values.
 Status ValidateLayout(const wire::Welcome& welcome);
 
+// Tied weights in a publisher's layout: for each of its tensors, the index of the earlier one whose
+// bytes it is (same region, offset, dtype and shape, not empty, neither a shard), or -1. The
+// publisher places a tensor registered under a second name at its original's offset, so the
+// match is exact. Requires ValidateLayout(welcome).
+std::vector<int64_t> PublishedAliases(const wire::Welcome& welcome);
+
 // kCudaIpc stores: the index of the publisher allocation holding [offset, offset + bytes) of the
 // direct region, or -1 (ValidateLayout checked that every tensor has one).
 int64_t AllocationHolding(const wire::Welcome& welcome, uint64_t offset, uint64_t bytes);

@@ -95,9 +95,23 @@ Status TransferHandle::Verify(std::span<const uint64_t> digests, int64_t step,
 
 Status TransferHandle::Commit(const Deadline& deadline) { return path_->Commit(deadline); }
 
+Status TransferHandle::CheckDestinations(
+    const std::vector<plan::Destination>& destinations, std::span<const uint64_t> digests,
+    const Deadline& deadline, std::span<uint64_t> checked_bytes, std::span<uint8_t> unchecked,
+    std::vector<path::DestinationCheck::Difference>* differing) {
+  if (!path_) return Status::FailedPrecondition("weights check on a handle not prepared");
+  if (!check_.prepared()) {
+    const int threads = options_.copy_threads > 0 ? options_.copy_threads : util::HashThreads();
+    WS_RETURN_IF_ERROR(check_.Prepare(plan_, destinations, link_->welcome().digest_kind, threads));
+  }
+  return check_.Run(digests, deadline, checked_bytes, unchecked, differing);
+}
+
 Status TransferHandle::Release() {
   Status result;
-  // Reverse order of creation: the path (staging, workers, mappings), then the connection.
+  // Reverse order of creation: the weights check (made last), the path (staging, workers,
+  // mappings), then the connection.
+  result.Update(check_.Release());  // logged by the check
   if (path_) {
     result.Update(path_->Release());  // logged by the path
     path_.reset();

@@ -21,6 +21,7 @@
 #include "transport/link/endpoint.h"
 #include "transport/link/link.h"
 #include "transport/path/data_path.h"
+#include "transport/path/destination_check.h"
 #include "transport/path_table.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
@@ -77,6 +78,14 @@ class TransferHandle {
   // Staged: staging → destinations. Both modes: converted tensors into their destinations.
   Status Commit(const util::Deadline& deadline);
 
+  // Subscriber::CheckWeights over this handle's share: digests `destinations` (the list Prepare
+  // was given) where they lie and compares them with `digests`, the committed version's
+  // (path/destination_check.h). Prepared at the first call, reused until Release.
+  Status CheckDestinations(const std::vector<plan::Destination>& destinations,
+                           std::span<const uint64_t> digests, const util::Deadline& deadline,
+                           std::span<uint64_t> checked_bytes, std::span<uint8_t> unchecked,
+                           std::vector<path::DestinationCheck::Difference>* differing);
+
   // Releases the path, then the link (reverse order of creation). Each failure is logged with its
   // cause and the release continues; the aggregated Status is returned.
   Status Release();
@@ -85,6 +94,7 @@ class TransferHandle {
   SubscriberOptions options_;
   std::unique_ptr<link::Link> link_;
   std::unique_ptr<path::DataPath> path_;
+  path::DestinationCheck check_;  // made at the first CheckDestinations
   const PathEntry* entry_ = nullptr;
   plan::Plan plan_;
   bool counted_ = false;  // ledger "handles"

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "util/hash.h"
+#include "wire/handshake.h"
+#include "wire/messages.h"
 
 namespace weightsync::wire {
 namespace {
@@ -91,6 +93,43 @@ void EncodeHeader(FrameType type, std::span<const uint8_t> payload,
                               util::Hash64(payload.data(), payload.size()));
 }
 
+uint32_t MaxPayloadOf(FrameType type) {
+  switch (type) {
+    case FrameType::kHello:
+      return kHelloBytes;
+    case FrameType::kWelcome:
+      return kMaxPayloadBytes;  // up to kMaxTensors placements: the format's limit bounds it
+    case FrameType::kUpdateRequest:
+      return kUpdateRequestBytes;
+    case FrameType::kStepBegin:
+      return kStepBeginBytes;
+    case FrameType::kCopyDone:
+      return kCopyDoneBytes;
+    case FrameType::kStepEnd:
+      return kMaxStepEndBytes;
+    case FrameType::kError:
+      return kMaxErrorBytes;
+    case FrameType::kChallenge:
+      return kChallengeBytes;
+    case FrameType::kAuth:
+      return kAuthBytes;
+    case FrameType::kAuthOk:
+      return kAuthOkBytes;
+    case FrameType::kSelect:
+      return kMaxSelectBytes;
+    case FrameType::kNcclSetup:
+      return kNcclSetupBytes;
+    case FrameType::kNcclId:
+      return kNcclIdBytes;
+    case FrameType::kAllocationFd:
+      return kAllocationFdBytes;
+    case FrameType::kRingBucketReady:
+    case FrameType::kRingBucketDone:
+      return kRingBucketBytes;
+  }
+  return 0;
+}
+
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
                                  uint32_t max_payload) {
   const uint8_t* p = bytes.data();
@@ -117,8 +156,10 @@ Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
     return Status::ProtocolError("frame header (", name, "): reserved field ", Hex(reserved, 8),
                                  ", expected 0");
   }
-  // A caller may lower the cap (e.g. before authentication) but never raise it past the format's.
-  const uint32_t cap = std::min(max_payload, kMaxPayloadBytes);
+  // A caller may lower the cap (e.g. before authentication) but never raise it past the format's,
+  // nor past what a frame of this type can hold.
+  const uint32_t cap =
+      std::min({max_payload, kMaxPayloadBytes, MaxPayloadOf(static_cast<FrameType>(type))});
   const uint32_t length = LoadLittleEndian<uint32_t>(p + kLengthAt);
   if (length > cap) {
     return Status::ProtocolError("frame header (", name, "): payload length ", length,

@@ -69,8 +69,15 @@ struct FrameHeader {
 void EncodeHeader(FrameType type, std::span<const uint8_t> payload,
                   std::span<uint8_t, kHeaderBytes> out);
 
-// Strict: wrong magic, version, unknown type, nonzero reserved or length > max_payload →
-// ProtocolError naming the field, the expected and the actual value.
+// The largest payload a frame of `type` can carry: what its message encodes to at most (the
+// fixed size of a fixed-size message). A header claiming more can only be hostile or broken, so
+// DecodeHeader refuses it before a byte of payload is read or a buffer reserved for it: a 24-byte
+// header can never make a peer hold more than its frame type needs (a 15-byte hello never
+// promises 64 MiB). 0 for an unknown type.
+uint32_t MaxPayloadOf(FrameType type);
+
+// Strict: wrong magic, version, unknown type, nonzero reserved or length > min(max_payload,
+// MaxPayloadOf(type)) → ProtocolError naming the field, the expected and the actual value.
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
                                  uint32_t max_payload = kMaxPayloadBytes);
 

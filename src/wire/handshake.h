@@ -87,6 +87,7 @@ struct NcclSetup {
   uint32_t nccl_version = 0;  // the subscriber's NCCL_VERSION_CODE (e.g. 22809 for 2.28.9); > 0
   uint32_t device = 0;        // CUDA ordinal of the subscriber's destinations (for logs)
 };
+inline constexpr uint32_t kNcclSetupBytes = 4 + 4;
 
 // Publisher → subscriber: the communicator to join. The unique id is a bearer capability (it
 // names NCCL's bootstrap listener): it only travels on an authenticated connection and is never
@@ -96,6 +97,9 @@ struct NcclId {
   uint32_t nccl_version = 0;  // the publisher's NCCL_VERSION_CODE; > 0
   std::array<uint8_t, kNcclUniqueIdBytes> unique_id{};
 };
+inline constexpr uint32_t kNcclIdBytes = 4 + kNcclUniqueIdBytes;
+// The largest encoded Select: a u32 count, then 20 bytes per range.
+inline constexpr uint32_t kMaxSelectBytes = 4 + kMaxSelectRanges * 20;
 
 void Encode(const Challenge& m, std::vector<uint8_t>* out);
 void Encode(const Auth& m, std::vector<uint8_t>* out);

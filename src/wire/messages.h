@@ -135,6 +135,7 @@ struct UpdateRequest {
   // waits for the step, and for the subscriber to finish reading it, that long and not less.
   uint64_t wait_ms = 0;
 };
+inline constexpr uint32_t kUpdateRequestBytes = 8 + 8 + 8;  // its encoded payload, always
 // The longest wait a publisher honours for one step (a day): bounds a pinned slot.
 inline constexpr uint64_t kMaxWaitMs = 24ull * 3600 * 1000;
 
@@ -143,16 +144,19 @@ struct StepBegin {
   int64_t step = -1;
   uint32_t slot = kNoSlot;  // kNoSlot when the publisher has no registered (copied) tensors
 };
+inline constexpr uint32_t kStepBeginBytes = 8 + 4;
 
 // The fd of chunk `index` (counting every kPosixFdChunks allocation's chunks in Welcome order)
 // rides with this frame.
 struct AllocationFd {
   uint32_t index = 0;
 };
+inline constexpr uint32_t kAllocationFdBytes = 4;
 
 struct CopyDone {
   int64_t step = -1;
 };
+inline constexpr uint32_t kCopyDoneBytes = 8;
 
 // Ring publishers: bucket `bucket` of `step` is in ring slot `slot` (ring_bucket_ready, publisher
 // → subscriber); the subscriber has read it and the slot may be refilled (ring_bucket_done, the
@@ -162,6 +166,7 @@ struct RingBucket {
   uint32_t bucket = 0;
   uint32_t slot = 0;
 };
+inline constexpr uint32_t kRingBucketBytes = 8 + 4 + 4;
 // A version's buckets at most: with 64-byte buckets (the smallest), 1 GiB of tensors.
 inline constexpr uint32_t kMaxVersionBuckets = 1u << 24;
 
@@ -173,6 +178,8 @@ struct StepEnd {
   int64_t step = -1;
   std::vector<uint64_t> digests;
 };
+// The largest encoded StepEnd: i64 step, u32 count, the digests.
+inline constexpr uint32_t kMaxStepEndBytes = 8 + 4 + kMaxDigests * 8;
 
 struct ErrorMessage {
   StatusCode code = StatusCode::kInternal;

@@ -128,7 +128,8 @@ TEST_P(Lineage, ARestartResumingFromAnOlderStepIsAppliedUnderTheSameLineage) {
 
   // The trainer resumes lineage run-7 from its step-3 checkpoint: its next step is 4.
   RestartPublisher("run-7", /*resume_from=*/3);
-  EXPECT_EQ(publisher_->Publish(3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_STATUS_IS(kFailedPrecondition, publisher_->Publish(3),
+                   "step 3 is not after step 3, which this publisher resumes lineage 'run-7' from");
   Publish(4, kRestartedContent);
   Result<UpdateStats> stats = sub->Update();
   ASSERT_TRUE(stats.ok()) << stats.status();

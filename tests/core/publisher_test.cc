@@ -28,13 +28,23 @@ TEST(PublisherRetry, AFirstPublishThatFailedLateIsRetriedAndCopiesEachByteOnce) 
   ASSERT_STATUS_IS(kInternal, first);
   EXPECT_EQ(p.publisher->latest_step(), -1);
 
-  // The retry seals the arena it sealed already and plans its copies afresh.
+  // The retry seals the arena it sealed already and plans its copies afresh: each Publish runs
+  // one copy+hash task per segment, not the failed attempt's tasks as well. The fail point every
+  // task passes (it corrupts only when armed to flip) counts them.
+  uint64_t segments = 0;
+  for (const NamedTensor& t : p.tensors) segments += (*t.view.NumBytes() + 4095) / 4096;
+  FailPoints::Arm("publisher.corrupt_after_digest", FailAction::kSleep, 0);
   for (int64_t step : {1, 2}) {
     p.model.Fill(step);
+    const int64_t before = FailPoints::Hits("publisher.corrupt_after_digest");
     Result<PublishStats> stats = p.publisher->Publish(step);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->bytes_copied, p.model.total_bytes()) << "step " << step;
+    EXPECT_EQ(FailPoints::Hits("publisher.corrupt_after_digest") - before,
+              static_cast<int64_t>(segments))
+        << "step " << step << ": copy+hash tasks run, one per segment";
   }
+  FailPoints::Disarm("publisher.corrupt_after_digest");
   auto sub = p.Connect();
   Result<UpdateStats> got = sub->Update();
   ASSERT_TRUE(got.ok()) << got.status();

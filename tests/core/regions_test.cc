@@ -117,6 +117,41 @@ TEST_P(Regions, VerifiedUpdatesReadWholeDigestSegmentsAndCatchCorruption) {
   EXPECT_TRUE(sub->weights_valid());
 }
 
+// A verified update receives a digest segment its destination wants only part of whole, and checks
+// all of it. Here every segment read is read in part (rows of 48 bytes, of which the destination
+// wants 24; segments of 64 bytes) and the publisher corrupts every segment after hashing it, so
+// the refusal does not depend on where a flipped bit lands.
+TEST_P(Regions, ASegmentReadInPartIsVerifiedWholeAndItsCorruptionRefused) {
+  const std::vector<GlobalTensor> model = {{"w", DType::kBFloat16, {8, 24}}};
+  trainers_.resize(1);
+  AddShard(&trainers_[0], model[0], 0, 1, 0);
+  ASSERT_OK(trainers_[0].Start(Options()));
+  EngineRank engine;
+  AddDestination(&engine, model, "w_cols", {Shard("w", {8, 24}, 1, 2, 0)});
+  auto sub = Connect(engine, /*verify=*/true);
+  PublishAll(1);
+  ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+  EXPECT_TRUE(stats.verified);
+  EXPECT_EQ(stats.bytes, 8u * 48) << "each of the 6 segments is read whole, for 24 of its bytes";
+  std::string why;
+  ASSERT_TRUE(engine.Holds(1, &why)) << why;
+  util::FailPoints::Arm("publisher.corrupt_after_digest", util::FailAction::kFlip);
+  PublishAll(2);
+  EXPECT_EQ(util::FailPoints::Hits("publisher.corrupt_after_digest"), 6) << "every segment";
+  util::FailPoints::DisarmAll();
+  ASSERT_STATUS_IS(kCorruption, sub->Update(), "do not match the publisher's digest",
+                   "6 corrupt segment(s)", "nothing committed");
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (GetParam().mode == UpdateMode::kStaged) {
+    EXPECT_TRUE(engine.Holds(1, &why)) << why;
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  PublishAll(3);
+  ASSERT_OK(sub->Update());
+  EXPECT_TRUE(engine.Holds(3, &why)) << why;
+}
+
 TEST_P(Regions, AskingToVerifyPreparesAVerifiablePlanOnce) {
   StartFsdp(2);
   EngineRank engine = testing::TensorParallelRank(model_, 0);

@@ -168,6 +168,41 @@ TEST_P(Registration, TiedWeightsAreCopiedOnceAndWrittenOnce) {
       << why;
 }
 
+// An engine that mirrors the published manifest (allocating a buffer per name) learns from it which
+// names are one tensor, gives an alias its original's memory, and so receives the bytes once.
+TEST_P(Registration, ThePublishedManifestNamesTiedWeightsSoAMirroringEngineReceivesThemOnce) {
+  std::vector<NamedTensor> trainer = tensors_;
+  NamedTensor tied = trainer[5];
+  tied.name = "lm_head.weight";
+  trainer.push_back(tied);
+  StartPublisher(trainer);
+  ASSERT_OK(Publish(1));
+  auto sub = Connect();
+  ASSERT_OK_AND_ASSIGN(Manifest published, sub->PublishedManifest());
+  ASSERT_EQ(published.size(), trainer.size());
+  for (const TensorSpec& spec : published.tensors()) {
+    EXPECT_EQ(spec.alias_of, spec.name == "lm_head.weight" ? trainer[5].name : "") << spec.name;
+  }
+  // The allocate loop: one buffer per original, an alias registered over its original's buffer.
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<NamedTensor> views;
+  for (const TensorSpec& spec : published.tensors()) {
+    if (!spec.alias_of.empty()) {
+      const int64_t original = published.Find(spec.alias_of);
+      ASSERT_GE(original, 0);
+      views.push_back({spec.name, views[original].view});
+      continue;
+    }
+    storage.emplace_back(spec.nbytes, 0xFF);
+    views.push_back({spec.name, TensorView{storage.back().data(), spec.dtype, spec.shape}});
+  }
+  ASSERT_OK(sub->Register(views));
+  ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+  EXPECT_EQ(stats.bytes, model_.total_bytes()) << "the tied tensor was moved twice";
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds({views.begin(), views.end() - 1}, 1, &why)) << why;
+}
+
 TEST_P(Registration, OverlappingDestinationsAreRefusedAtRegister) {
   StartPublisher(tensors_);
   auto storage = SyntheticModel::PoisonedStorage(tensors_);

@@ -195,6 +195,59 @@ TEST_P(Ring, AReaderStalledInsideTheRingIsRevokedWithinTheTimeoutAndCommitsNothi
   }
 }
 
+// BeginWrite past the timeout revokes a reader stalled inside the ring as a ring member, not only
+// as a holder of the version: the ring stops serving it, so no bucket is filled from tensors the
+// trainer is writing (in place, those bytes would land in the live weights).
+TEST_P(Ring, BeginWritePastTheTimeoutRevokesAReaderInTheRingAndFillsNothingAfter) {
+  const milliseconds timeout(testing::kUnderSanitizer ? 1000 : 400);
+  Start(timeout);
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  ASSERT_OK(Write(1));
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(Write(2));
+  // The reader stalls on its first bucket well past the publisher's timeout.
+  FailPoints::Arm("subscriber.ring_bucket", FailAction::kSleep, 4 * timeout.count(), 1);
+  auto held = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.ring_bucket"));
+  ASSERT_OK(pub_->BeginWrite());                                  // waits the timeout, then revokes
+  FailPoints::Arm("publisher.ring_fill", FailAction::kSleep, 0);  // counts fills from here
+  model_.Fill(3);                                                 // the trainer writes
+  Result<UpdateStats> revoked = held.get();
+  EXPECT_FALSE(revoked.ok()) << "a revoked read committed";
+  EXPECT_EQ(FailPoints::Hits("publisher.ring_fill"), 0)
+      << "the revoked reader's ring kept filling buckets from tensors being written";
+  EXPECT_EQ(sub->committed_step(), 1);
+  std::string why;
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_TRUE(SyntheticModel::Holds(dst, 1, &why)) << "staged weights changed: " << why;
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  FailPoints::DisarmAll();
+  ASSERT_OK(pub_->Publish(3).status());
+  ASSERT_OK(sub->Update());
+  EXPECT_TRUE(SyntheticModel::Holds(dst, 3, &why)) << why;
+}
+
+// Tied weights through the ring: a tensor registered under two names reaches both destinations
+// bit-exact, staged and in place (its bytes fill the ring once: host_ring_store_test).
+TEST_P(Ring, TiedWeightsArriveUnderBothNames) {
+  tensors_.push_back({"layers.0.tied", tensors_[0].view});
+  Start();
+  auto storage = SyntheticModel::PoisonedStorage(tensors_);
+  auto dst = SyntheticModel::Views(tensors_, storage);
+  auto sub = Connect(dst);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_OK(Write(step));
+    ASSERT_OK_AND_ASSIGN(UpdateStats stats, sub->Update());
+    EXPECT_TRUE(stats.verified);
+    std::string why;
+    EXPECT_TRUE(SyntheticModel::Holds(dst, step, &why)) << why;
+  }
+}
+
 TEST_P(Ring, ABucketAnnouncedInAnotherSlotThanItsOwnIsAProtocolErrorAndNothingIsCommitted) {
   ExpectAFlippedFrameFailsStepTwoThenItLands("publisher.ring_bad_slot", "ring bucket 0 in slot 1",
                                              "expected slot 0 of the ring's 2");

@@ -168,7 +168,7 @@ TEST_F(SubscriberTest, StepsOnlyMoveForward) {
   EXPECT_TRUE(same->up_to_date);
   EXPECT_EQ(same->bytes, 0u);
   // Publisher refuses to go backwards too.
-  ASSERT_STATUS_IS(kInvalidArgument, p.publisher->Publish(8));
+  ASSERT_STATUS_IS(kFailedPrecondition, p.publisher->Publish(8), "steps must increase");
 }
 
 TEST_F(SubscriberTest, FutureStepTimesOutClearly) {
@@ -211,6 +211,112 @@ TEST_F(SubscriberTest, CancelStopsABlockedUpdatePromptly) {
   auto again = sub->Update();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->step, 2);
+}
+
+// An engine shutting down calls close() while another thread's update waits for a step: the
+// update is cancelled at once instead of holding the close for its whole timeout (5 s here).
+TEST_F(SubscriberTest, CloseCancelsAnUpdateWaitingOnAnotherThread) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  auto sub = p.Connect();
+  ASSERT_OK(sub->Update());
+  Result<UpdateStats> blocked = Status::Internal("not run");
+  std::thread updater([&] { blocked = sub->Update(7); });  // never published
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK(sub->Close());
+  const auto close_took = std::chrono::steady_clock::now() - t0;
+  updater.join();
+  ASSERT_STATUS_IS(kCancelled, blocked);
+  EXPECT_LT(close_took, std::chrono::seconds(2)) << "Close waited for the update's deadline";
+  EXPECT_EQ(sub->committed_step(), 1);
+  EXPECT_TRUE(sub->weights_valid());
+  std::string why;
+  EXPECT_TRUE(SyntheticModel::Holds(p.dst, 1, &why)) << why;  // staged: the old weights stay
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->Update(), "closed");
+}
+
+// In place, mid-copy: each copy worker stops before its next segment, so the copy ends within a
+// segment per worker of the cancel, and the weights are marked invalid (bytes had moved).
+TEST_F(SubscriberTest, CloseStopsAnInPlaceCopyWithinASegmentAndMarksTheWeightsInvalid) {
+  LocalPair p;
+  p.model = SyntheticModel(12, 30000);
+  p.tensors = p.model.Tensors();
+  p.storage = SyntheticModel::PoisonedStorage(p.tensors);
+  p.dst = SyntheticModel::Views(p.tensors, p.storage);
+  p.Start();
+  p.Publish(1);
+  auto sub = p.Connect(UpdateMode::kInPlace, /*verify=*/false);
+  ASSERT_OK(sub->Update());
+  p.Publish(2);
+  const uint64_t segments = p.model.total_bytes() / 4096;  // LocalPair: 4 KiB segments
+  ASSERT_GT(segments, 200u);
+  FailPoints::Arm("host_landing.after_segment", FailAction::kSleep, 20);  // a 2 s copy at least
+  Result<UpdateStats> update = Status::Internal("not run");
+  std::thread updater([&] { update = sub->Update(2); });
+  while (FailPoints::Hits("host_landing.after_segment") < 4) std::this_thread::yield();
+  ASSERT_OK(sub->Close());
+  updater.join();
+  const int64_t copied = FailPoints::Hits("host_landing.after_segment");
+  FailPoints::DisarmAll();
+  ASSERT_STATUS_IS(kCancelled, update, "cancelled");
+  EXPECT_LT(copied, 4 + 2 * 4) << "segments copied after the cancel: at most one per worker";
+  EXPECT_FALSE(sub->weights_valid());
+  EXPECT_EQ(sub->committed_step(), 1);
+}
+
+// Close() marks the subscriber closing before it waits for the update lock: an update that starts
+// in that window is refused at once rather than clearing the cancel and running its full course.
+TEST_F(SubscriberTest, AnUpdateStartingWhileCloseIsUnderWayIsRefused) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  auto sub = p.Connect();
+  ASSERT_OK(sub->Update());
+  FailPoints::Arm("subscriber.closing", FailAction::kSleep, 500, 1);
+  std::thread closer([&] { EXPECT_OK(sub->Close()); });
+  while (FailPoints::Hits("subscriber.closing") == 0) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<UpdateStats> refused = sub->Update(9);  // 9: never published
+  const auto took = std::chrono::steady_clock::now() - t0;
+  closer.join();
+  ASSERT_STATUS_IS(kFailedPrecondition, refused, "closed");
+  EXPECT_LT(took, std::chrono::seconds(2));
+}
+
+// Every call after Close() is refused the same way, Sleep() included.
+TEST_F(SubscriberTest, EveryCallAfterCloseIsRefused) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  auto sub = p.Connect();
+  ASSERT_OK(sub->Update());
+  ASSERT_OK(sub->Close());
+  ASSERT_OK(sub->Close());  // idempotent
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->Update(), "closed");
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->Sleep(), "closed");
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->PublishedManifest(), "closed");
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->Register(p.dst), "closed");
+  ASSERT_STATUS_IS(kFailedPrecondition, sub->Unregister({"layers.0.weight"}), "closed");
+}
+
+// Two threads publishing the same step: one wins, the other is told its step is stale with the
+// code a subscriber's stale step gets (FailedPrecondition), not InvalidArgument.
+TEST_F(SubscriberTest, APublishThatLosesARaceForItsStepIsFailedPrecondition) {
+  LocalPair p;
+  p.Start();
+  p.Publish(1);
+  for (int round = 0; round < 20; ++round) {
+    const int64_t step = 2 + round;
+    Result<PublishStats> a = Status::Internal("not run"), b = Status::Internal("not run");
+    std::thread ta([&] { a = p.publisher->Publish(step); });
+    std::thread tb([&] { b = p.publisher->Publish(step); });
+    ta.join();
+    tb.join();
+    ASSERT_NE(a.ok(), b.ok()) << a.status() << " / " << b.status();
+    ASSERT_STATUS_IS(kFailedPrecondition, a.ok() ? b : a, "steps must increase");
+  }
 }
 
 TEST_F(SubscriberTest, ConcurrentUpdateIsBusy) {

@@ -238,6 +238,34 @@ TEST(GpuRingStore, AFillHoldsItsBucketAndWhatCannotBeFilledIsRefused) {
   ASSERT_OK(store->Close());
 }
 
+// Tied weights: a tensor registered under a second name is placed at its original's offset, and a
+// pass through the GPU ring copies its bytes once.
+TEST(GpuRingStore, ATiedTensorIsFilledOnce) {
+  WS_SKIP_WITHOUT_GPU();
+  ASSERT_OK(cuda::SetDevice(0));
+  constexpr uint64_t kBytes = 10000;
+  std::vector<uint8_t> host(kBytes, 7);
+  ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer tensor, cuda::testing::Upload(host));
+  transport::store::StoreLayout layout;
+  transport::store::PublishedTensor t;
+  t.placement.spec = {"w", DType::kUInt8, {static_cast<int64_t>(kBytes)}, kBytes};
+  t.source = tensor.as<uint8_t>();
+  transport::store::PublishedTensor tied = t;
+  tied.placement.spec.name = "w_tied";
+  tied.alias_of = 0;
+  layout.tensors = {t, tied};
+  layout.slot_bytes = kBytes;
+  layout.segment_bytes = 4096;
+  layout.ring_slots = 2;
+  layout.ring_bucket_bytes = 4096;
+  ASSERT_OK_AND_ASSIGN(auto store, transport::store::NewGpuRingStore(0));
+  wire::Welcome welcome;
+  ASSERT_OK(store->Freeze(layout, &welcome));
+  EXPECT_EQ(store->fill_bytes(), kBytes) << "the tied tensor is filled twice";
+  for (uint32_t b = 0; b < welcome.version_buckets; ++b) ASSERT_OK(store->FillBucket(b, b % 2));
+  ASSERT_OK(store->Close());
+}
+
 // Over tcp a ring publisher of CUDA tensors allocates no bucket: its sessions' NCCL broadcasts
 // read the tensors (the nccl-ring rows of the conformance suite, two GPUs). Its Welcome keeps the
 // ring's geometry; a subscriber of host memory is told no path moves it there.

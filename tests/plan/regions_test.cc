@@ -250,6 +250,43 @@ TEST(Regions, OneErrorListsEveryUncoveredAndDoublyClaimedRange) {
       << m;
 }
 
+// A destination whose pieces are all held but leave a hole (rows 4 and 5 of 8 wanted by nobody) is
+// refused naming how much of it they write: its unwritten bytes would keep whatever they held.
+TEST(Regions, ADestinationItsPiecesLeaveAHoleInIsNamedWithTheElementsWritten) {
+  World w;
+  const int a = w.Global("a", {8, 4});
+  w.Hold(0, a, Whole({8, 4}));
+  const uint32_t d = w.Destination("dst", {8, 4});
+  w.Want(d, a, Box{{0, 0}, {4, 4}}, {0, 0});
+  w.Want(d, a, Box{{6, 0}, {2, 4}}, {6, 0});
+  auto s = ScheduleRegions(w.held, w.destinations, w.wanted, 1);
+  ASSERT_STATUS_IS(kInvalidArgument, s,
+                   "destination 'dst' [8, 4]: its pieces write 24 of 32 elements");
+  // Filled, the same layout schedules and every element is written once.
+  w.Want(d, a, Box{{4, 0}, {2, 4}}, {4, 0});
+  ASSERT_OK_AND_ASSIGN(RegionSchedule whole, ScheduleRegions(w.held, w.destinations, w.wanted, 1));
+  uint64_t written = 0;
+  ASSERT_NO_FATAL_FAILURE(w.Execute(whole, &written));
+  EXPECT_EQ(written, 8u * 4 * 4);
+}
+
+// Two pieces (of different tensors) claiming the same destination bytes are named with the range
+// both write, and the coverage count is not reported on top (it would count those bytes twice).
+TEST(Regions, TwoPiecesWritingTheSameBytesAreNamedWithTheRangeBothWrite) {
+  World w;
+  const int q = w.Global("q", {4, 4});
+  const int k = w.Global("k", {4, 4});
+  w.Hold(0, q, Whole({4, 4}));
+  w.Hold(0, k, Whole({4, 4}));
+  const uint32_t d = w.Destination("qk", {6, 4});
+  w.Want(d, q, Whole({4, 4}), {0, 0});
+  w.Want(d, k, Box{{0, 0}, {3, 4}}, {3, 0});  // row 3 is q's as well
+  auto s = ScheduleRegions(w.held, w.destinations, w.wanted, 1);
+  ASSERT_STATUS_IS(kInvalidArgument, s,
+                   "destination 'qk': pieces of 'q' and 'k' both write [3:4, 0:4]");
+  EXPECT_EQ(s.status().message().find("its pieces write"), std::string::npos) << s.status();
+}
+
 TEST(Regions, ShapesDtypesAndPlacementsThatDisagreeAreNamed) {
   std::vector<HeldTensor> held = {{0, "w", DType::kBFloat16, {4, 4}, Whole({4, 4})}};
   std::vector<DestinationShape> dst = {{"w", DType::kFloat32, {4, 4}}, {"x", DType::kFloat32, {2}}};

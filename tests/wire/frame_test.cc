@@ -12,6 +12,8 @@
 
 #include "testing/test_util.h"
 #include "util/hash.h"
+#include "wire/handshake.h"
+#include "wire/messages.h"
 
 namespace weightsync::wire {
 namespace {
@@ -68,7 +70,8 @@ TEST(WireFrameTest, ChecksumIsXxh3OfThePayload) {
 TEST(WireFrameTest, RoundTripEveryType) {
   for (FrameType type : AllTypes()) {
     SCOPED_TRACE(std::string(FrameTypeName(type)));
-    const std::vector<uint8_t> payload = Bytes("payload of " + std::string(FrameTypeName(type)));
+    std::vector<uint8_t> payload = Bytes("payload of " + std::string(FrameTypeName(type)));
+    payload.resize(std::min<size_t>(payload.size(), MaxPayloadOf(type)));  // what the type holds
     const Header h = EncodeFor(type, payload);
     Result<FrameHeader> decoded = DecodeHeader(h);
     ASSERT_OK(decoded);
@@ -187,6 +190,57 @@ TEST(WireFrameTest, LengthCapEnforced) {
                       {"exceeds limit " + std::to_string(kMaxPayloadBytes)}));
 }
 
+// Each frame type is bound by what its message can encode to: a header claiming one byte more is
+// refused from the header alone, whatever cap the caller allows (a hello never promises 64 MiB).
+TEST(WireFrameTest, EveryTypeIsBoundByWhatItsMessageHolds) {
+  for (FrameType type : AllTypes()) {
+    SCOPED_TRACE(std::string(FrameTypeName(type)));
+    const uint32_t bound = MaxPayloadOf(type);
+    ASSERT_GT(bound, 0u);
+    ASSERT_LE(bound, kMaxPayloadBytes);
+    Header h = EncodeFor(type, {});
+    Put32(h, 8, bound);
+    EXPECT_OK(DecodeHeader(h));
+    if (bound == kMaxPayloadBytes) continue;  // the format's cap (LengthCapEnforced)
+    Put32(h, 8, bound + 1);
+    EXPECT_TRUE(IsError(
+        DecodeHeader(h).status(), StatusCode::kProtocolError,
+        {"frame header (" + std::string(FrameTypeName(type)) + ")",
+         "payload length " + std::to_string(bound + 1), "exceeds limit " + std::to_string(bound)}));
+  }
+  EXPECT_EQ(MaxPayloadOf(static_cast<FrameType>(0)), 0u);
+}
+
+// The bounds are what the encoders write: a fixed-size message's encoding is exactly its bound,
+// the largest variable one's exactly its (so no legitimate frame is ever refused).
+TEST(WireFrameTest, TheBoundsAreTheEncodedSizesOfTheLargestMessages) {
+  auto size_of = [](const auto& message) {
+    std::vector<uint8_t> out;
+    Encode(message, &out);
+    return out.size();
+  };
+  EXPECT_EQ(size_of(Hello{}), MaxPayloadOf(FrameType::kHello));
+  EXPECT_EQ(size_of(UpdateRequest{}), MaxPayloadOf(FrameType::kUpdateRequest));
+  EXPECT_EQ(size_of(StepBegin{}), MaxPayloadOf(FrameType::kStepBegin));
+  EXPECT_EQ(size_of(CopyDone{}), MaxPayloadOf(FrameType::kCopyDone));
+  EXPECT_EQ(size_of(AllocationFd{}), MaxPayloadOf(FrameType::kAllocationFd));
+  EXPECT_EQ(size_of(RingBucket{}), MaxPayloadOf(FrameType::kRingBucketReady));
+  EXPECT_EQ(size_of(RingBucket{}), MaxPayloadOf(FrameType::kRingBucketDone));
+  EXPECT_EQ(size_of(Challenge{}), MaxPayloadOf(FrameType::kChallenge));
+  EXPECT_EQ(size_of(Auth{}), MaxPayloadOf(FrameType::kAuth));
+  EXPECT_EQ(size_of(AuthOk{}), MaxPayloadOf(FrameType::kAuthOk));
+  EXPECT_EQ(size_of(NcclSetup{}), MaxPayloadOf(FrameType::kNcclSetup));
+  EXPECT_EQ(size_of(NcclId{}), MaxPayloadOf(FrameType::kNcclId));
+  StepEnd end;
+  end.digests.resize(kMaxDigests);
+  EXPECT_EQ(size_of(end), MaxPayloadOf(FrameType::kStepEnd));
+  EXPECT_EQ(size_of(ErrorMessage{StatusCode::kInternal, std::string(kMaxErrorMessageBytes, 'x')}),
+            MaxPayloadOf(FrameType::kError));
+  Select select;
+  select.ranges.assign(kMaxSelectRanges, SelectRange{0, 0, 1});
+  EXPECT_EQ(size_of(select), MaxPayloadOf(FrameType::kSelect));
+}
+
 TEST(WireFrameTest, PayloadLengthMismatchIsProtocolError) {
   const std::vector<uint8_t> payload = Bytes("hello world");
   Result<FrameHeader> header = DecodeHeader(EncodeFor(FrameType::kError, payload));
@@ -250,7 +304,7 @@ TEST(WireFrameTest, RandomHeadersNeverCrashAndOnlyValidOnesPass) {
       EXPECT_EQ(magic, kMagic);
       EXPECT_EQ(h[4] | h[5] << 8, kProtocolVersion);
       EXPECT_EQ(reserved, 0u);
-      EXPECT_LE(decoded->length, kMaxPayloadBytes);
+      EXPECT_LE(decoded->length, MaxPayloadOf(decoded->type));
     } else {
       EXPECT_EQ(decoded.status().code(), StatusCode::kProtocolError);
     }

@@ -249,6 +249,7 @@ Status UnixServer::Close() {
   Status result;
   // The socket file is ours to remove by name: nobody else can have bound one at this path
   // while we hold the endpoint's lock.
+  util::FailPoints::Check("shm.server.before_unlink");  // tests: sleep:<ms> widens this window
   if (::unlink(endpoint_.socket_path.c_str()) != 0 && errno != ENOENT) {
     Status s = Status::FromErrno(errno, "unlink '" + endpoint_.socket_path + "'");
     WS_LOG(WARN, "shm") << "release: " << s;

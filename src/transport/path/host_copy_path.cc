@@ -51,9 +51,9 @@ Status HostCopyPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
   if (welcome_->version_buckets > 0) {
     WS_RETURN_IF_ERROR(CopyFromRing(begin, deadline));
   } else {
-    landing_.CopyFromArena(
+    WS_RETURN_IF_ERROR(landing_.CopyFromArena(
         arena + welcome_->slots_offset + uint64_t{begin.slot} * welcome_->slot_bytes,
-        arena + welcome_->direct_offset);
+        arena + welcome_->direct_offset, deadline));
   }
   landing_.MaybeInjectBitFlip();
   // Bytes in shared memory cannot be "lost"; a publisher that died or was stopped meanwhile is

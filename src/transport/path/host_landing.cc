@@ -38,16 +38,30 @@ void HostLanding::CopyBucket(void* context, uint32_t bucket) {
   auto* self = static_cast<HostLanding*>(context);
   const plan::Bucket& b = self->plan_->buckets[bucket];
   for (uint32_t i = 0; i < b.segment_count; ++i) {
+    // Relaxed: the flag only stops further copies; Run's join publishes it to the caller.
+    if (self->copy_deadline_->cancelled()) {
+      self->copy_cancelled_.store(true, std::memory_order_relaxed);
+      return;
+    }
     const plan::Segment& s = self->plan_->segments[b.first_segment + i];
     const uint8_t* base = s.region == wire::Region::kSlot ? self->slot_base_ : self->direct_base_;
     std::memcpy(self->ReceivedBytes(s), base + s.src_offset, s.bytes);
+    util::FailPoints::Check("host_landing.after_segment");  // tests: sleep:<ms> slows the copy
   }
 }
 
-void HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base) {
+Status HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base,
+                                  const util::Deadline& deadline) {
   slot_base_ = slot_base;
   direct_base_ = direct_base;
+  copy_deadline_ = &deadline;
+  copy_cancelled_.store(false, std::memory_order_relaxed);
   workers_->Run(static_cast<uint32_t>(plan_->buckets.size()), &HostLanding::CopyBucket, this);
+  copy_deadline_ = nullptr;
+  if (copy_cancelled_.load(std::memory_order_relaxed)) {
+    return Status::Cancelled("copying from the publisher's shared memory: cancelled");
+  }
+  return Status::Ok();
 }
 
 void HostLanding::PrepareRing(uint64_t bucket_bytes, uint32_t buckets) {

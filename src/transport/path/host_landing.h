@@ -12,6 +12,7 @@
 
 #include "plan/plan.h"
 #include "plan/ring_cut.h"
+#include "util/deadline.h"
 #include "util/staging_buffer.h"
 #include "util/worker_pool.h"
 #include "weightsync/options.h"
@@ -45,8 +46,10 @@ class HostLanding {
   }
 
   // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
-  // arena-allocated ones.
-  void CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base);
+  // arena-allocated ones. A cancelled `deadline` (Subscriber::Cancel/Close) stops each worker
+  // before its next segment: Cancelled, with at most one segment per worker still copied after it.
+  Status CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base,
+                       const util::Deadline& deadline);
   // From a ring store (Welcome::version_buckets > 0): cuts every segment at the edges of the
   // version's buckets of `bucket_bytes`, once; then CopyRingBucket copies what bucket `bucket`
   // (at `bucket_base`) holds of the plan's segments.
@@ -88,6 +91,8 @@ class HostLanding {
   // Per-step scratch, set before each parallel run.
   const uint8_t* slot_base_ = nullptr;
   const uint8_t* direct_base_ = nullptr;
+  const util::Deadline* copy_deadline_ = nullptr;
+  std::atomic<bool> copy_cancelled_{false};
   std::span<const uint64_t> digests_;
   wire::DigestKind digest_kind_ = wire::DigestKind::kXxh3;
   std::atomic<uint32_t> first_mismatch_{0};

@@ -18,7 +18,7 @@
 // after the last bucket. Per segment that costs an xxh3 state (~700 bytes) while prepared, made
 // only for a subscriber that verifies. A segment is hashed by one worker (xxh3 is sequential), so
 // a bucket's hashing spreads over as many workers as it holds segments (8 MiB each by default):
-// verified, the ring ran at 0.69x the verified arena on the H200 (README).
+// verified, the ring ran at 0.69x the verified arena on the H200 (docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>

@@ -51,6 +51,10 @@ class GpuRingStore final : public VersionStore {
     util::MutexLock lock(&mu_);
     return version_buckets_;
   }
+  uint64_t fill_bytes() const override {
+    util::MutexLock lock(&mu_);
+    return fill_bytes_;
+  }
   Status FillBucket(uint32_t bucket, uint32_t slot) override;
   int fd() const override {
     util::MutexLock lock(&mu_);
@@ -87,6 +91,7 @@ class GpuRingStore final : public VersionStore {
     result.Update(ring_.Close());
     frozen_ = false;
     bucket_bytes_ = 0;
+    fill_bytes_ = 0;
     version_buckets_ = 0;
     ring_slots_ = 0;
     return result;
@@ -108,6 +113,7 @@ class GpuRingStore final : public VersionStore {
   GpuTensorDigests digests_ WS_GUARDED_BY(mu_);
   std::vector<Fill> fills_ WS_GUARDED_BY(mu_);  // by bucket
   uint64_t bucket_bytes_ WS_GUARDED_BY(mu_) = 0;
+  uint64_t fill_bytes_ WS_GUARDED_BY(mu_) = 0;
   uint32_t version_buckets_ WS_GUARDED_BY(mu_) = 0;
   uint32_t ring_slots_ WS_GUARDED_BY(mu_) = 0;
   bool frozen_ WS_GUARDED_BY(mu_) = false;  // the ring (if any), queue and digests exist
@@ -150,6 +156,7 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   // allocation's (span: its index), so rows fold only within one.
   std::vector<Fill> fills(layout.local_readers ? buckets : 0);
   std::vector<plan::RingPiece> cut;
+  uint64_t fill_bytes = 0;
   for (size_t i = 0; layout.local_readers && i < layout.tensors.size(); ++i) {
     const PublishedTensor& t = layout.tensors[i];
     if (t.alias_of >= 0) continue;  // a tied tensor's bytes are its original's
@@ -158,6 +165,7 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
     for (const plan::RingPiece& p : cut) {
       uint8_t* slot = ring.data() + (p.bucket % layout.ring_slots) * bucket;
       fills[p.bucket].copies.Add(slot + p.bucket_offset, t.source + p.at, p.bytes, i);
+      fill_bytes += p.bytes;
     }
   }
   Status unsplit;  // logged once: every bucket's small copies stay with the copy engines then
@@ -194,6 +202,7 @@ Status GpuRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   digests_ = std::move(digests);
   fills_ = std::move(fills);
   bucket_bytes_ = bucket;
+  fill_bytes_ = fill_bytes;
   version_buckets_ = buckets;
   ring_slots_ = layout.ring_slots;
   frozen_ = true;

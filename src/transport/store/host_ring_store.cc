@@ -49,6 +49,7 @@ class HostRingStore final : public VersionStore {
   Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
                  const util::Deadline& deadline) override;
   uint32_t version_buckets() const override { return version_buckets_; }
+  uint64_t fill_bytes() const override { return fill_bytes_; }
   Status FillBucket(uint32_t bucket, uint32_t slot) override;
   int fd() const override { return arena_ ? arena_->fd() : -1; }
   const uint8_t* base() const override { return arena_ ? arena_->base() : nullptr; }
@@ -115,6 +116,7 @@ class HostRingStore final : public VersionStore {
   uint32_t version_buckets_ = 0;
   uint32_t ring_slots_ = 0;
   uint64_t bucket_bytes_ = 0;
+  uint64_t fill_bytes_ = 0;
 };
 
 Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
@@ -127,6 +129,7 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   // The pieces of every bucket, in bucket order (none without buckets).
   std::vector<std::vector<Piece>> by_bucket(layout.local_readers ? buckets : 0);
   std::vector<plan::RingPiece> cut;
+  uint64_t fill_bytes = 0;
   const std::span<const PublishedTensor> filled =
       layout.local_readers ? std::span<const PublishedTensor>(layout.tensors)
                            : std::span<const PublishedTensor>();
@@ -136,6 +139,7 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
     plan::CutAtBuckets(t.placement.offset, t.placement.spec.nbytes, bucket, kPieceBytes, &cut);
     for (const plan::RingPiece& p : cut) {
       by_bucket[p.bucket].push_back({t.source + p.at, p.bucket_offset, p.bytes});
+      fill_bytes += p.bytes;
     }
   }
   SegmentLayout segments = CutSegments(layout);
@@ -181,6 +185,7 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   version_buckets_ = static_cast<uint32_t>(buckets);
   ring_slots_ = layout.ring_slots;
   bucket_bytes_ = bucket;
+  fill_bytes_ = fill_bytes;
   return Status::Ok();
 }
 

@@ -113,6 +113,9 @@ class VersionStore {
   // slot `slot`, finished when it returns. Publish only hashes the tensors where they are. Others
   // have no ring.
   virtual uint32_t version_buckets() const { return 0; }
+  // Bytes one pass through the ring copies into its buckets: every tensor's bytes once (a tied
+  // tensor's are its original's, filled once). 0 for other stores and a ring without buckets (tcp).
+  virtual uint64_t fill_bytes() const { return 0; }
   virtual Status FillBucket(uint32_t bucket, uint32_t slot) {
     return Status::FailedPrecondition("bucket ", bucket, ": this store is not a ring");
   }

@@ -179,6 +179,43 @@ TEST(EndpointOwnership, FailedPublisherNeverRemovesTheLiveOnesSocket) {
   ASSERT_OK((*a)->Close());
 }
 
+// Close() removes its socket file before it gives up the endpoint's lock, never after: a successor
+// can take the endpoint only once the old socket is gone, so the old publisher's unlink can never
+// remove the successor's socket (which would leave it alive, holding the lock, unreachable).
+// The fail point holds A's Close just before its unlink while B tries to take the endpoint.
+TEST(EndpointOwnership, ASuccessorTakingTheEndpointDuringACloseStaysReachable) {
+  FailPoints::DisarmAll();
+  const std::string endpoint = testing::UniqueEndpoint("handover");
+  const transport::link::Endpoint ep = Resolve(endpoint);
+  TinyModel model;
+  auto a = CreatePublisher(endpoint);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_NO_FATAL_FAILURE(model.Serve(a->get(), 1));
+  FailPoints::Arm("shm.server.before_unlink", FailAction::kSleep, 400, 1);
+  std::thread closer([&] { EXPECT_OK((*a)->Close()); });
+  while (FailPoints::Hits("shm.server.before_unlink") == 0) std::this_thread::yield();
+  // A is inside its Close: B keeps trying until the endpoint is free.
+  std::unique_ptr<Publisher> b;
+  const auto give_up = std::chrono::steady_clock::now() + kTimeout;
+  while (!b) {
+    auto created = CreatePublisher(endpoint);
+    if (created.ok()) {
+      b = std::move(created).value();
+    } else {
+      ASSERT_NO_FATAL_FAILURE(ExpectAlreadyServed(created.status(), ep));
+      ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "the endpoint never came free";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  closer.join();
+  EXPECT_EQ(FailPoints::Hits("shm.server.before_unlink"), 1) << "the close never paused";
+  FailPoints::DisarmAll();
+  ASSERT_TRUE(Exists(ep.socket_path)) << "A's close removed B's socket";
+  ASSERT_NO_FATAL_FAILURE(model.Serve(b.get(), 2));
+  ASSERT_NO_FATAL_FAILURE(model.ExpectReceives(endpoint, 2));
+  ASSERT_OK(b->Close());
+}
+
 // A live publisher of a build that predates the lock file holds the socket but no lock: the
 // socket answering is proof enough that the endpoint is served.
 TEST(EndpointOwnership, ListeningSocketWithoutLockIsLiveNotStale) {

@@ -299,7 +299,7 @@ TEST_F(TcpAuth, ChallengeClaimingTheFrameLimitIsRefusedAtTheHeader) {
   ASSERT_STATUS_IS(kProtocolError, s,
                    "frame header (challenge): payload length " +
                        std::to_string(wire::kMaxPayloadBytes) + " exceeds limit " +
-                       std::to_string(wire::kMaxHandshakePayloadBytes));
+                       std::to_string(wire::kChallengeBytes));
   EXPECT_LT(elapsed.count(), 2000) << "the refusal waited for something: " << s;
 }
 
@@ -316,7 +316,7 @@ TEST_F(TcpAuth, AuthOkClaimingTheFrameLimitIsRefusedAtTheHeader) {
   ASSERT_STATUS_IS(kProtocolError, s,
                    "frame header (auth_ok): payload length " +
                        std::to_string(wire::kMaxPayloadBytes) + " exceeds limit " +
-                       std::to_string(wire::kMaxHandshakePayloadBytes));
+                       std::to_string(wire::kAuthOkBytes));
   EXPECT_LT(elapsed.count(), 2000) << "the refusal waited for something: " << s;
 }
 
@@ -366,6 +366,55 @@ TEST_F(TcpAuth, ReplayedAuthIsRefused) {
   ASSERT_OK(ch3.Send(wire::FrameType::kAuth, reused, Deadline(std::chrono::seconds(1))));
   EXPECT_NE(Answer(ch3).find("replayed nonce"), std::string::npos);
   ExpectLegitimateUpdate(2);
+}
+
+// A loopback listener without a token authenticates anyone who computes the MAC of the empty token,
+// so after AuthOk its channel takes full-size frames. A 24-byte header claiming a 64 MiB hello (a
+// 15-byte message) is still refused from the header alone, by what a hello can hold: the
+// publisher reserves nothing for it and does not wait for the payload.
+TEST(TcpNoToken, AHelloClaimingTheFrameLimitIsRefusedAtTheHeaderAfterAuthentication) {
+  SyntheticModel model(2, 1000);
+  auto pub = StartPublisher("tcp://127.0.0.1:0", "", model);
+  ASSERT_NE(pub, nullptr);
+  model.Fill(1);
+  ASSERT_OK(pub->Publish(1));
+  auto ep = transport::link::ParseEndpoint(pub->endpoint());
+  ASSERT_OK(ep);
+  auto fd = transport::link::ConnectTcp(*ep, Deadline(std::chrono::seconds(2)));
+  ASSERT_OK(fd);
+  transport::link::Channel ch(std::move(fd).value(), "publisher");
+  const Deadline deadline(std::chrono::seconds(3));
+  wire::Challenge challenge;
+  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kChallenge, &challenge, deadline));
+  ASSERT_FALSE(challenge.auth_required);
+  const wire::Nonce nonce = *wire::RandomNonce();
+  const wire::Auth auth{
+      wire::Role::kSubscriber, nonce,
+      wire::ComputeMac("", wire::MacSide::kClient, challenge, nonce, wire::Role::kSubscriber)};
+  ASSERT_OK(ch.Send(wire::FrameType::kAuth, auth, deadline));
+  wire::AuthOk ok;
+  ASSERT_OK(ch.ReceiveExpect(wire::FrameType::kAuthOk, &ok, deadline));
+  ch.set_max_payload(wire::kMaxPayloadBytes);  // to read whatever the publisher answers
+
+  std::vector<uint8_t> header(wire::kHeaderBytes);
+  wire::EncodeHeader(wire::FrameType::kHello, {}, std::span<uint8_t, wire::kHeaderBytes>(header));
+  const uint32_t claimed = wire::kMaxPayloadBytes;
+  std::memcpy(&header[8], &claimed, 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::send(ch.fd(), header.data(), header.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(header.size()));  // and nothing else
+  auto frame = ch.Receive(deadline);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  ASSERT_EQ(frame->type, wire::FrameType::kError);
+  wire::ErrorMessage err;
+  ASSERT_OK(wire::Decode(ch.payload(), &err));
+  EXPECT_EQ(err.code, StatusCode::kProtocolError) << err.message;
+  EXPECT_NE(err.message.find("frame header (hello): payload length " + std::to_string(claimed) +
+                             " exceeds limit " + std::to_string(wire::kHelloBytes)),
+            std::string::npos)
+      << err.message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2))
+      << "the refusal waited for the payload";
 }
 
 TEST_F(TcpAuth, ThousandHalfOpenConnectionsDuringLegitimateUpdates) {

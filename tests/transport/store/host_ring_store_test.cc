@@ -77,6 +77,35 @@ TEST_F(HostRingStoreTest, EachFillPutsExactlyItsBucketOfTheVersionIntoItsSlot) {
   }
 }
 
+// Tied weights: a tensor registered under a second name shares its original's place in the
+// version, and a pass through the ring copies its bytes once, not once per name.
+TEST_F(HostRingStoreTest, ATiedTensorIsFilledOnceAndServedUnderBothNames) {
+  PublishedTensor tied = Tensor("a_tied", a_.data(), 0, a_.size());
+  tied.alias_of = 0;
+  layout_.tensors.push_back(tied);
+  wire::Welcome welcome;
+  ASSERT_OK(store_->Freeze(layout_, &welcome));
+  EXPECT_EQ(store_->fill_bytes(), a_.size() + b_.size()) << "the tied tensor is filled twice";
+  ASSERT_EQ(welcome.tensors.size(), 3u);
+  EXPECT_EQ(welcome.tensors[2].offset, welcome.tensors[0].offset);
+  const std::vector<uint8_t> version = Version();
+  for (uint32_t b = 0; b < 3; ++b) {
+    ASSERT_OK(store_->FillBucket(b, b % 2));
+    const uint8_t* slot = store_->base() + welcome.slots_offset + (b % 2) * kBucket;
+    for (uint64_t i = 0; i < kBucket && b * kBucket + i < a_.size(); ++i) {
+      ASSERT_EQ(slot[i], version[b * kBucket + i]) << "bucket " << b << " byte " << i;
+    }
+  }
+  // One digest per segment of each name: the tied name's digests are its original's.
+  std::vector<uint64_t> digests(store_->digest_count());
+  ASSERT_OK(store_->Publish(0, digests, nullptr, util::Deadline(std::chrono::seconds(5))));
+  const uint64_t a_segments = (a_.size() + 1023) / 1024, b_segments = (b_.size() + 1023) / 1024;
+  ASSERT_EQ(digests.size(), 2 * a_segments + b_segments);
+  for (uint64_t k = 0; k < a_segments; ++k) {
+    EXPECT_EQ(digests[a_segments + b_segments + k], digests[k]) << "segment " << k;
+  }
+}
+
 TEST_F(HostRingStoreTest, AFillOutsideTheRingIsRefusedNamingIt) {
   wire::Welcome welcome;
   ASSERT_OK(store_->Freeze(layout_, &welcome));

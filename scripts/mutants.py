@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Planted bugs the test suite must catch: for each mutant, replace exact pieces of one source
+file, rebuild the one test binary that should notice, run the named tests, and expect them to FAIL;
+the source is restored after each, whatever happens. A mutant that survives (its tests pass) is a
+guard without a test.
+
+    python3 scripts/mutants.py                 # every mutant (a few minutes each on 2 cores)
+    python3 scripts/mutants.py close-order     # some of them, by name
+    python3 scripts/mutants.py --list
+
+The pieces are matched exactly (each must occur once): when the code they name changes, the
+script says which mutant no longer applies instead of testing nothing. Uses the `build/` tree of
+`make test` (BUILD=... for another). Not part of CI: it rebuilds per mutant (docs/ci.md).
+"""
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class Mutant:
+    name: str
+    why: str  # the guard it deletes
+    path: str
+    edits: list  # (old, new) pairs, each old occurring exactly once
+    target: str  # the test binary (CMake target) that must fail
+    tests: str  # its --gtest_filter
+
+
+MUTANTS = [
+    Mutant("close-order", "Close() gives up the endpoint lock before removing its socket file",
+           "src/transport/link/unix_server.cc",
+           [("  util::FailPoints::Check(\"shm.server.before_unlink\");",
+             "  if (lock_) result.Update(lock_->Release());\n"
+             "  util::FailPoints::Check(\"shm.server.before_unlink\");"),
+            ("  // Last: once the lock is gone, a successor may bind the path.\n"
+             "  if (lock_) result.Update(lock_->Release());  // logs each failure itself\n", "")],
+           "transport_link_endpoint_ownership_test",
+           "EndpointOwnership.ASuccessorTakingTheEndpointDuringACloseStaysReachable"),
+    Mutant("ring-revoke", "BeginWrite past the timeout does not revoke the ring's members",
+           "src/core/publisher.cc", [("    if (ring) ring->RevokeAll();\n", "")],
+           "core_ring_test", "*BeginWritePastTheTimeoutRevokesAReaderInTheRing*"),
+    Mutant("retry-appends", "a retried first Publish appends its copy+hash tasks",
+           "src/transport/store/host_store.cc",
+           [("  tasks_ = std::move(tasks);",
+             "  tasks_.insert(tasks_.end(), tasks.begin(), tasks.end());")],
+           "core_publisher_test", "PublisherRetry.*"),
+    Mutant("ring-tied-twice", "the host ring fills a tied tensor once per name",
+           "src/transport/store/host_ring_store.cc",
+           [("    if (t.alias_of >= 0) continue;  // a tied tensor's bytes are its original's\n",
+             "")],
+           "transport_store_host_ring_store_test", "*Tied*"),
+    Mutant("region-hole", "a destination its pieces leave a hole in is scheduled",
+           "src/plan/regions.cc",
+           [("    if (!overlap && destinations[d].written && covered[d] != elements) {",
+             "    if (false) {")],
+           "plan_regions_test", "*Hole*"),
+    Mutant("region-overlap", "two pieces writing the same destination bytes are scheduled",
+           "src/plan/regions.cc",
+           [("        if (auto both = Intersect(a, b)) {",
+             "        if (auto both = Intersect(a, b); false && both) {")],
+           "plan_regions_test", "*SameBytes*:*DoublyClaimed*"),
+    Mutant("partial-verify", "segments received whole for a part (region pieces) go unverified",
+           "src/transport/path/host_landing.cc",
+           [("  const plan::Segment& s = self->plan_->segments[index];\n"
+             "  if (self->Digest(s) != self->digests_[s.digest_index]) {",
+             "  const plan::Segment& s = self->plan_->segments[index];\n"
+             "  if (s.converted) return;\n"
+             "  if (self->Digest(s) != self->digests_[s.digest_index]) {")],
+           "core_regions_test", "*ASegmentReadInPartIsVerifiedWhole*"),
+    Mutant("frame-bound", "a header is bound by the channel's cap only, not by its frame type",
+           "src/wire/frame.cc",
+           [("      std::min({max_payload, kMaxPayloadBytes, MaxPayloadOf(static_cast<FrameType>(type))});",
+             "      std::min(max_payload, kMaxPayloadBytes);")],
+           "transport_link_tcp_auth_test", "TcpNoToken.*"),
+    Mutant("close-cancels", "Close() waits for an update in flight instead of cancelling it",
+           "src/core/subscriber.cc",
+           [("  d.closing.store(true);\n  d.cancel.store(true);\n",
+             "  d.closing.store(true);\n")],
+           "core_subscriber_test", "*CloseCancelsAnUpdate*"),
+    Mutant("closing-refused", "an update starting while Close() runs clears its cancel",
+           "src/core/subscriber.cc",
+           [("    if (closing.load()) return Status::FailedPrecondition(\"subscriber is closed\");\n",
+             "")],
+           "core_subscriber_test", "*AnUpdateStartingWhileCloseIsUnderWay*"),
+    Mutant("sleep-after-close", "Sleep() after Close() succeeds silently",
+           "src/core/subscriber.cc",
+           [("  if (d.closed) return Status::FailedPrecondition(\"subscriber is closed\");\n"
+             "  CallerDevice caller_device(d.registered.any_cuda());\n"
+             "  return d.ReleaseHandles(\"sleep\");",
+             "  CallerDevice caller_device(d.registered.any_cuda());\n"
+             "  return d.ReleaseHandles(\"sleep\");")],
+           "core_subscriber_test", "*EveryCallAfterCloseIsRefused*"),
+    Mutant("copy-cancel", "a host copy runs to its end after a cancel",
+           "src/transport/path/host_landing.cc",
+           [("    if (self->copy_deadline_->cancelled()) {", "    if (false) {")],
+           "core_subscriber_test", "*CloseStopsAnInPlaceCopy*"),
+    Mutant("check-compare", "the weights check compares nothing",
+           "src/transport/path/destination_check.cc",
+           [("    if (actual_[p] == digests[piece.digest]) continue;", "    continue;")],
+           "core_weights_check_test", "*"),
+    Mutant("check-restores", "a failed weights check leaves the next update 'up to date'",
+           "src/core/subscriber.cc",
+           [("registration_changed || weights_differ) {", "registration_changed) {")],
+           "core_weights_check_test", "*AChangedByteIsNamedAndTheNextUpdateRestoresIt*"),
+    Mutant("alias-rules", "Manifest accepts an alias of anything", "src/base/manifest.cc",
+           [("    if (!s.alias_of.empty()) {\n      const TensorSpec* original = nullptr;",
+             "    if (false) {\n      const TensorSpec* original = nullptr;")],
+           "plan_published_manifest_test", "ManifestAliases.*"),
+    Mutant("alias-unnamed", "the published manifest does not say which names are one tensor",
+           "src/plan/plan.cc", [("      alias[i] = static_cast<int64_t>(it->second);\n", "")],
+           "core_registration_test", "*ThePublishedManifestNamesTiedWeights*"),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, **kw)
+
+
+def check(m: Mutant, build: str, jobs: str) -> str:
+    path = ROOT / m.path
+    original = path.read_text()
+    mutated = original
+    for old, new in m.edits:
+        if mutated.count(old) != 1:
+            return f"NO LONGER APPLIES ({m.path}: a piece occurs {mutated.count(old)} times)"
+        mutated = mutated.replace(old, new)
+    try:
+        path.write_text(mutated)
+        built = run(["cmake", "--build", build, "-j", jobs, "--target", m.target],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if built.returncode != 0:
+            return "DOES NOT BUILD:\n" + built.stdout[-2000:]
+        tested = run([f"{build}/tests/{m.target}", f"--gtest_filter={m.tests}", "--gtest_brief=1"],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        if tested.returncode == 0:
+            return "SURVIVED (its tests pass)"
+        failed = [line for line in tested.stdout.splitlines() if line.startswith("[  FAILED  ]")]
+        return "killed: " + (failed[0][13:] if failed else f"exit {tested.returncode}")
+    finally:
+        path.write_text(original)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:18} {m.why}")
+        return 0
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    build, jobs = os.environ.get("BUILD", "build"), os.environ.get("JOBS", "2")
+    survivors = 0
+    for m in chosen:
+        result = check(m, build, jobs)
+        survivors += not result.startswith("killed")
+        print(f"{m.name:18} {result}", flush=True)
+    # The sources are restored; the binaries built from mutants are rebuilt by the next build.
+    print(f"{len(chosen) - survivors} of {len(chosen)} mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
