@@ -12,6 +12,7 @@
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_link.h"
 #include "transport/path_table.h"
+#include "transport/store/store_table.h"
 #include "util/knobs.h"
 #include "weightsync/dtype.h"
 #include "wire/frame.h"
@@ -53,6 +54,10 @@ int RunInfo(int argc, char** argv) {
   std::printf("data paths (first that serves a link, store and destinations wins):\n");
   for (const transport::PathEntry& path : transport::PathTable()) {
     std::printf("  %-12s %s\n", std::string(path.name).c_str(), std::string(path.moves).c_str());
+  }
+  std::printf("stores (a publisher's first Publish takes the first that holds its tensors):\n");
+  for (const transport::store::StoreEntry& store : transport::store::StoreTable()) {
+    std::printf("  %-12s %s\n", std::string(store.name).c_str(), std::string(store.holds).c_str());
   }
   std::printf("environment knobs (docs/env_vars.md):\n");
   for (const util::KnobInfo& k : util::AllKnobs()) {

@@ -9,9 +9,9 @@
 
 #include "core/destination_set.h"
 #include "plan/plan.h"
-#include "transport/link/endpoint.h"
-#include "transport/link/server.h"
+#include "transport/publisher_transport.h"
 #include "transport/store/bucket_ring.h"
+#include "transport/store/store_table.h"
 #include "transport/store/version_store.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
@@ -67,57 +67,37 @@ std::string RandomLineage() {
 // The publisher core: registration, versions (which slot holds which step, who reads it) and the
 // identity subscribers see. Where versions are kept is a store (transport/store/), how subscribers
 // reach them a server (transport/link/server.h): this file names neither kind.
-struct Publisher::Impl final : transport::link::VersionSource {
+struct Publisher::Impl final : transport::VersionSource {
   PublisherOptions options;
-  transport::link::Endpoint endpoint;
-  std::unique_ptr<transport::link::Server> server;
+  std::unique_ptr<transport::PublisherTransport> transport;  // the endpoint and its server
   std::string bound_endpoint;
   // The host store exists from Create (Allocate() needs it); a publisher of CUDA tensors keeps
   // its versions in a GPU store instead, chosen at the first Publish.
   std::unique_ptr<transport::store::VersionStore> host_store;
   std::unique_ptr<transport::store::VersionStore> store;  // set by Freeze
-  // Ring publishers (options.ring_buckets): who reads which bucket, set by Freeze.
-  std::unique_ptr<transport::store::BucketRing> ring;
   int cuda_device = -1;  // ≥ 0: registered tensors are on this CUDA device
 
   // Registration (before the first Publish), in manifest order.
   std::vector<transport::store::PublishedTensor> tensors;
   std::unordered_map<const uint8_t*, size_t> registered_at;  // data → first tensor registered there
   uint64_t slot_used = 0;   // slot bytes including alignment padding
-  bool has_direct = false;  // some tensor lives in the store (Allocate)
+  bool has_direct = false;  // some tensor is read where it is (Allocate, or the store's kind)
+  // The store's versions are the registered tensors (zero-copy, rings; StoreEntry): sessions
+  // read or send them where they are.
+  bool version_is_tensors = false;
   Manifest manifest;
   wire::Welcome welcome;  // identity (session, lineage) set by Create, the layout by Freeze
 
   // Registration state above is written only before the first Publish (under publish_mu) and
   // read-only once `frozen`: the servers' threads read the Welcome and the store after that.
   util::Mutex publish_mu;  // serializes Register/Allocate/Publish/BeginWrite/Close
-  mutable util::Mutex mu;  // the versions, between Publish and the session threads
+  mutable util::Mutex mu;  // frozen and closed, which sessions wait on
   util::CondVar cv;
-  struct Version {
-    int64_t step = -1;   // -1: holds no available version
-    int readers = 0;     // pins of the current epoch
-    int revoked = 0;     // pins of earlier epochs (revoked), not yet unpinned
-    uint64_t epoch = 0;  // incremented when the publisher revokes this version's readers
-    bool writing = false;
-  };
-  // The publisher stops waiting for the readers of version k: their pins are revoked (they get
-  // an error at Unpin and commit nothing) and no longer hold the version's memory.
-  void Revoke(Version* v) WS_REQUIRES(mu) {
-    v->revoked += v->readers;
-    v->readers = 0;
-    ++v->epoch;
-  }
-  std::vector<Version> versions WS_GUARDED_BY(mu);
-  // Digests per slot: written by Publish while the slot is `writing` (no reader can pin it then),
-  // copied out by Unpin under mu while the slot is pinned (Publish cannot take it then).
-  std::vector<std::vector<uint64_t>> digests;
-  int latest WS_GUARDED_BY(mu) = -1;
-  int64_t latest_step WS_GUARDED_BY(mu) = -1;
-  bool direct_writing WS_GUARDED_BY(mu) = false;
+  // Which slot holds which step, who reads it (store/version_slots.h); armed by Freeze.
+  transport::store::VersionSlots versions;
   // What waiting for readers cost the trainer since the last Publish (its BeginWrite and its own
   // wait for a free slot), reported by the next Publish.
-  double wait_for_readers_seconds WS_GUARDED_BY(publish_mu) = 0;
-  int revoked_reads WS_GUARDED_BY(publish_mu) = 0;
+  transport::store::WaitCost waited WS_GUARDED_BY(publish_mu);
   bool closed WS_GUARDED_BY(mu) = false;
   bool frozen WS_GUARDED_BY(mu) = false;
 
@@ -125,37 +105,30 @@ struct Publisher::Impl final : transport::link::VersionSource {
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
   Result<util::UniqueFd> ExportAllocationFd(uint32_t index) override;
-  Result<transport::link::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
-                                       const std::function<bool()>& give_up) override;
-  // Acquire without the ring: the version pinned.
-  Result<transport::link::Pin> PinVersion(const wire::UpdateRequest& request,
-                                          const Deadline& deadline,
-                                          const std::function<bool()>& give_up);
-  Status Unpin(const transport::link::Pin& pin, wire::StepEnd* end) override;
-  Result<uint32_t> AwaitBucket(const transport::link::Pin& pin, uint32_t bucket,
+  Result<transport::Pin> Acquire(const wire::UpdateRequest& request, const Deadline& deadline,
+                                 const std::function<bool()>& give_up) override {
+    return versions.Acquire(request, deadline, give_up);
+  }
+  // A session reading the whole version at once (tcp) pins it without joining a ring's round.
+  Result<transport::Pin> AcquireWhole(const wire::UpdateRequest& request, const Deadline& deadline,
+                                      const std::function<bool()>& give_up) override {
+    return versions.Acquire(request, deadline, give_up, /*whole=*/true);
+  }
+  Status Unpin(const transport::Pin& pin, wire::StepEnd* end) override {
+    return versions.Unpin(pin, end);
+  }
+  Result<uint32_t> AwaitBucket(const transport::Pin& pin, uint32_t bucket,
                                const Deadline& deadline) override {
-    return ring->Await(pin.ring_member, bucket, deadline);
+    return versions.AwaitBucket(pin, bucket, deadline);
   }
-  Status ReleaseBucket(const transport::link::Pin& pin, uint32_t bucket) override {
-    return ring->Release(pin.ring_member, bucket);
-  }
-  // Revokes the readers of `v` and, on a ring, every member of its round.
-  void RevokeReaders(Version* v) WS_REQUIRES(mu) {
-    Revoke(v);
-    if (ring) ring->RevokeAll();
+  Status ReleaseBucket(const transport::Pin& pin, uint32_t bucket) override {
+    return versions.ReleaseBucket(pin, bucket);
   }
   const uint8_t* arena_base() const override { return store->base(); }
-  Result<transport::link::Pin> AcquireWhole(const wire::UpdateRequest& request,
-                                            const Deadline& deadline,
-                                            const std::function<bool()>& give_up) override {
-    return PinVersion(request, deadline, give_up);  // a ring's round is for bucket readers
-  }
   // `tensors` is read-only once frozen (Register refuses then), which sessions wait for. A ring's
   // or a zero-copy publisher's version is its registered tensors.
   const uint8_t* TensorBytes(uint32_t tensor) const override {
-    return (options.ring_buckets > 0 || options.zero_copy) && tensor < tensors.size()
-               ? tensors[tensor].source
-               : nullptr;
+    return version_is_tensors && tensor < tensors.size() ? tensors[tensor].source : nullptr;
   }
 };
 
@@ -214,17 +187,11 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   impl->welcome.session_id = RandomU64();
   impl->welcome.lineage = options.lineage.empty() ? RandomLineage() : options.lineage;
   impl->welcome.resumed_from = options.resume_from_step;
-  WS_ASSIGN_OR_RETURN(impl->endpoint, transport::link::ParseEndpoint(options.endpoint));
-  WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->endpoint.name));
-  transport::link::ServerOptions server_options;
-  server_options.max_connections = options.max_connections;
-  server_options.timeout = options.timeout;
-  server_options.token = options.token;
-  server_options.token_file = options.token_file;
-  server_options.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(2000));
-  WS_ASSIGN_OR_RETURN(impl->server,
-                      transport::link::StartServer(impl->endpoint, server_options, impl.get()));
-  impl->bound_endpoint = impl->server->bound().ToString();
+  WS_ASSIGN_OR_RETURN(impl->transport,
+                      transport::PublisherTransport::ForEndpoint(options.endpoint));
+  WS_ASSIGN_OR_RETURN(impl->host_store, transport::store::NewHostStore(impl->transport->name()));
+  WS_RETURN_IF_ERROR(impl->transport->Start(options, impl.get()));
+  impl->bound_endpoint = impl->transport->bound();
   WS_LOG(INFO, "publisher") << impl->bound_endpoint << " serves lineage '" << impl->welcome.lineage
                             << "'"
                             << (options.resume_from_step >= 0
@@ -350,24 +317,14 @@ Result<TensorView> Publisher::Allocate(const std::string& name, DType dtype,
 // layout. A failed Freeze keeps nothing it built, so a retried Publish freezes again from
 // scratch and copies each tensor once.
 Status Publisher::Impl::Freeze() {
-  if (options.zero_copy && !store) {
-    // The tensors are the version: shared by every slot, fenced by BeginWrite like Allocate()d
-    // ones.
-    WS_ASSIGN_OR_RETURN(store, transport::store::NewZeroCopyGpuStore(cuda_device));
-    has_direct = true;
-  } else if (options.ring_buckets > 0 && !store) {
-    // Streamed from the tensors bucket by bucket: fenced by BeginWrite like allocated ones. Over
-    // tcp the sessions send from the tensors and the store allocates no bucket.
-    if (cuda_device >= 0) {
-      WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuRingStore(cuda_device));
-    } else {
-      WS_ASSIGN_OR_RETURN(store, transport::store::NewHostRingStore(endpoint.name));
-    }
-    has_direct = true;
-  } else if (cuda_device >= 0 && !store) {
-    WS_ASSIGN_OR_RETURN(store, transport::store::NewGpuStore(cuda_device));
-  } else if (!store) {
-    store = std::move(host_store);
+  if (!store) {
+    transport::store::StoreRequest request{&options, cuda_device, transport->name(), &host_store};
+    WS_ASSIGN_OR_RETURN(const transport::store::StoreEntry* entry,
+                        transport::store::ChooseStore(request));
+    WS_ASSIGN_OR_RETURN(store, entry->make(request));
+    // Versions that are the tensors are read where they are: the trainer fences its writes.
+    version_is_tensors = entry->versions_are_the_tensors;
+    has_direct = has_direct || version_is_tensors;
   }
   transport::store::StoreLayout layout;
   layout.tensors = tensors;
@@ -378,7 +335,7 @@ Status Publisher::Impl::Freeze() {
   layout.ring_slots = static_cast<uint32_t>(options.ring_buckets);
   layout.ring_bucket_bytes = options.ring_bucket_bytes;
   layout.fill_wait = options.timeout;
-  layout.local_readers = endpoint.kind == transport::link::Endpoint::Kind::kLocal;
+  layout.local_readers = transport->local_readers();
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   if (Status s =
           [&] {
@@ -397,8 +354,10 @@ Status Publisher::Impl::Freeze() {
     return s;
   }
   // A ring holds one version: the tensors themselves, streamed on demand.
-  const int held = options.ring_buckets > 0 ? 1 : options.slots;
-  if (options.ring_buckets > 0) {
+  const bool ring_store = store->version_buckets() > 0;
+  const int held = ring_store ? 1 : options.slots;
+  std::unique_ptr<transport::store::BucketRing> ring;
+  if (ring_store) {
     ring = std::make_unique<transport::store::BucketRing>(
         welcome.slot_count, store->version_buckets(), options.max_connections, options.timeout,
         [store = store.get()](uint32_t bucket, uint32_t slot) {
@@ -407,8 +366,8 @@ Status Publisher::Impl::Freeze() {
           return store->FillBucket(bucket, slot);
         });
   }
-  versions.resize(held);
-  digests.assign(held, std::vector<uint64_t>(store->digest_count(), 0));
+  versions.Arm(held, store->digest_count(), has_direct, std::move(ring), options.timeout,
+               bound_endpoint);
   WS_LOG(INFO, "publisher") << bound_endpoint << " prepared: " << tensors.size() << " tensors, "
                             << manifest.total_bytes() << " bytes (" << welcome.direct_bytes
                             << " arena-allocated), " << store->Describe();
@@ -418,38 +377,14 @@ Status Publisher::Impl::Freeze() {
 Status Publisher::BeginWrite() {
   Impl& d = *impl_;
   util::MutexLock publish_lock(&d.publish_mu);
-  util::MutexLock lock(&d.mu);
-  if (d.closed) return Status::FailedPrecondition("publisher is closed");
-  // Nothing published yet, or no tensor subscribers read in place (registered tensors are copied
-  // into slots, which Publish never takes from a reader): nothing to wait for.
-  if (!d.frozen || !d.has_direct) return Status::Ok();
-  d.direct_writing = true;  // no new reader from here on
-  const auto start = std::chrono::steady_clock::now();
-  Deadline deadline(d.options.timeout);
-  while (true) {
-    int readers = 0;
-    for (const auto& v : d.versions) readers += v.readers;
-    if (readers == 0) break;
-    if (deadline.expired()) {
-      // The trainer does not wait longer than its timeout for a slow or stalled subscriber: its
-      // read is revoked. It gets a typed error at the end of its step instead of the digests,
-      // so it never commits what it read while the trainer writes (staged: its old weights
-      // stay; in place: they are marked invalid).
-      for (auto& v : d.versions) d.RevokeReaders(&v);
-      d.revoked_reads += readers;
-      WS_LOG(WARN, "publisher") << d.bound_endpoint << " BeginWrite: revoked the read of "
-                                << readers << " subscriber(s) still reading after "
-                                << d.options.timeout.count() << " ms";
-      break;
-    }
-    d.cv.WaitFor(&d.mu, kWaitSlice);
+  {
+    util::MutexLock lock(&d.mu);
+    if (d.closed) return Status::FailedPrecondition("publisher is closed");
+    // Nothing published yet: nothing to wait for. Registered tensors copied into slots are never
+    // read in place: VersionSlots waits only where the tensors are shared (has_direct).
+    if (!d.frozen) return Status::Ok();
   }
-  d.wait_for_readers_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // The allocated tensors are about to change: no held version describes them any more.
-  if (d.has_direct) {
-    for (auto& v : d.versions) v.step = -1;
-  }
+  d.versions.BeginWrite(&d.waited);
   return Status::Ok();
 }
 
@@ -457,7 +392,7 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   Impl& d = *impl_;
   auto start = std::chrono::steady_clock::now();
   util::MutexLock publish_lock(&d.publish_mu);
-  uint32_t k = 0;
+  const int64_t latest = d.versions.latest_step();  // only Publish moves it, and we hold that
   {
     util::MutexLock lock(&d.mu);
     if (d.closed) return Status::FailedPrecondition("publisher is closed");
@@ -465,9 +400,8 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     // A stale step is the state's fault, not the argument's (the same step was fine a moment
     // earlier, e.g. before another thread published it): FailedPrecondition, as a subscriber's
     // stale step is.
-    if (step <= d.latest_step) {
-      return Status::FailedPrecondition("steps must increase: step ", step, " after step ",
-                                        d.latest_step);
+    if (step <= latest) {
+      return Status::FailedPrecondition("steps must increase: step ", step, " after step ", latest);
     }
     if (step <= d.options.resume_from_step) {
       return Status::FailedPrecondition(
@@ -481,75 +415,24 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
       WS_RETURN_IF_ERROR(d.Freeze());
       d.frozen = true;
     }
-    // The slot to write: one nobody reads that is not the latest (unless it is the only slot),
-    // else the oldest such one. That one is taken out of service at once (no new reader pins a
-    // version about to be overwritten) and its readers are waited for; past the timeout their
-    // pins are revoked (an error at the end of their step, nothing committed), so a stalled
-    // subscriber never stalls the trainer.
-    int chosen = -1, oldest = -1;
-    for (int i = 0; i < static_cast<int>(d.versions.size()); ++i) {
-      if (i == d.latest && d.versions.size() > 1) continue;
-      if (d.versions[i].readers == 0) {
-        chosen = i;
-        break;
-      }
-      if (oldest < 0 || d.versions[i].step < d.versions[oldest].step) oldest = i;
-    }
-    if (chosen < 0) chosen = oldest;
-    Impl::Version& v = d.versions[chosen];
-    const int64_t replaced = v.step;
-    v.step = -1;
-    if (d.latest == chosen) d.latest = -1;
-    const auto wait_start = std::chrono::steady_clock::now();
-    Deadline deadline(d.options.timeout);
-    while (v.readers > 0) {
-      if (deadline.expired()) {
-        d.revoked_reads += v.readers;
-        WS_LOG(WARN, "publisher") << d.bound_endpoint << " Publish(" << step << "): revoked the "
-                                  << v.readers << " read(s) of step " << replaced
-                                  << " still going after " << d.options.timeout.count()
-                                  << " ms, to reuse its slot";
-        d.RevokeReaders(&v);
-        break;
-      }
-      d.cv.WaitFor(&d.mu, kWaitSlice);
-    }
-    d.wait_for_readers_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
-    k = static_cast<uint32_t>(chosen);
-    v.writing = true;
   }
+  d.cv.NotifyAll();  // sessions waiting for the layout
+  const uint32_t k = d.versions.TakeForWrite(step, &d.waited);
   Status published =
-      d.store->Publish(k, d.digests[k], options.cuda_stream, Deadline(d.options.timeout));
+      d.store->Publish(k, d.versions.digests(k), options.cuda_stream, Deadline(d.options.timeout));
   if (!published.ok()) {
-    util::MutexLock lock(&d.mu);
-    d.versions[k].writing = false;  // the slot holds no version; the next Publish reuses it
+    d.versions.WriteFailed(k);
     return published.WithContext("Publish(" + std::to_string(step) + ")");
   }
+  d.versions.Published(k, step);
   PublishStats stats;
-  {
-    util::MutexLock lock(&d.mu);
-    d.versions[k].writing = false;
-    d.versions[k].step = step;
-    if (d.has_direct) {
-      // Allocated tensors are shared by every slot: older versions no longer match them.
-      for (uint32_t i = 0; i < d.versions.size(); ++i) {
-        if (i != k) d.versions[i].step = -1;
-      }
-    }
-    d.latest = static_cast<int>(k);
-    d.latest_step = step;
-    d.direct_writing = false;
-  }
-  d.cv.NotifyAll();
   stats.step = step;
   stats.bytes_copied = d.store->copy_bytes();
   stats.store_bytes = d.store->held_bytes();
   stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
-  stats.wait_for_readers_seconds = d.wait_for_readers_seconds;
-  stats.revoked_reads = d.revoked_reads;
-  d.wait_for_readers_seconds = 0;
-  d.revoked_reads = 0;
+  stats.wait_for_readers_seconds = d.waited.seconds;
+  stats.revoked_reads = d.waited.revoked;
+  d.waited = {};
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
   return stats;
@@ -576,113 +459,7 @@ Result<util::UniqueFd> Publisher::Impl::ExportAllocationFd(uint32_t index) {
   return store->ExportAllocationFd(index);
 }
 
-Result<transport::link::Pin> Publisher::Impl::Acquire(const wire::UpdateRequest& request,
-                                                      const Deadline& deadline,
-                                                      const std::function<bool()>& give_up) {
-  WS_ASSIGN_OR_RETURN(transport::link::Pin pin, PinVersion(request, deadline, give_up));
-  if (!ring || pin.begin.slot == wire::kNoSlot) return pin;
-  // The ring is joined outside `mu`: joining may wait for another round to end.
-  Result<int> member = ring->Join(pin.begin.step, deadline, give_up);
-  if (!member.ok()) {
-    wire::StepEnd unused;
-    (void)Unpin(pin, &unused);  // nothing was read
-    return member.status();
-  }
-  pin.ring_member = *member;
-  bool revoked = false;
-  {
-    // Publish or BeginWrite may have revoked the pin before it joined (RevokeAll did not see this
-    // member then): leave at once rather than stream tensors the trainer is writing.
-    util::MutexLock lock(&mu);
-    revoked = versions[pin.begin.slot].epoch != pin.epoch;
-  }
-  if (revoked) {
-    wire::StepEnd unused;
-    Status s = Unpin(pin, &unused);  // the revocation's Timeout
-    return s.ok() ? Status::Internal("a revoked pin unpinned without an error") : s;
-  }
-  return pin;
-}
-
-Result<transport::link::Pin> Publisher::Impl::PinVersion(const wire::UpdateRequest& request,
-                                                         const Deadline& deadline,
-                                                         const std::function<bool()>& give_up) {
-  util::MutexLock lock(&mu);
-  if (request.step >= 0 && request.step <= request.after_step) {
-    return Status::FailedPrecondition("step ", request.step,
-                                      " is not newer than the subscriber's committed step ",
-                                      request.after_step, " (stale)");
-  }
-  while (true) {
-    if (closed) return Status::Unavailable("publisher closed");
-    if (!direct_writing && latest >= 0) {
-      int target = -1;
-      if (request.step < 0) {
-        if (latest_step == request.after_step) {
-          return transport::link::Pin{{latest_step, wire::kNoSlot}, 0};
-        }
-        if (latest_step < request.after_step) {
-          return Status::FailedPrecondition("subscriber has step ", request.after_step,
-                                            " but the publisher's latest is ", latest_step);
-        }
-        target = latest;
-      } else {
-        for (int i = 0; i < static_cast<int>(versions.size()); ++i) {
-          if (versions[i].step == request.step) target = i;
-        }
-        if (target < 0 && request.step < latest_step) {
-          return Status::NotFound("step ", request.step, " is no longer held (latest is ",
-                                  latest_step, ")");
-        }
-      }
-      if (target >= 0) {
-        ++versions[target].readers;
-        return transport::link::Pin{{versions[target].step, static_cast<uint32_t>(target)},
-                                    versions[target].epoch};
-      }
-    }
-    if (give_up()) return Status::PeerLost("subscriber left while waiting for a step");
-    if (deadline.expired()) {
-      return Status::Timeout(
-          "step ", request.step < 0 ? std::string("latest") : std::to_string(request.step),
-          " not available within the subscriber's wait of ", request.wait_ms, " ms (latest is ",
-          latest_step, ")");
-    }
-    cv.WaitFor(&mu, kWaitSlice);
-  }
-}
-
-Status Publisher::Impl::Unpin(const transport::link::Pin& pin, wire::StepEnd* end) {
-  // A ring member revoked for holding a bucket too long (or a failed fill) has read nothing it
-  // may commit, whatever the version's epoch says.
-  Status result = pin.ring_member >= 0 ? ring->Leave(pin.ring_member) : Status::Ok();
-  {
-    util::MutexLock lock(&mu);
-    Version& v = versions[pin.begin.slot];
-    if (pin.epoch != v.epoch) {
-      --v.revoked;
-      result = Status::Timeout("the read of step ", pin.begin.step,
-                               " was revoked: the publisher needed its memory (to write a new "
-                               "version, or its arena-allocated tensors) after waiting ",
-                               options.timeout.count(),
-                               " ms (PublisherOptions.timeout) for this subscriber to finish; "
-                               "nothing it read may be committed");
-    } else if (!result.ok()) {
-      --v.readers;
-    } else {
-      end->step = pin.begin.step;
-      end->digests.assign(digests[pin.begin.slot].begin(), digests[pin.begin.slot].end());
-      --v.readers;
-    }
-  }
-  cv.NotifyAll();
-  return result;
-}
-
-int64_t Publisher::latest_step() const {
-  util::MutexLock lock(&impl_->mu);
-  return impl_->latest_step;
-}
+int64_t Publisher::latest_step() const { return impl_->versions.latest_step(); }
 
 const Manifest& Publisher::manifest() const { return impl_->manifest; }
 
@@ -699,14 +476,15 @@ Status Publisher::Close() {
     d.closed = true;
   }
   d.cv.NotifyAll();
+  d.versions.Close();
   Status result;
   // Reverse order of creation: the server (connections), then the store.
-  if (d.server) {
-    if (Status s = d.server->Close(); !s.ok()) {
+  if (d.transport) {
+    if (Status s = d.transport->Close(); !s.ok()) {
       WS_LOG(WARN, "publisher") << "release: server: " << s;
       result.Update(s);
     }
-    d.server.reset();
+    d.transport.reset();
   }
   for (auto* store : {&d.store, &d.host_store}) {
     if (!*store) continue;

@@ -7,6 +7,7 @@
 #include "transport/path/host_copy_path.h"
 #include "transport/path/host_to_gpu_path.h"
 #include "transport/path/nccl_path.h"
+#include "transport/path/tcp_delivery.h"
 #include "transport/path/tcp_read_path.h"
 
 namespace weightsync::transport {
@@ -74,17 +75,20 @@ constexpr PathEntry kPaths[] = {
     {"tcp",
      "host store -> host memory: the bytes stream on the connection into place (from a ring "
      "publisher, straight from its tensors)",
-     &ServesTcp, &Make<path::TcpReadPath>},
+     &ServesTcp, &Make<path::TcpReadPath>, &path::DeliverOnSocket},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
-     &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>},
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>,
+     &path::DeliverOverNccl},
     {"nccl-zero-copy",
      "zero-copy GPU tensors -> one CUDA device: grouped broadcasts over a two-rank communicator, "
      "read from the publisher's own tensors",
-     &Serves<LinkKind::kTcp, ArenaKind::kCudaIpc, DestinationKind::kCuda>, &Make<path::NcclPath>},
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaIpc, DestinationKind::kCuda>, &Make<path::NcclPath>,
+     &path::DeliverOverNccl},
     {"nccl-ring",
      "ring publisher of GPU tensors -> one CUDA device: grouped broadcasts over a two-rank "
      "communicator, read from its tensors (no bucket: NCCL's buffers bound what is in flight)",
-     &Serves<LinkKind::kTcp, ArenaKind::kCudaRing, DestinationKind::kCuda>, &Make<path::NcclPath>},
+     &Serves<LinkKind::kTcp, ArenaKind::kCudaRing, DestinationKind::kCuda>, &Make<path::NcclPath>,
+     &path::DeliverOverNccl},
 };
 
 std::string StoreText(const wire::Welcome& welcome) {
@@ -157,6 +161,22 @@ Result<const PathEntry*> ChoosePath(const link::Link& link, const wire::Welcome&
                               "; no data path moves it over ", link::LinkKindName(link.kind()),
                               " into ", into, ": ", WhereText(destinations),
                               " (weightsync info lists the paths)");
+}
+
+Result<std::unique_ptr<link::StepDelivery>> DeliverOverTcp(link::Channel& ch,
+                                                           const link::SessionConfig& config,
+                                                           const wire::Welcome& welcome,
+                                                           int store_fd,
+                                                           const wire::Select& select) {
+  for (const PathEntry& entry : kPaths) {
+    if (entry.deliver == nullptr) continue;
+    for (DestinationKind into : {DestinationKind::kHost, DestinationKind::kCuda}) {
+      if (entry.can_serve(LinkKind::kTcp, welcome.arena_kind, into)) {
+        return entry.deliver(ch, config, welcome, store_fd, select);
+      }
+    }
+  }
+  return Status::FailedPrecondition("no data path sends ", StoreText(welcome), " over tcp");
 }
 
 }  // namespace weightsync::transport

@@ -78,6 +78,10 @@ TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
   EXPECT_TRUE(Has(info, "set (hidden)")) << info.output;
   EXPECT_TRUE(Has(info, "now '/tmp/x'")) << info.output;
   EXPECT_TRUE(Has(info, "shm       local://NAME   available")) << info.output;
+  // Both tables: the subscriber's data paths and the publisher's stores.
+  for (const char* row : {"  shm-ring ", "  nccl-zero-copy ", "  host-arena ", "  zero-copy "}) {
+    EXPECT_TRUE(Has(info, row)) << row << " missing from:\n" << info.output;
+  }
   // A knob set to a value it cannot take is named, with the value, and fails the command.
   CliRun bad = RunCli("info", "WEIGHTSYNC_LOG_LEVEL=loud");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;

@@ -1,6 +1,7 @@
 // Docs that cannot drift: docs/architecture.md (where a byte goes) and docs/python.md (the path
-// names UpdateStats.path reports) name every row of the path table, as knobs_test.cc holds
-// docs/env_vars.md to the knobs. A row added without its docs fails here.
+// names UpdateStats.path reports, the stores a Publisher may choose) name every row of the path
+// table and of the store table, as knobs_test.cc holds docs/env_vars.md to the knobs. A row added
+// without its docs fails here.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "transport/path_table.h"
+#include "transport/store/store_table.h"
 
 namespace weightsync {
 namespace {
@@ -48,6 +50,22 @@ TEST(DocsDrift, TheCheckFindsARowADocLeavesOut) {  // the gate's canary
 
 TEST(DocsDrift, ArchitectureNamesEveryPathTableRow) {
   EXPECT_EQ(Unnamed(ReadDoc("architecture.md"), PathNames()), std::vector<std::string>{});
+}
+
+std::vector<std::string> StoreNames() {
+  std::vector<std::string> names;
+  for (const transport::store::StoreEntry& e : transport::store::StoreTable()) {
+    names.emplace_back(e.name);
+  }
+  return names;
+}
+
+TEST(DocsDrift, ArchitectureNamesEveryStoreTableRow) {
+  EXPECT_EQ(Unnamed(ReadDoc("architecture.md"), StoreNames()), std::vector<std::string>{});
+}
+
+TEST(DocsDrift, PythonDocsNameEveryStore) {
+  EXPECT_EQ(Unnamed(ReadDoc("python.md"), StoreNames()), std::vector<std::string>{});
 }
 
 TEST(DocsDrift, PythonDocsNameEveryPathUpdateStatsReports) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -16,15 +17,29 @@
 #include "transport/link/version_source.h"
 #include "util/deadline.h"
 #include "weightsync/status.h"
+#include "wire/handshake.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::link {
+
+struct SessionConfig;
+class StepDelivery;
+// Makes the delivery of a tcp session once the subscriber's Select arrived: the publisher's end
+// of the data path the store takes over tcp (the path table's `deliver`, transport/path_table.h;
+// handed in by the server's creator, so this layer names no path). `store_fd`: the store's fd
+// from the layout (an arena's, which a GPU delivery maps).
+using DeliveryFactory = Result<std::unique_ptr<StepDelivery>> (*)(Channel& ch,
+                                                                  const SessionConfig& config,
+                                                                  const wire::Welcome& welcome,
+                                                                  int store_fd,
+                                                                  const wire::Select& select);
 
 struct SessionConfig {
   std::chrono::milliseconds timeout;  // each frame; a subscriber reading a pinned step
   std::string peer;                   // for logs: "subscriber 10.0.0.7:5123"
   VersionSource* source = nullptr;
   const std::atomic<bool>* stopping = nullptr;
+  DeliveryFactory deliver = nullptr;  // tcp sessions
 };
 
 // How the bytes of a pinned step reach the subscriber over this session.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "transport/link/endpoint.h"
+#include "transport/link/publisher_session.h"
 #include "transport/link/version_source.h"
 #include "weightsync/status.h"
 
@@ -24,6 +25,8 @@ struct ServerOptions {
   std::string token_file;
   int max_pending = 1024;
   std::chrono::milliseconds handshake_timeout{2000};
+  // tcp only: how a session sends a step's bytes (publisher_session.h); required there.
+  DeliveryFactory deliver = nullptr;
 };
 
 class Server {

@@ -308,7 +308,7 @@ void TcpServerImpl::StartSession(std::shared_ptr<Handshake> h) {
     WS_LOG(WARN, "tcp") << "session for " << h->peer << ": " << ec.message();
     return;
   }
-  SessionConfig config{options_.timeout, h->peer, source_, &stopping_};
+  SessionConfig config{options_.timeout, h->peer, source_, &stopping_, options_.deliver};
   util::UniqueFd refused_fd;
   Status started = sessions_.Start(
       util::UniqueFd(native), "tcp session", [config](int fd) { RunSession(fd, config); },

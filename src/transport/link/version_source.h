@@ -7,6 +7,7 @@
 #include <functional>
 #include <utility>
 
+#include "transport/store/version_slots.h"
 #include "util/deadline.h"
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
@@ -14,14 +15,9 @@
 
 namespace weightsync::transport::link {
 
-// A version pinned for one subscriber: what Acquire returns and Unpin takes back. `epoch`: the
-// publisher's write epoch when it was pinned (a later BeginWrite that stopped waiting for it has
-// revoked it).
-struct Pin {
-  wire::StepBegin begin;
-  uint64_t epoch = 0;
-  int ring_member = -1;  // ring publishers: this reader's place in the round (store/bucket_ring.h)
-};
+// A version pinned for one subscriber (store/version_slots.h): what Acquire returns and Unpin
+// takes back.
+using Pin = store::Pin;
 
 // What the server needs from the publisher core.
 class VersionSource {
