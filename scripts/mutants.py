@@ -98,7 +98,7 @@ MUTANTS = [
            "core_subscriber_test", "*EveryCallAfterCloseIsRefused*"),
     Mutant("copy-cancel", "a host copy runs to its end after a cancel",
            "src/transport/path/host_landing.cc",
-           [("    if (self->copy_deadline_->cancelled()) {", "    if (false) {")],
+           [("  if (self->copy_deadline_->cancelled()) {", "  if (false) {")],
            "core_subscriber_test", "*CloseStopsAnInPlaceCopy*"),
     Mutant("check-compare", "the weights check compares nothing",
            "src/transport/path/destination_check.cc",

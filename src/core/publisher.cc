@@ -127,6 +127,7 @@ struct Publisher::Impl final : transport::VersionSource {
   const uint8_t* arena_base() const override { return store->base(); }
   // `tensors` is read-only once frozen (Register refuses then), which sessions wait for. A ring's
   // or a zero-copy publisher's version is its registered tensors.
+  bool VersionIsTensors() const override { return version_is_tensors; }
   const uint8_t* TensorBytes(uint32_t tensor) const override {
     return version_is_tensors && tensor < tensors.size() ? tensors[tensor].source : nullptr;
   }

@@ -192,6 +192,16 @@ Status ValidateLayout(const wire::Welcome& welcome) {
     return Status::ProtocolError("welcome: slot_count ", welcome.slot_count, " exceeds the limit ",
                                  wire::kMaxSlots);
   }
+  // A GPU arena or ring holds registered tensors in its slots only (no publisher allocates GPU
+  // tensors in its store); a zero-copy publisher's tensors are all in its direct region.
+  if ((welcome.arena_kind == wire::ArenaKind::kCudaMem ||
+       welcome.arena_kind == wire::ArenaKind::kCudaRing) &&
+      welcome.direct_bytes > 0) {
+    return Status::ProtocolError("welcome: a GPU ",
+                                 wire::IsRing(welcome.arena_kind) ? "ring" : "arena",
+                                 " with a direct region of ", welcome.direct_bytes,
+                                 " bytes; GPU stores hold registered tensors in slots only");
+  }
   // Empty regions are never read, so a publisher without one may leave its offset at any value.
   if (welcome.direct_bytes > 0) {
     WS_RETURN_IF_ERROR(CheckRange("direct region", welcome.direct_offset, welcome.direct_bytes,

@@ -104,7 +104,8 @@ TEST_F(GpuDataPath, GpuToHostWritesPinnedHostMemoryWithTheStoresCopyEngines) {
   ASSERT_NO_FATAL_FAILURE(Start(/*gpu_store=*/true, testing::UniqueEndpoint("d2hpath"), -1));
   GpuToHostPath path;
   ASSERT_NO_FATAL_FAILURE(PrepareAndMoveAStep(path));
-  EXPECT_EQ(path.Describe(), ", GPU arena into host memory by the copy engines of cuda:0, pinned");
+  EXPECT_EQ(path.Describe(),
+            ", GPU arena from cuda:0 into host memory by the copy engines of cuda:0, pinned");
   EXPECT_OK(path.Release());
 }
 

@@ -63,7 +63,8 @@ TEST_P(GpuToHost, TheLandingRangesArePinned) {
   Publish(1);
   ASSERT_OK(sub->Update());
   EXPECT_EQ(Holds(1), "");
-  EXPECT_TRUE(log.Contains("GPU arena into host memory by the copy engines of cuda:0, pinned"))
+  EXPECT_TRUE(
+      log.Contains("GPU arena from cuda:0 into host memory by the copy engines of cuda:0, pinned"))
       << "no prepare line saying the landing ranges were pinned";
 }
 

@@ -244,6 +244,23 @@ TEST(ValidateLayoutTest, RejectsDirectRegionOutsideArena) {
   EXPECT_CONTAINS(s.message(), "arena size " + std::to_string(w.arena_bytes));
 }
 
+// A GPU arena or ring holds registered tensors in its slots only: a direct region in such a
+// layout is refused at the Welcome, before any path maps or receives anything.
+TEST(ValidateLayoutTest, RejectsADirectRegionInAGpuArenaOrRing) {
+  for (wire::ArenaKind kind : {wire::ArenaKind::kCudaMem, wire::ArenaKind::kCudaRing}) {
+    wire::Welcome w = ValidWelcome();
+    w.arena_kind = kind;
+    if (wire::IsRing(kind)) w.version_buckets = 1;
+    Status s = ValidateLayout(w);
+    EXPECT_EQ(s.code(), StatusCode::kProtocolError) << s;
+    EXPECT_CONTAINS(s.message(), std::string("welcome: a GPU ") +
+                                     (wire::IsRing(kind) ? "ring" : "arena") +
+                                     " with a direct region of 10000 bytes");
+  }
+  wire::Welcome host = ValidWelcome();  // a host arena holds Allocate()d tensors there
+  EXPECT_TRUE(ValidateLayout(host).ok());
+}
+
 TEST(ValidateLayoutTest, RejectsDirectRegionOffsetOverflow) {
   wire::Welcome w = ValidWelcome();
   w.direct_offset = kU64Max - 5;

@@ -61,6 +61,9 @@ class VersionSource {
   // (host memory, or its CUDA device's): what the TCP server sends from (on the socket, or by
   // NCCL), the version being the tensors themselves. Null where there is none.
   virtual const uint8_t* TensorBytes(uint32_t /*tensor*/) const { return nullptr; }
+  // Whether the version is the registered tensors (a ring or zero-copy publisher's: TensorBytes
+  // answers), which a tcp session sends from, rather than a slot of the store.
+  virtual bool VersionIsTensors() const { return false; }
 };
 
 // The StepBegin a server sends for the version `pinned` (Acquire's answer), which Unpin needs

@@ -1,26 +1,25 @@
-// GpuCopyPath (cuda-ipc): a publisher's GPU store on this host into CUDA destinations — the
-// store imported once from its POSIX fd and mapped for the destinations' device, and per slot the
-// prepared batch of copies (one per planned tensor) into a GpuLanding; in place, conversions read
-// the publisher's bytes directly (optionally on its own GPU). For a zero-copy publisher
-// (cuda-ipc-zero-copy) the "store" is its own allocations, each opened once by IPC handle, and
-// one batch reads every version (they are the same memory). From a GPU ring (cuda-ipc-ring) the
-// store is a ring of buckets: one prepared batch per bucket of the version, submitted as the
-// publisher announces each bucket, its slot released once the batch is done.
+// GpuCopyPath (cuda-ipc, cuda-ipc-zero-copy, cuda-ipc-ring): a publisher's GPU store on this
+// host into CUDA destinations — the store's view (view/store_view.h) imported once for the
+// destinations' device: a GPU arena, a zero-copy publisher's own allocations (one unit serves
+// every version: they are the same memory), or a ring of buckets the publisher announces one by
+// one. Per unit of a step, one prepared batch of copies (one per planned tensor) into a
+// GpuLanding; in place, conversions read an arena's slot directly (optionally on the publisher's
+// own GPU).
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "cuda/ipc.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
 #include "transport/link/link.h"
 #include "transport/path/data_path.h"
 #include "transport/path/gpu_landing.h"
+#include "transport/view/store_view.h"
 #include "util/deadline.h"
 #include "wire/messages.h"
 
@@ -49,47 +48,29 @@ class GpuCopyPath final : public DataPath {
   int device() const { return receiver_.device(); }
 
  private:
-  cuda::ImportedAllocation arena_;
-  // A ring store (ArenaKind::kCudaRing): its buckets stream through the imported ring, announced
-  // on the link's channel; the batches are per bucket of the version.
-  bool ring_ = false;
-  const wire::Welcome* welcome_ = nullptr;
-  link::Link* link_ = nullptr;
-  // Zero-copy: the publisher's allocations opened here (IPC handles, or cuMem chunks imported from
-  // their fds), where each lies in this process, and where it starts in the direct region.
-  bool zero_copy_ = false;
-  std::vector<cuda::IpcMapping> ipc_mappings_;
-  std::vector<cuda::ImportedChunks> chunk_mappings_;
-  std::vector<const uint8_t*> allocations_;
-  std::vector<uint64_t> allocation_offsets_;
+  std::unique_ptr<view::StoreView> view_;  // the publisher's GPU store, imported or opened
   GpuLanding receiver_;
-  int welcome_device_ = -1;  // the publisher's device, in its numbering (for the log)
   size_t conversions_ = 0;
-  // Prepared per slot: the copy batch, every unconverted planned tensor's (dst, src, size), and,
-  // in place, the conversion launches reading the slot straight from the publisher's GPU over
-  // the peer link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once).
-  // On one GPU (the publisher's arena on the destinations' device) the small copies go out as
-  // one copy-group launch (small_copies, cuda::kCopyGroupBelowBytes).
+  // Prepared per unit of the store (an arena's slot, the zero-copy tensors, a ring's bucket): the
+  // copy batch of every unconverted planned tensor's bytes it holds, and, in place, the
+  // conversion launches reading an arena's slot straight from the publisher's GPU over the peer
+  // link (bf16 → fp8 moves the published bytes once, writes the fp8 bytes once). On the store's
+  // own GPU the small copies go out as one copy-group launch (small_copies,
+  // cuda::kCopyGroupBelowBytes).
   struct Batch {
     cuda::CopyBatch copies;
     cuda::PreparedCopyGroup small_copies;
     Conversions conversions;
-    const uint8_t* base = nullptr;
+    const uint8_t* base = nullptr;  // the unit's slot region (view::StoreView::SlotBase)
   };
-  std::vector<Batch> slot_batches_;
+  std::vector<Batch> unit_batches_;
   // Conversions on the publisher's GPU: its device and a stream there; -1 when they run here.
   int source_device_ = -1;
   cuda::CopyQueue source_queue_;
 
-  // `fds`: one per cuMem chunk (link.h); each is closed once imported.
-  Status OpenAllocations(const wire::Welcome& welcome, std::vector<util::UniqueFd>* fds,
-                         int device);
   Status PrepareSourceGpu(const plan::Plan& plan,
                           const std::vector<plan::Destination>& destinations, int device);
-  Status CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline);
-  Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan,
-                      const std::vector<plan::Destination>& destinations, bool direct,
-                      const std::function<const uint8_t*(uint32_t)>& slot_base);
+  Status BuildBatches(const wire::Welcome& welcome, const plan::Plan* plan, bool direct);
 };
 
 }  // namespace weightsync::transport::path

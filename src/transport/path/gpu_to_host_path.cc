@@ -7,8 +7,7 @@
 #include <utility>
 
 #include "cuda/device.h"
-#include "transport/link/step_exchange.h"
-#include "transport/path/ring_copies.h"
+#include "transport/path/unit_copies.h"
 #include "util/logging.h"
 
 namespace weightsync::transport::path {
@@ -27,45 +26,28 @@ Status GpuToHostPath::Prepare(const PathContext& ctx) {
   const wire::Welcome& welcome = *ctx.welcome;
   const plan::Plan* plan = ctx.plan;
   const std::vector<plan::Destination>& destinations = *ctx.destinations;
-  if (welcome.direct_bytes > 0) {
-    return Status::NotSupported("cuda-ipc: arena-allocated GPU tensors are not supported yet");
-  }
   welcome_ = &welcome;
   plan_ = plan;
   cuda::ScopedDevice restore;
-  // Mapped for the GPU that holds the arena, whose copy engines then read local memory. The
+  // Mapped for the GPU that holds the store, whose copy engines then read local memory. The
   // publisher's ordinal may mean another GPU here (CUDA_VISIBLE_DEVICES): the driver says which.
   const int guess =
       welcome.device >= 0 && welcome.device < cuda::DeviceCount() ? welcome.device : 0;
-  util::UniqueFd arena_fd = std::move(*ctx.store_fd);
-  WS_ASSIGN_OR_RETURN(arena_,
-                      cuda::ImportedAllocation::Import(arena_fd.get(), welcome.arena_bytes, guess));
-  WS_RETURN_IF_ERROR(arena_fd.Close());  // the import holds the allocation
+  WS_ASSIGN_OR_RETURN(view_, view::ImportGpuStore(welcome, std::move(*ctx.store_fd),
+                                                  ctx.allocation_fds, guess, ctx.link));
   device_ = guess;
-  if (arena_.owner_device() >= 0 && arena_.owner_device() != guess) {
-    WS_RETURN_IF_ERROR(arena_.GrantAccess(arena_.owner_device()));
-    device_ = arena_.owner_device();
+  if (view_->owner_device() >= 0 && view_->owner_device() != guess) {
+    WS_RETURN_IF_ERROR(view_->GrantAccess(view_->owner_device()));
+    device_ = view_->owner_device();
   }
   WS_ASSIGN_OR_RETURN(queue_, cuda::CopyQueue::Create(device_));
   WS_RETURN_IF_ERROR(host_.Prepare(plan, destinations, ctx.mode, ctx.HashingThreads()));
   WS_RETURN_IF_ERROR(Pin());
-  link_ = ctx.link;
-  if (welcome.arena_kind == wire::ArenaKind::kCudaRing) {  // one batch per bucket of a version
-    slot_batches_ =
-        RingCopyBatches(welcome, *plan, arena_.data() + welcome.slots_offset,
-                        [&](const plan::PlannedTensor& t) { return host_.ReceivedTensor(t); });
-    return Status::Ok();
-  }
-  slot_batches_.assign(welcome.slot_count, {});
-  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
-    const uint8_t* slot = arena_.data() + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
-    for (const plan::PlannedTensor& t : plan->tensors) {
-      if (t.nbytes == 0) continue;
-      slot_batches_[k].Add(host_.ReceivedTensor(t),
-                           slot + welcome.tensors[t.publisher_index].offset + t.src_offset,
-                           t.nbytes, t.destination);
-    }
-  }
+  // Per unit of the store (a slot, or a ring's bucket): one batch of every planned tensor's bytes
+  // it holds.
+  unit_batches_ = UnitCopyBatches(*view_, welcome, *plan, [&](const plan::PlannedTensor& t) {
+    return host_.ReceivedTensor(t);
+  });
   return Status::Ok();
 }
 
@@ -122,22 +104,10 @@ Status GpuToHostPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
                            const util::Deadline& deadline) {
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  if (welcome_->arena_kind == wire::ArenaKind::kCudaRing) {
-    WS_RETURN_IF_ERROR(link::ReadRingBuckets(
-        link_->channel(), link_->peer(), begin.step, welcome_->version_buckets,
-        welcome_->slot_count, deadline, [&](uint32_t b, uint32_t /*slot*/) {
-          WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[b]));  // from slot b % slots
-          return queue_.Wait(deadline);  // the slot is refilled once answered
-        }));
-    host_.MaybeInjectBitFlip();
-    return Status::Ok();
-  }
-  const uint32_t slot = begin.slot;
-  if (slot >= slot_batches_.size()) {
-    return Status::Internal("cuda-ipc: slot ", slot, " of ", slot_batches_.size());
-  }
-  WS_RETURN_IF_ERROR(queue_.EnqueueBatch(slot_batches_[slot]));
-  WS_RETURN_IF_ERROR(queue_.Wait(deadline));
+  WS_RETURN_IF_ERROR(view_->Step(begin, deadline, [&](uint32_t unit) {
+    WS_RETURN_IF_ERROR(queue_.EnqueueBatch(unit_batches_[unit]));
+    return queue_.Wait(deadline);  // done before the unit is answered (a ring refills it then)
+  }));
   host_.MaybeInjectBitFlip();
   return Status::Ok();
 }
@@ -146,27 +116,25 @@ Status GpuToHostPath::Release() {
   if (welcome_ == nullptr) return Status::Ok();  // never prepared: no CUDA call at all
   Status result;
   cuda::ScopedDevice restore;
-  slot_batches_.clear();
-  // Reverse order of creation: no copy may still write the pinned memory or read the arena.
+  unit_batches_.clear();
+  // Reverse order of creation: no copy may still write the pinned memory or read the store.
   result.Update(queue_.Drain());  // a cancelled step's copies may still run
   result.Update(queue_.Close());
   for (cuda::HostRegistration& p : pins_) result.Update(p.Close());
   pins_.clear();
   result.Update(host_.Release());
-  result.Update(arena_.Close());
+  if (view_) result.Update(view_->Release());
+  view_.reset();
   pageable_reason_.clear();
   welcome_ = nullptr;
   plan_ = nullptr;
-  link_ = nullptr;
   device_ = -1;
   return result;
 }
 
 std::string GpuToHostPath::Describe() const {
-  const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kCudaRing
-                               ? ", " + RingText(*welcome_, "GPU")
-                               : ", GPU arena";
-  return from + " into host memory by the copy engines of cuda:" + std::to_string(device_) +
+  return (view_ ? view_->Describe() : std::string()) +
+         " into host memory by the copy engines of cuda:" + std::to_string(device_) +
          (pageable_reason_.empty() ? ", pinned" : ", pageable (" + pageable_reason_ + ")");
 }
 

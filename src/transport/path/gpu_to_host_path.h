@@ -1,23 +1,21 @@
-// GpuToHostPath: a publisher's GPU arena (cuda-ipc, same host) into host destinations.
+// GpuToHostPath (gpu-to-host, gpu-to-host-ring): a publisher's GPU store (same host) into host
+// destinations.
 //
-// Prepared once per handle: the arena imported from its fd and mapped for the GPU that holds it,
+// Prepared once per handle: the store's view (view/store_view.h: an arena, or a ring of buckets
+// the publisher announces one by one) imported from its fd and mapped for the GPU that holds it,
 // a copy stream there, a HostLanding for where the bytes land (the host staging buffer in staged
 // mode, the destinations in place, the landing buffer of tensors converted at commit), and those
-// landing ranges pinned (cudaHostRegister, page-aligned and merged), so each step is one batch of
-// asynchronous device-to-host copies at the link's DMA rate. If any range cannot be pinned (the
-// device refuses, or someone else registered part of it: pins are never shared) none is, and the
-// copies go through the driver (logged; correct; as fast only where the memory is pinned anyway).
-// Verify checks the landed bytes on the CPU against the publisher's GPU digests (the CPU
-// implementation of that digest); conversions run at commit with the CPU implementations of the GPU
-// transforms.
-//
-// From a ring of GPU buckets (kCudaRing, PublisherOptions::ring_buckets) the same, a bucket at a
-// time: each bucket's copies are one batch, submitted when the publisher announces the bucket and
-// answered once they are done (its slot is then refilled). Verify is unchanged: it hashes what
-// landed, all of which is still here.
+// landing ranges pinned (cudaHostRegister, page-aligned and merged), so each unit of a step (the
+// slot, or a ring's bucket) is one batch of asynchronous device-to-host copies at the link's DMA
+// rate, done before the unit is answered. If any range cannot be pinned (the device refuses, or
+// someone else registered part of it: pins are never shared) none is, and the copies go through
+// the driver (logged; correct; as fast only where the memory is pinned anyway). Verify checks the
+// landed bytes on the CPU against the publisher's GPU digests (the CPU implementation of that
+// digest); conversions run at commit with the CPU implementations of the GPU transforms.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +25,7 @@
 #include "plan/plan.h"
 #include "transport/path/data_path.h"
 #include "transport/path/host_landing.h"
+#include "transport/view/store_view.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
 #include "wire/messages.h"
@@ -55,15 +54,13 @@ class GpuToHostPath final : public DataPath {
 
   const wire::Welcome* welcome_ = nullptr;
   const plan::Plan* plan_ = nullptr;
-  link::Link* link_ = nullptr;  // a ring's buckets are announced and answered on it
-  int device_ = -1;             // the GPU whose copy engines move the bytes
-  cuda::ImportedAllocation arena_;
+  int device_ = -1;                        // the GPU whose copy engines move the bytes
+  std::unique_ptr<view::StoreView> view_;  // the publisher's GPU store, imported
   cuda::CopyQueue queue_;
   HostLanding host_;
   std::vector<cuda::HostRegistration> pins_;
-  std::string pageable_reason_;  // "" when every landing range is pinned
-  // Prepared: per slot, every planned tensor; from a ring (kCudaRing), per bucket of a version.
-  std::vector<cuda::CopyBatch> slot_batches_;
+  std::string pageable_reason_;                // "" when every landing range is pinned
+  std::vector<cuda::CopyBatch> unit_batches_;  // per unit of the view (a slot, a ring's bucket)
 };
 
 }  // namespace weightsync::transport::path

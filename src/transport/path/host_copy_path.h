@@ -1,12 +1,15 @@
-// HostCopyPath: a publisher's host store (shared memory on this host) into host destinations —
-// the store mapped read-only once, each step copied by CPU threads bucket by bucket (host
-// landing: staging, or the destinations in place). From a ring store, bucket by bucket as the
-// publisher announces each (ring_bucket_ready), confirming each once copied (ring_bucket_done).
+// HostCopyPath (shm, shm-ring): a publisher's host store on this host into host destinations —
+// the store mapped read-only once (a store view: an arena, or a ring whose buckets the publisher
+// announces one by one), each step copied by CPU threads unit by unit into the host landing
+// (staging, or the destinations in place).
 #pragma once
+
+#include <memory>
+#include <string>
 
 #include "transport/path/data_path.h"
 #include "transport/path/host_landing.h"
-#include "transport/store/shm_segment.h"
+#include "transport/view/store_view.h"
 
 namespace weightsync::transport::path {
 
@@ -18,16 +21,14 @@ class HostCopyPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
+  std::string Describe() const override { return view_ ? view_->Describe() : ""; }
   uint64_t staging_bytes() const override { return landing_.staging_bytes(); }
   Status Release() override;
 
  private:
-  Status CopyFromRing(const wire::StepBegin& begin, const util::Deadline& deadline);
-
-  link::Link* link_ = nullptr;
   const wire::Welcome* welcome_ = nullptr;
   std::string peer_;
-  store::Mapping mapping_;
+  std::unique_ptr<view::StoreView> view_;
   HostLanding landing_;
 };
 

@@ -34,53 +34,44 @@ Status HostLanding::Prepare(const plan::Plan* plan,
   return Status::Ok();
 }
 
-void HostLanding::CopyBucket(void* context, uint32_t bucket) {
-  auto* self = static_cast<HostLanding*>(context);
-  const plan::Bucket& b = self->plan_->buckets[bucket];
-  for (uint32_t i = 0; i < b.segment_count; ++i) {
-    // Relaxed: the flag only stops further copies; Run's join publishes it to the caller.
-    if (self->copy_deadline_->cancelled()) {
-      self->copy_cancelled_.store(true, std::memory_order_relaxed);
-      return;
+void HostLanding::PrepareCopies(const view::StoreView& view) {
+  // Large segments split so that a unit (a ring's bucket, or a whole slot) keeps every worker busy.
+  constexpr uint64_t kPieceBytes = 4ull << 20;
+  std::vector<std::vector<CopyPiece>> by_unit(view.units());
+  std::vector<view::Piece> cut;
+  for (uint32_t u = 0; u < view.units(); ++u) {
+    for (const plan::Segment& s : plan_->segments) {
+      cut.clear();
+      view.Cut(u, s.region, s.src_offset, s.bytes, kPieceBytes, &cut);
+      for (const view::Piece& p : cut)
+        by_unit[u].push_back({ReceivedBytes(s) + p.at, p.src, p.bytes});
     }
-    const plan::Segment& s = self->plan_->segments[b.first_segment + i];
-    const uint8_t* base = s.region == wire::Region::kSlot ? self->slot_base_ : self->direct_base_;
-    std::memcpy(self->ReceivedBytes(s), base + s.src_offset, s.bytes);
-    util::FailPoints::Check("host_landing.after_segment");  // tests: sleep:<ms> slows the copy
   }
+  pieces_ = plan::ByBucket<CopyPiece>::From(by_unit);
 }
 
-Status HostLanding::CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base,
-                                  const util::Deadline& deadline) {
-  slot_base_ = slot_base;
-  direct_base_ = direct_base;
+void HostLanding::CopyPieceOfUnit(void* context, uint32_t index) {
+  auto* self = static_cast<HostLanding*>(context);
+  // Relaxed: the flag only stops further copies; Run's join publishes it to the caller.
+  if (self->copy_deadline_->cancelled()) {
+    self->copy_cancelled_.store(true, std::memory_order_relaxed);
+    return;
+  }
+  const CopyPiece& p = self->pieces_.begin(self->unit_)[index];
+  std::memcpy(p.dst, p.src, p.bytes);
+  util::FailPoints::Check("host_landing.after_segment");  // tests: sleep:<ms> slows the copy
+}
+
+Status HostLanding::CopyUnit(uint32_t unit, const util::Deadline& deadline) {
+  unit_ = unit;
   copy_deadline_ = &deadline;
   copy_cancelled_.store(false, std::memory_order_relaxed);
-  workers_->Run(static_cast<uint32_t>(plan_->buckets.size()), &HostLanding::CopyBucket, this);
+  workers_->Run(pieces_.count(unit), &HostLanding::CopyPieceOfUnit, this);
   copy_deadline_ = nullptr;
   if (copy_cancelled_.load(std::memory_order_relaxed)) {
     return Status::Cancelled("copying from the publisher's shared memory: cancelled");
   }
   return Status::Ok();
-}
-
-void HostLanding::PrepareRing(uint64_t bucket_bytes, uint32_t buckets) {
-  // Large pieces split so that a bucket keeps every worker busy.
-  constexpr uint64_t kPieceBytes = 4ull << 20;
-  ring_pieces_ = plan::CutSegmentsAtBuckets(plan_->segments, bucket_bytes, buckets, kPieceBytes);
-}
-
-void HostLanding::CopyRingPiece(void* context, uint32_t index) {
-  auto* self = static_cast<HostLanding*>(context);
-  const plan::SegmentPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
-  const plan::Segment& s = self->plan_->segments[p.segment];
-  std::memcpy(self->ReceivedBytes(s) + p.at, self->slot_base_ + p.offset, p.bytes);
-}
-
-void HostLanding::CopyRingBucket(uint32_t bucket, const uint8_t* bucket_base) {
-  ring_bucket_ = bucket;
-  slot_base_ = bucket_base;
-  workers_->Run(ring_pieces_.count(bucket), &HostLanding::CopyRingPiece, this);
 }
 
 uint64_t HostDigest(wire::DigestKind kind, const uint8_t* data, uint64_t bytes) {

@@ -12,6 +12,7 @@
 
 #include "plan/plan.h"
 #include "plan/ring_cut.h"
+#include "transport/view/store_view.h"
 #include "util/deadline.h"
 #include "util/staging_buffer.h"
 #include "util/worker_pool.h"
@@ -45,16 +46,13 @@ class HostLanding {
                                                  : destinations_[t.destination] + t.dst_offset;
   }
 
-  // Copies every segment from a host arena: `slot_base` for slot tensors, `direct_base` for
-  // arena-allocated ones. A cancelled `deadline` (Subscriber::Cancel/Close) stops each worker
-  // before its next segment: Cancelled, with at most one segment per worker still copied after it.
-  Status CopyFromArena(const uint8_t* slot_base, const uint8_t* direct_base,
-                       const util::Deadline& deadline);
-  // From a ring store (Welcome::version_buckets > 0): cuts every segment at the edges of the
-  // version's buckets of `bucket_bytes`, once; then CopyRingBucket copies what bucket `bucket`
-  // (at `bucket_base`) holds of the plan's segments.
-  void PrepareRing(uint64_t bucket_bytes, uint32_t buckets);
-  void CopyRingBucket(uint32_t bucket, const uint8_t* bucket_base);
+  // Prepares the copy of every segment from `view` (the publisher's store mapped here), unit by
+  // unit, in pieces the workers share; then CopyUnit copies what unit `unit` holds (the step's
+  // slot, or a ring's bucket, as the view's Step hands it out). A cancelled `deadline`
+  // (Subscriber::Cancel/Close) stops each worker before its next piece: Cancelled, with at most
+  // one piece per worker still copied after it.
+  void PrepareCopies(const view::StoreView& view);
+  Status CopyUnit(uint32_t unit, const util::Deadline& deadline);
   // Checks every received segment against `digests` (computed with `kind`). Corruption names the
   // first failing tensor and byte range and counts the failing segments.
   Status Verify(std::span<const uint64_t> digests, wire::DigestKind kind, int64_t step);
@@ -72,10 +70,14 @@ class HostLanding {
   Status Release();  // workers, then the shadow
 
  private:
-  static void CopyBucket(void* context, uint32_t bucket);
-  static void CopyRingPiece(void* context, uint32_t index);
-  plan::ByBucket<plan::SegmentPiece> ring_pieces_;
-  uint32_t ring_bucket_ = 0;  // per bucket, set before each parallel run
+  struct CopyPiece {
+    uint8_t* dst = nullptr;
+    const uint8_t* src = nullptr;
+    uint64_t bytes = 0;
+  };
+  static void CopyPieceOfUnit(void* context, uint32_t index);
+  plan::ByBucket<CopyPiece> pieces_;  // by unit of the store view
+  uint32_t unit_ = 0;                 // the unit being copied, set before each parallel run
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);
   static void ConvertTensor(void* context, uint32_t index);
@@ -89,8 +91,6 @@ class HostLanding {
   std::vector<Status> convert_status_;  // one per converted tensor, reused every commit
   std::unique_ptr<util::WorkerPool> workers_;
   // Per-step scratch, set before each parallel run.
-  const uint8_t* slot_base_ = nullptr;
-  const uint8_t* direct_base_ = nullptr;
   const util::Deadline* copy_deadline_ = nullptr;
   std::atomic<bool> copy_cancelled_{false};
   std::span<const uint64_t> digests_;

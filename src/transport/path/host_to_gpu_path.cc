@@ -4,10 +4,8 @@
 
 #include "cuda/device.h"
 #include "cuda/gpu_digest_reference.h"
-#include "plan/ring_cut.h"
-#include "transport/link/step_exchange.h"
 #include "transport/path/host_landing.h"
-#include "transport/path/ring_copies.h"
+#include "transport/path/unit_copies.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 #include "util/worker_pool.h"
@@ -27,26 +25,20 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   const std::vector<plan::Destination>& destinations = *ctx.destinations;
   const wire::Welcome& welcome = *ctx.welcome;
   const plan::Plan* plan = ctx.plan;
-  const std::string& peer = ctx.link->peer();
-  util::UniqueFd fd = std::move(*ctx.store_fd);
-  WS_RETURN_IF_ERROR(store::CheckImportedSegment(fd.get(), welcome.arena_bytes).WithContext(peer));
-  WS_ASSIGN_OR_RETURN(mapping_, store::Mapping::Map(fd.get(), welcome.arena_bytes,
-                                                    /*writable=*/false, "arena of " + peer));
-  WS_RETURN_IF_ERROR(fd.Close());  // the mapping keeps the memory alive
-  const uint8_t* arena = mapping_.data();
+  WS_ASSIGN_OR_RETURN(view_, view::MapHostStore(welcome, std::move(*ctx.store_fd), ctx.link));
   const UpdateMode mode = ctx.mode;
   const int threads = ctx.HashingThreads();
   WS_ASSIGN_OR_RETURN(int device, GpuLanding::DestinationDevice(destinations, "shm"));
   plan_ = plan;
-  arena_ = arena;
   welcome_ = &welcome;
   names_.clear();
   for (const plan::Destination& d : destinations) names_.push_back(d.spec.name);
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device));
-  // Pinned once: the copy engines read the published slots directly (read-only, like the mapping).
-  Result<cuda::HostRegistration> pin = cuda::HostRegistration::Register(arena, welcome.arena_bytes,
-                                                                        /*read_only=*/true);
+  // Pinned once: the copy engines read the published units directly (read-only, like the mapping).
+  const std::span<const uint8_t> memory = view_->host_memory();
+  Result<cuda::HostRegistration> pin =
+      cuda::HostRegistration::Register(memory.data(), memory.size(), /*read_only=*/true);
   if (pin.ok()) {
     pinned_ = std::move(pin).value();
     pageable_reason_.clear();
@@ -61,55 +53,44 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   published_kind_.assign(plan->segments.size(), 0);
   gpu_kind_.assign(digests, 0);
   workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
-  link_ = ctx.link;
-  if (welcome.arena_kind == wire::ArenaKind::kHostRing) {
-    PrepareRing(welcome, *plan, ctx.options->verify);
-    return Status::Ok();
-  }
-  const uint8_t* direct = arena + welcome.direct_offset;
-  slot_batches_.assign(welcome.slot_count, {});
-  for (uint32_t k = 0; k < welcome.slot_count; ++k) {
-    const uint8_t* slot = arena + welcome.slots_offset + uint64_t{k} * welcome.slot_bytes;
-    for (const plan::PlannedTensor& t : plan->tensors) {
-      if (t.nbytes == 0) continue;
-      const wire::TensorPlacement& p = welcome.tensors[t.publisher_index];
-      slot_batches_[k].Add(
-          receiver_.Received(t),
-          (p.region == wire::Region::kSlot ? slot : direct) + p.offset + t.src_offset, t.nbytes,
-          t.destination);
+  // Per unit of the store (a slot, or a ring's bucket): one copy batch of every planned tensor's
+  // bytes it holds, and what it holds of each segment, hashed while the copy engines read it.
+  unit_batches_ = UnitCopyBatches(
+      *view_, welcome, *plan, [&](const plan::PlannedTensor& t) { return receiver_.Received(t); });
+  std::vector<std::vector<HashPiece>> hashed(view_->units());
+  std::vector<view::Piece> cut;
+  for (uint32_t u = 0; u < view_->units(); ++u) {
+    for (uint32_t i = 0; i < plan->segments.size(); ++i) {
+      const plan::Segment& s = plan->segments[i];
+      cut.clear();
+      view_->Cut(u, s.region, s.src_offset, s.bytes, 0, &cut);  // one piece a unit, uncut
+      for (const view::Piece& piece : cut) hashed[u].push_back({i, piece.src, piece.bytes});
     }
   }
-  return Status::Ok();
-}
-
-void HostToGpuPath::PrepareRing(const wire::Welcome& welcome, const plan::Plan& plan, bool verify) {
-  const uint8_t* ring = arena_ + welcome.slots_offset;
-  slot_batches_ = RingCopyBatches(
-      welcome, plan, ring, [&](const plan::PlannedTensor& t) { return receiver_.Received(t); });
-  // What a verified step hashes, bucket by bucket: each segment's bytes in the bucket, uncut, so
-  // that a segment's stream is fed in order by one worker at a time (a bucket's pieces are of
-  // different segments and hashed in parallel).
-  ring_pieces_ = plan::CutSegmentsAtBuckets(plan.segments, welcome.slot_bytes,
-                                            welcome.version_buckets, UINT64_MAX);
+  hash_pieces_ = plan::ByBucket<HashPiece>::From(hashed);
   // ~700 bytes a segment: made here when the subscriber verifies, else at the first update that
   // asks for it (Update's verify override), once.
   streams_ = {};
-  if (verify) streams_.assign(plan.segments.size(), SegmentStreams{});
+  if (ctx.options->verify) streams_.assign(plan->segments.size(), SegmentStreams{});
+  return Status::Ok();
 }
 
-void HostToGpuPath::HashRingPiece(void* context, uint32_t index) {
+// A unit's bytes of one segment, fed in order into that segment's digests: one worker a segment
+// at a time (a unit's pieces are of different segments, hashed in parallel).
+void HostToGpuPath::HashPieceOfUnit(void* context, uint32_t index) {
   auto* self = static_cast<HostToGpuPath*>(context);
-  const plan::SegmentPiece& p = self->ring_pieces_.begin(self->ring_bucket_)[index];
-  const uint8_t* src = self->slot_base_ + p.offset;
+  const HashPiece& p = self->hash_pieces_.begin(self->unit_)[index];
   SegmentStreams& streams = self->streams_[p.segment];
   if (self->welcome_->digest_kind == wire::DigestKind::kXxh3) {
-    streams.published.Update(src, p.bytes);
+    streams.published.Update(p.src, p.bytes);
   }
-  streams.gpu.Update(src, p.bytes);
+  streams.gpu.Update(p.src, p.bytes);
 }
 
-Status HostToGpuPath::CopyFromRing(const wire::StepBegin& begin, bool verify,
-                                   const util::Deadline& deadline) {
+Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
+                           const util::Deadline& deadline) {
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
   if (verify) {
     if (streams_.size() != plan_->segments.size()) {
       streams_.assign(plan_->segments.size(), SegmentStreams{});
@@ -119,18 +100,15 @@ Status HostToGpuPath::CopyFromRing(const wire::StepBegin& begin, bool verify,
       s.gpu.Reset();
     }
   }
-  const uint8_t* ring = arena_ + welcome_->slots_offset;
-  WS_RETURN_IF_ERROR(link::ReadRingBuckets(
-      link_->channel(), link_->peer(), begin.step, welcome_->version_buckets, welcome_->slot_count,
-      deadline, [&](uint32_t b, uint32_t slot) {
-        WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(slot_batches_[b]));
-        if (verify) {  // while the copy engines read the bucket, the CPU hashes it
-          ring_bucket_ = b;
-          slot_base_ = ring + uint64_t{slot} * welcome_->slot_bytes;
-          workers_->Run(ring_pieces_.count(b), &HostToGpuPath::HashRingPiece, this);
-        }
-        return receiver_.queue().Wait(deadline);  // the slot is refilled once answered
-      }));
+  WS_RETURN_IF_ERROR(view_->Step(begin, deadline, [&](uint32_t unit) {
+    WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(unit_batches_[unit]));
+    if (verify) {  // while the copy engines read the unit, the CPU hashes the same bytes
+      unit_ = unit;
+      workers_->Run(hash_pieces_.count(unit), &HostToGpuPath::HashPieceOfUnit, this);
+    }
+    // Done before the unit is answered: a ring's slot is refilled once it is.
+    return receiver_.queue().Wait(deadline);
+  }));
   if (verify) {
     const bool gpu_kind = welcome_->digest_kind == wire::DigestKind::kGpu64;
     for (size_t i = 0; i < streams_.size(); ++i) {
@@ -139,39 +117,6 @@ Status HostToGpuPath::CopyFromRing(const wire::StepBegin& begin, bool verify,
       gpu_kind_[plan_->segments[i].digest_index] = gpu;
     }
   }
-  return receiver_.MaybeInjectBitFlip();
-}
-
-void HostToGpuPath::HashSegment(void* context, uint32_t index) {
-  auto* self = static_cast<HostToGpuPath*>(context);
-  const plan::Segment& s = self->plan_->segments[index];
-  const uint8_t* src =
-      (s.region == wire::Region::kSlot ? self->slot_base_
-                                       : self->arena_ + self->welcome_->direct_offset) +
-      s.src_offset;
-  self->published_kind_[index] = HostDigest(self->welcome_->digest_kind, src, s.bytes);
-  self->gpu_kind_[s.digest_index] = cuda::GpuDigest(src, s.bytes);
-}
-
-Status HostToGpuPath::Copy(const wire::StepBegin& begin, bool verify,
-                           const util::Deadline& deadline) {
-  cuda::ScopedDevice restore;
-  WS_RETURN_IF_ERROR(cuda::SetDevice(receiver_.device()));
-  if (welcome_->arena_kind == wire::ArenaKind::kHostRing) {
-    return CopyFromRing(begin, verify, deadline);
-  }
-  const uint32_t slot = begin.slot;
-  if (slot >= slot_batches_.size()) {
-    return Status::Internal("shm: slot ", slot, " of ", slot_batches_.size());
-  }
-  WS_RETURN_IF_ERROR(receiver_.queue().EnqueueBatch(slot_batches_[slot]));
-  if (verify) {
-    // While the copy engines read the slot, the CPU hashes the same bytes (still pinned by the
-    // publisher until this step's copy_done).
-    slot_base_ = arena_ + welcome_->slots_offset + uint64_t{slot} * welcome_->slot_bytes;
-    workers_->Run(static_cast<uint32_t>(plan_->segments.size()), &HostToGpuPath::HashSegment, this);
-  }
-  WS_RETURN_IF_ERROR(receiver_.queue().Wait(deadline));
   return receiver_.MaybeInjectBitFlip();
 }
 
@@ -214,11 +159,15 @@ Status HostToGpuPath::Commit(const util::Deadline& deadline) {
 }
 
 Status HostToGpuPath::Release() {
-  if (plan_ == nullptr) return mapping_.Close();  // no GPU state yet: no CUDA call at all
+  if (plan_ == nullptr) {  // no GPU state yet: no CUDA call at all
+    Status s = view_ ? view_->Release() : Status::Ok();
+    view_.reset();
+    return s;
+  }
   Status result;
-  // Reverse order of creation: nothing may still read the pinned arena when it is unpinned, so the
-  // receiver (its stream, synchronized on close) goes first.
-  slot_batches_.clear();
+  // Reverse order of creation: nothing may still read the pinned store when it is unpinned, so
+  // the receiver (its stream, synchronized on close) goes first.
+  unit_batches_.clear();
   {
     cuda::ScopedDevice restore;
     result.Update(receiver_.Release());
@@ -226,22 +175,19 @@ Status HostToGpuPath::Release() {
   result.Update(pinned_.Close());
   workers_.reset();
   streams_ = {};
-  ring_pieces_ = {};
+  hash_pieces_ = {};
   plan_ = nullptr;
-  arena_ = nullptr;
   welcome_ = nullptr;
-  link_ = nullptr;
   pageable_reason_.clear();
   names_.clear();
-  result.Update(mapping_.Close());  // after the unpin
+  if (view_) result.Update(view_->Release());  // after the unpin
+  view_.reset();
   return result;
 }
 
 std::string HostToGpuPath::Describe() const {
-  const std::string from = welcome_ != nullptr && welcome_->arena_kind == wire::ArenaKind::kHostRing
-                               ? ", " + RingText(*welcome_, "host")
-                               : ", host arena";
-  return from + " into cuda:" + std::to_string(receiver_.device()) +
+  return (view_ ? view_->Describe() : std::string()) +
+         " into cuda:" + std::to_string(receiver_.device()) +
          (pageable_reason_.empty() ? " from pinned memory"
                                    : " from pageable memory (" + pageable_reason_ + ")");
 }

@@ -16,8 +16,8 @@ bool CompatibleVersions(int a, int b) {
 
 Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(
     int arena_fd, const wire::Welcome& welcome, std::span<const wire::SelectRange> selected) {
-  if (welcome.arena_kind != wire::ArenaKind::kCudaMem || welcome.device < 0) {
-    return Status::Internal("nccl: the publisher's arena is not GPU memory");
+  if (arena_fd < 0 || welcome.device < 0) {
+    return Status::Internal("nccl: the publisher's store is no GPU arena it holds an fd of");
   }
   std::unique_ptr<NcclSender> s(new NcclSender());
   s->device_ = welcome.device;
@@ -45,10 +45,8 @@ Result<std::unique_ptr<NcclSender>> NcclSender::Prepare(
 Result<std::unique_ptr<NcclSender>> NcclSender::FromTensors(
     const wire::Welcome& welcome, std::span<const wire::SelectRange> selected,
     const std::function<const uint8_t*(uint32_t)>& tensor_bytes) {
-  if ((welcome.arena_kind != wire::ArenaKind::kCudaIpc &&
-       welcome.arena_kind != wire::ArenaKind::kCudaRing) ||
-      welcome.device < 0) {
-    return Status::Internal("nccl: the publisher's version is not its CUDA tensors");
+  if (welcome.device < 0) {
+    return Status::Internal("nccl: the publisher's version is not CUDA tensors");
   }
   std::unique_ptr<NcclSender> s(new NcclSender());
   s->device_ = welcome.device;
@@ -123,11 +121,6 @@ Status NcclPath::Prepare(const PathContext& ctx) {
     return Status::ProtocolError(peer, ": a GPU arena with digest kind ",
                                  static_cast<int>(welcome.digest_kind),
                                  ", expected 1 (GPU digest)");
-  }
-  // A zero-copy publisher's tensors lie in its (virtual) direct region; a GPU arena has none.
-  if (welcome.arena_kind == wire::ArenaKind::kCudaMem &&
-      (welcome.direct_bytes > 0 || ctx.plan->uses_direct)) {
-    return Status::NotSupported("nccl: arena-allocated GPU tensors are not supported yet");
   }
   // Staging, digests and the receive list first: the communicator is created last and released
   // first, so no NCCL kernel can outlive the memory it writes.

@@ -29,7 +29,7 @@ class SocketDelivery final : public StepDelivery {
         select_(select),
         base_(source->arena_base()),
         parts_(select.ranges.size()),
-        from_tensors_(welcome.arena_kind == wire::ArenaKind::kHostRing) {
+        from_tensors_(source->VersionIsTensors()) {
     // From the tensors, every step sends the same ranges.
     for (size_t i = 0; from_tensors_ && i < parts_.size(); ++i) {
       const wire::SelectRange& range = select.ranges[i];
@@ -103,11 +103,11 @@ Result<std::unique_ptr<NcclSender>> SetUpNccl(Channel& ch, const SessionConfig& 
         " (both ranks of a communicator need the same NCCL major.minor)");
   }
   Result<std::unique_ptr<NcclSender>> prepared =
-      welcome.arena_kind == wire::ArenaKind::kCudaMem
-          ? NcclSender::Prepare(arena_fd, welcome, select.ranges)
-          : NcclSender::FromTensors(welcome, select.ranges, [&](uint32_t tensor) {
-              return config.source->TensorBytes(tensor);
-            });
+      config.source->VersionIsTensors()
+          ? NcclSender::FromTensors(
+                welcome, select.ranges,
+                [&](uint32_t tensor) { return config.source->TensorBytes(tensor); })
+          : NcclSender::Prepare(arena_fd, welcome, select.ranges);
   WS_ASSIGN_OR_RETURN(auto sender, std::move(prepared));
   WS_ASSIGN_OR_RETURN(cuda::nccl::UniqueId id, cuda::nccl::NewUniqueId());
   wire::NcclId answer{static_cast<uint32_t>(version), id};

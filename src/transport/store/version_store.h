@@ -1,8 +1,11 @@
 // VersionStore: where a publisher keeps its versions, and how one is written. A version is a slot
 // of the store holding a copy of every registered tensor (tensors allocated in the store itself
-// are shared by all slots), plus one digest per segment of every tensor. Two stores today: the
-// host memfd arena (host_store.cc) and the GPU cuMem arena (gpu_store.cc); subscribers on this
-// host map the store from the fd passed with the Welcome, tcp sends from it.
+// are shared by all slots), or — for the zero-copy and ring stores — the registered tensors
+// themselves; plus one digest per segment of every tensor. Five stores, chosen by the store table
+// (store_table.h): the host memfd arena (host_store.cc), the GPU cuMem arena (gpu_store.cc), the
+// zero-copy store (gpu_zero_copy_store.cc) and the host and GPU rings (host_ring_store.cc,
+// gpu_ring_store.cc). Subscribers on this host map the store from the fd passed with the Welcome
+// (their view of it: transport/view/store_view.h); tcp sends from it.
 //
 // Prepared once (Freeze, at the first Publish): the slots, the copies and the digest work of every
 // segment. Publish(slot) only runs them: it allocates nothing.

@@ -54,7 +54,9 @@ struct HostSetup {
 
 // Prepares `path` and moves steps 1 and 2 through it into `setup`'s destinations, then releases
 // it: the ledger's mappings and staging return to where they were before the prepare.
-void MoveTwoSteps(HostSetup& setup, PathHarness& harness, DataPath& path) {
+// `described`: what the path adds to the prepare log line.
+void MoveTwoSteps(HostSetup& setup, PathHarness& harness, DataPath& path,
+                  const std::string& described) {
   ASSERT_NO_FATAL_FAILURE(setup.publisher.Publish(1));  // a publisher welcomes once it has a store
   ASSERT_OK(harness.Connect(setup.dst));
   const LedgerSnapshot before = ReadLedger();
@@ -68,7 +70,7 @@ void MoveTwoSteps(HostSetup& setup, PathHarness& harness, DataPath& path) {
     std::string why;
     EXPECT_TRUE(SyntheticModel::Holds(setup.dst, step, &why)) << why;
   }
-  EXPECT_EQ(path.Describe(), "") << "a host path adds nothing to the prepare log line";
+  EXPECT_EQ(path.Describe(), described);
   ASSERT_OK(path.Release());
   const LedgerSnapshot after = ReadLedger();
   EXPECT_EQ(after.mappings, before.mappings);
@@ -84,7 +86,8 @@ TEST(HostCopyPath, MapsThePublishersStoreOnceAndCopiesEachStep) {
     ASSERT_NO_FATAL_FAILURE(setup.publisher.Start(testing::UniqueEndpoint("hostcopy")));
     PathHarness harness(setup.Options(mode));
     HostCopyPath path;
-    ASSERT_NO_FATAL_FAILURE(MoveTwoSteps(setup, harness, path));
+    // The store's view names what it reads.
+    ASSERT_NO_FATAL_FAILURE(MoveTwoSteps(setup, harness, path, ", host arena"));
   }
 }
 
@@ -115,7 +118,7 @@ TEST(TcpReadPath, ReadsEachStepFromTheConnectionIntoPlace) {
     ASSERT_NO_FATAL_FAILURE(setup.publisher.Start("tcp://127.0.0.1:0"));
     PathHarness harness(setup.Options(mode));
     TcpReadPath path;
-    ASSERT_NO_FATAL_FAILURE(MoveTwoSteps(setup, harness, path));
+    ASSERT_NO_FATAL_FAILURE(MoveTwoSteps(setup, harness, path, ""));  // the bytes come on the link
   }
 }
 

@@ -293,8 +293,8 @@ TEST_F(HostTcpPublisher, MixedHostAndCudaDestinationsAreNotSupported) {
 // ---- a sender over the publisher's own tensors ----------------------------------------------
 
 // A zero-copy or ring publisher's sessions send from its registered tensors (no GPU needed to
-// build the send list): one whose tensor has no bytes in this process, or whose store is an arena,
-// is an internal error naming it rather than a broadcast from a null pointer.
+// build the send list): one whose tensor has no bytes in this process (an arena publisher's, say,
+// or host tensors) is an internal error naming it rather than a broadcast from a null pointer.
 TEST(NcclSenderFromTensors, RefusesATensorWithoutBytesAndAStoreThatIsNotItsTensors) {
   wire::Welcome w;
   w.arena_kind = wire::ArenaKind::kCudaIpc;
@@ -312,9 +312,9 @@ TEST(NcclSenderFromTensors, RefusesATensorWithoutBytesAndAStoreThatIsNotItsTenso
   EXPECT_OK(transport::path::NcclSender::FromTensors(w, selected, held));
   w.arena_kind = wire::ArenaKind::kCudaRing;
   EXPECT_OK(transport::path::NcclSender::FromTensors(w, selected, held));
-  w.arena_kind = wire::ArenaKind::kCudaMem;
+  w.device = -1;  // host tensors
   EXPECT_STATUS_IS(kInternal, transport::path::NcclSender::FromTensors(w, selected, held),
-                   "not its CUDA tensors");
+                   "not CUDA tensors");
 }
 
 }  // namespace
