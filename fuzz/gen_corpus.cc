@@ -2,7 +2,7 @@
 // encoders, plus a few near misses. Run by scripts/fuzz.sh --regen-corpus; the output is checked in
 // under fuzz/corpus/<target>/ (small on purpose: libFuzzer grows its own working corpus).
 //
-//   gen_corpus OUT_DIR   → OUT_DIR/{frame_fuzz,messages_fuzz,handshake_fuzz}/<name>
+//   gen_corpus OUT_DIR   → OUT_DIR/{frame_fuzz,messages_fuzz,handshake_fuzz,delta_fuzz}/<name>
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "delta/segment_delta.h"
 #include "fuzz_destinations.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
@@ -321,6 +322,40 @@ void Frames() {
   Write(t, "length_over_cap", huge);
 }
 
+// delta_fuzz: element-size selector, element count (u16), then a delta the encoder wrote against
+// the target's base pattern (i * 131 + 7), at the fractions that reach each chunk form.
+void Deltas() {
+  const std::string t = "delta_fuzz";
+  struct Seed {
+    const char* name;
+    uint8_t selector;  // 1 (bf16), 2 (fp32), 5 (3-byte elements)
+    uint16_t elements;
+    uint32_t every;  // every nth element changes
+  };
+  const Seed seeds[] = {{"bf16_sparse", 1, 1000, 37}, {"bf16_bitmap", 1, 700, 3},
+                        {"bf16_whole", 1, 300, 1},    {"fp32_partial", 2, 77, 5},
+                        {"odd_elements", 5, 600, 9},  {"unchanged", 1, 513, 0}};
+  const uint32_t sizes[] = {1, 2, 4, 8, 16, 3};
+  for (const Seed& s : seeds) {
+    const uint32_t e = sizes[s.selector];
+    std::vector<uint8_t> base(uint64_t{s.elements} * e);
+    for (size_t i = 0; i < base.size(); ++i) base[i] = static_cast<uint8_t>(i * 131 + 7);
+    std::vector<uint8_t> next = base;
+    for (uint32_t i = 0; s.every != 0 && i < s.elements; i += s.every) next[i * e] ^= 0x5A;
+    std::vector<uint8_t> out(next.size() + weightsync::delta::ChunkCount(s.elements));
+    weightsync::delta::SegmentEncoder encoder;
+    const auto encoded = encoder.Encode(base, next, e, out);
+    if (!encoded) {
+      std::fprintf(stderr, "gen_corpus: no delta for %s\n", s.name);
+      std::exit(1);
+    }
+    std::vector<uint8_t> bytes = {s.selector, static_cast<uint8_t>(s.elements),
+                                  static_cast<uint8_t>(s.elements >> 8)};
+    bytes.insert(bytes.end(), out.begin(), out.begin() + static_cast<long>(encoded->bytes));
+    Write(t, s.name, bytes);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -332,6 +367,7 @@ int main(int argc, char** argv) {
   Frames();
   Messages();
   Handshake();
+  Deltas();
   std::printf("gen_corpus: wrote %d files under %s\n", g_files, argv[1]);
   return 0;
 }

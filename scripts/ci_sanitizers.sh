@@ -119,7 +119,7 @@ asan_job() {
 
 tsan_job() {
   local t0=$SECONDS logs="$PWD/$TSAN_BUILD/sanitizer-logs"
-  # Without the suites that start no thread (tests/plan, tests/wire; tests/CMakeLists.txt):
+  # Without the suites that start no thread (tests/plan, tests/wire, tests/delta; tests/CMakeLists.txt):
   # nothing there for TSan to see, and a guard fails them if that ever changes.
   cmake -S . -B "$TSAN_BUILD" -DWS_SANITIZE=thread -DWS_BUILD_BENCH=OFF \
     -DWS_BUILD_GPU_TESTS=OFF -DWS_BUILD_THREADLESS_TESTS=OFF $CPU_ONLY >/dev/null

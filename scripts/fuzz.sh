@@ -3,7 +3,7 @@
 # FUZZ_SECONDS. Fails if the build fails, if any target crashes, leaks, hangs, exceeds its memory
 # limit or violates one of its properties, or if the canary target does NOT crash.
 #
-#   scripts/fuzz.sh [--regen-corpus] [--no-canary] [TARGET...]     (default: all three targets)
+#   scripts/fuzz.sh [--regen-corpus] [--no-canary] [TARGET...]     (default: all four targets)
 #
 # Environment:
 #   FUZZ_SECONDS   seconds per target (default 30)
@@ -27,7 +27,7 @@ FUZZ_BUILD=${FUZZ_BUILD:-build-fuzz}
 FUZZ_ARGS=${FUZZ_ARGS:-}
 JOBS=${JOBS:-2}
 CXX_FUZZ=${CXX_FUZZ:-clang++}
-ALL_TARGETS=(frame_fuzz messages_fuzz handshake_fuzz)
+ALL_TARGETS=(frame_fuzz messages_fuzz handshake_fuzz delta_fuzz)
 
 regen=0
 canary=1

@@ -191,7 +191,6 @@ TEST_F(SubscriberTest, CancelStopsABlockedUpdatePromptly) {
   auto sub = p.Connect();
   ASSERT_OK(sub->Update());
   // Step 7 is never published: the update would wait its whole 5 s deadline.
-  std::atomic<bool> done{false};
   auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration cancelled_after{};
   std::thread canceller([&] {
