@@ -144,8 +144,8 @@ MUTANTS = [
            "delta_segment_delta_test", "CheckDelta.ShortAndLong*"),
     Mutant("delta-whole-limit", "a delta larger than the segment is sent instead of the segment",
            "src/delta/segment_delta.cc",
-           [("    if (values + value_bytes + index_.size() + IndexBytesOf(code) > out.size()) {",
-             "    if (false) {")],
+           [("    if (values + cost + index_.size() > out.size()) return std::nullopt;",
+             "    if (false) return std::nullopt;")],
            "delta_segment_delta_test", "SegmentDelta.*"),
     Mutant("delta-bitmap-empty", "a delta chunk's bitmap may mark nothing",
            "src/delta/segment_delta.cc",
@@ -155,6 +155,10 @@ MUTANTS = [
            "src/delta/change_mask.cc",
            [("    for (uint32_t shift = kBits / 2; shift >= 1; shift /= 2) x |= x >> shift;\n", "")],
            "delta_change_mask_test", "ChangeMask.*"),
+    Mutant("delta-model-cost", "the size model forgets the directory byte of every chunk",
+           "src/delta/segment_delta.cc",
+           [("  double chunk = 1;  // the directory byte", "  double chunk = 0;")],
+           "delta_segment_delta_test", "SegmentDelta.TheSizeModel*"),
 ]
 
 

@@ -46,7 +46,7 @@ Result<double> PositiveNumber(const std::string& flag, const std::string& text) 
 
 int RunPlanSim(int argc, char** argv) {
   std::string layout_name = "kimi-k2", trainer, engine, nic = "400", nvlink = "3600";
-  std::string dtype_out = "bf16";
+  std::string dtype_out = "bf16", changed;
   int64_t gpus_per_node = 8, drop_source = -1;
   bool colocated = false;
   CommandLine flags("weightsync plan-sim [flags]", kSummary);
@@ -63,6 +63,9 @@ int RunPlanSim(int argc, char** argv) {
   flags.String("dtype-out", &dtype_out,
                "bf16, or fp8: linear-layer weights reach the engine as fp8 (converted before "
                "sending: half the bytes on the wire)");
+  flags.String("changed-fraction", &changed,
+               "send deltas: this fraction (0..1) of elements changed per step, spread uniformly "
+               "(the segment delta's size model; default: whole tensors)");
   flags.Int("drop-source", &drop_source,
             "remove every shard this trainer rank holds (a layout with uncovered ranges)");
   Status s = flags.Parse(argc, argv);
@@ -89,6 +92,18 @@ int RunPlanSim(int argc, char** argv) {
     Result<double> v = PositiveNumber("nvlink-gbps", nvlink);
     s = v.status();
     if (v.ok()) o.nvlink_gbps = *v;
+  }
+  if (s.ok() && !changed.empty()) {
+    char* end = nullptr;
+    o.changed_fraction = std::strtod(changed.c_str(), &end);
+    if (*end != '\0' || !(o.changed_fraction >= 0 && o.changed_fraction <= 1)) {
+      s = Status::InvalidArgument("--changed-fraction=", changed,
+                                  ": expected a number from 0 to 1");
+    } else if (o.fp8) {
+      s = Status::InvalidArgument(
+          "--changed-fraction with --dtype-out fp8: deltas of tensors converted in flight are not "
+          "built (docs/deltas.md)");
+    }
   }
   const uint64_t rss_before = bench::ResidentBytes();
   const auto start = std::chrono::steady_clock::now();

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <sstream>
+
+#include "delta/segment_delta.h"
 
 namespace weightsync::tools {
 namespace {
@@ -140,6 +143,12 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
         "trainer ranks, the layout has ",
         layout.trainer_ranks);
   }
+  if (o.changed_fraction > 1 || (o.changed_fraction >= 0 && o.fp8)) {
+    return Status::InvalidArgument(
+        "changed fraction ", o.changed_fraction,
+        o.fp8 ? ": deltas of tensors converted in flight (fp8) are not built (docs/deltas.md)"
+              : ": expected at most 1");
+  }
   SimReport r;
   r.params = layout.params();
   r.global_bytes = r.params * static_cast<uint64_t>(Info(layout.dtype).bits / 8);
@@ -155,6 +164,13 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
   for (uint32_t t = 0; t < layout.trainer_ranks; ++t) trainer_node[t] = TrainerNode(o, t);
 
   const uint64_t held_element = static_cast<uint64_t>(Info(layout.dtype).bits / 8);
+  // Deltas: the expected bytes per element by wire element size (the model sums 257 binomial
+  // terms: once here, not per copy).
+  std::vector<double> delta_element(held_element + 1, 0);
+  for (uint64_t e = 1; o.changed_fraction >= 0 && e <= held_element; ++e) {
+    delta_element[e] =
+        delta::ExpectedDeltaBytesPerElement(o.changed_fraction, static_cast<uint32_t>(e));
+  }
   std::vector<uint64_t> load(layout.trainer_ranks, 0);
   const Clock::time_point start = Clock::now();
   const plan::HeldRegions held(layout.held, layout.trainer_ranks);  // indexed once for all
@@ -186,7 +202,12 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
     }
     const int64_t engine_node = EngineNode(o, layout, e);
     for (const plan::RegionCopy& c : s->copies) {
-      const uint64_t bytes = c.bytes() / held_element * wire_element[c.destination];
+      const uint64_t elements = c.bytes() / held_element;
+      const uint64_t bytes =
+          o.changed_fraction < 0
+              ? elements * wire_element[c.destination]
+              : static_cast<uint64_t>(std::llround(static_cast<double>(elements) *
+                                                   delta_element[wire_element[c.destination]]));
       const uint32_t source = layout.held[c.held].source;
       r.sent[source] += bytes;
       r.received[e] += bytes;
@@ -254,6 +275,15 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
                  "           GPU: 1 byte per element on the wire; block scales not counted)"
                : elem + " (as held)")
      << "\n";
+  if (o.changed_fraction >= 0) {
+    const double per_element =
+        delta::ExpectedDeltaBytesPerElement(o.changed_fraction, Info(layout.dtype).bits / 8);
+    os << "           deltas: " << Fixed(100 * o.changed_fraction, 2)
+       << "% of elements changed, spread uniformly -> "
+       << Fixed(100 * per_element * 8 / Info(layout.dtype).bits, 2)
+       << "% of the bytes\n           (the segment delta's size model, docs/deltas.md; encode "
+          "and apply time not modelled)\n";
+  }
   os << "planning (" << layout.engine_ranks << " ScheduleRegions calls, one shared load vector)\n";
   os << "  inputs          " << r.held_tensors << " held tensors, " << r.destinations
      << " destinations with " << r.wanted_pieces << " wanted pieces -> " << r.copies << " copies\n";
@@ -275,7 +305,9 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
   os << "  sent per trainer rank     min / median / max  " << SpreadText(sent) << " (max / mean "
      << Fixed(sent.mean > 0 ? static_cast<double>(sent.max) / sent.mean : 0, 2) << "x)\n";
   os << "  received per engine rank  min / median / max  " << SpreadText(received) << "\n";
-  os << "  its shard (the minimum)   min / median / max  " << SpreadText(shard) << "\n";
+  os << (o.changed_fraction < 0 ? "  its shard (the minimum)   min / median / max  "
+                                : "  its shard, whole          min / median / max  ")
+     << SpreadText(shard) << "\n";
   os << "  received / shard          " << Fixed(ratio_lo, 2) << "x - " << Fixed(ratio_hi, 2)
      << "x\n";
   os << "links (per rank and direction): NIC " << Fixed(o.nic_gbps, 0)

@@ -26,6 +26,10 @@ struct ClusterOptions {
   // true: destinations of fp8 tensors are float8 (bf16 → fp8 converted before the bytes leave
   // the sending GPU, so the wire carries 1 byte per element; block scales are not counted).
   bool fp8 = false;
+  // ≥ 0: every step sends deltas (src/delta/segment_delta.h) of this fraction of changed elements,
+  // spread uniformly: each element costs delta::ExpectedDeltaBytesPerElement on the wire.
+  // < 0: whole tensors. Deltas of tensors converted in flight (fp8) are not built: refused.
+  double changed_fraction = -1;
 };
 
 // Link kinds and directions, per rank.

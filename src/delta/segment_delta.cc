@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 namespace weightsync::delta {
@@ -60,6 +61,42 @@ uint32_t IndexBytesOf(uint8_t code) {
 
 }  // namespace
 
+uint64_t ChunkCost(uint32_t changed, uint32_t length, uint32_t element_bytes, uint8_t* code) {
+  const uint64_t list = uint64_t{changed} * (1 + element_bytes);
+  const uint64_t bitmap = kBitmapBytes + uint64_t{changed} * element_bytes;
+  const uint64_t whole = uint64_t{length} * element_bytes;
+  if (changed == 0) {
+    *code = 0;
+    return 0;
+  }
+  if (changed <= kMaxListed && list <= std::min(bitmap, whole)) {
+    *code = static_cast<uint8_t>(changed);
+    return list;
+  }
+  *code = bitmap < whole ? kBitmap : kWhole;
+  return std::min(bitmap, whole);
+}
+
+double ExpectedDeltaBytesPerElement(double fraction, uint32_t element_bytes) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  uint8_t code = 0;
+  double chunk = 1;  // the directory byte
+  if (fraction == 0 || fraction == 1) {
+    chunk += static_cast<double>(
+        ChunkCost(fraction == 0 ? 0 : kChunkElements, kChunkElements, element_bytes, &code));
+  } else {
+    // P(k of 256 changed), in logs: (1 - f)^256 underflows long before f reaches 1.
+    const double n = kChunkElements;
+    for (uint32_t k = 0; k <= kChunkElements; ++k) {
+      const double log_p = std::lgamma(n + 1) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1) +
+                           k * std::log(fraction) + (n - k) * std::log1p(-fraction);
+      chunk +=
+          std::exp(log_p) * static_cast<double>(ChunkCost(k, kChunkElements, element_bytes, &code));
+    }
+  }
+  return std::min(chunk / kChunkElements, static_cast<double>(element_bytes));
+}
+
 std::optional<Encoded> SegmentEncoder::Encode(std::span<const uint8_t> base,
                                               std::span<const uint8_t> next, uint32_t element_bytes,
                                               std::span<uint8_t> out) {
@@ -86,19 +123,10 @@ std::optional<Encoded> SegmentEncoder::Encode(std::span<const uint8_t> base,
       out[chunk] = 0;
       continue;
     }
-    const uint64_t list_cost = uint64_t{changed} * (1 + element_bytes);
-    const uint64_t bitmap_cost = kBitmapBytes + uint64_t{changed} * element_bytes;
-    const uint64_t whole_cost = uint64_t{length} * element_bytes;
-    uint8_t code = kWhole;
-    if (changed <= kMaxListed && list_cost <= std::min(bitmap_cost, whole_cost)) {
-      code = static_cast<uint8_t>(changed);
-    } else if (bitmap_cost < whole_cost) {
-      code = kBitmap;
-    }
-    const uint64_t value_bytes = (code == kWhole ? length : changed) * uint64_t{element_bytes};
-    if (values + value_bytes + index_.size() + IndexBytesOf(code) > out.size()) {
-      return std::nullopt;
-    }
+    uint8_t code = 0;
+    const uint64_t cost = ChunkCost(changed, length, element_bytes, &code);
+    const uint64_t value_bytes = cost - IndexBytesOf(code);
+    if (values + cost + index_.size() > out.size()) return std::nullopt;
     out[chunk] = code;
     if (code == kWhole) {
       std::memcpy(out.data() + values, from, value_bytes);

@@ -39,6 +39,17 @@ inline uint64_t ChunkCount(uint64_t elements) {
   return (elements + kChunkElements - 1) / kChunkElements;
 }
 
+// What a chunk of `length` elements, `changed` of them changed, costs in a delta besides its
+// directory byte, in the form the encoder picks (written to *code: 0, 1..kMaxListed, kBitmap or
+// kWhole). The encoder and the size model below both use it, so they cannot drift apart.
+uint64_t ChunkCost(uint32_t changed, uint32_t length, uint32_t element_bytes, uint8_t* code);
+
+// The expected bytes of a delta per element of `element_bytes` when each element changes with
+// probability `fraction`, independently (binomial per chunk of 256), capped at `element_bytes`
+// (the segment goes whole). A model for planning (`weightsync plan-sim --changed-fraction`);
+// changes that cluster cost less, as every chunk left unchanged costs one byte.
+double ExpectedDeltaBytesPerElement(double fraction, uint32_t element_bytes);
+
 struct Encoded {
   uint64_t bytes = 0;             // of the delta written
   uint64_t changed_elements = 0;  // elements that differ from the base

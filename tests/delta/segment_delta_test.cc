@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -151,6 +153,29 @@ TEST(SegmentDelta, ADeltaCostsAboutOneIndexBytePerChangedElementAtRlFractions) {
   EXPECT_LE(encoded.bytes, chunks + 3 * encoded.changed_elements);
   EXPECT_GE(encoded.bytes, chunks + 2 * encoded.changed_elements);
   EXPECT_LT(encoded.bytes, base.size() / 10);
+}
+
+TEST(SegmentDelta, TheSizeModelPredictsWhatTheEncoderWritesForSpreadChanges) {
+  // Uniformly spread changes, as the model assumes: the encoder's bytes within sampling noise,
+  // at each form's fractions and two element sizes.
+  SegmentEncoder encoder;
+  for (const uint32_t e : {2u, 4u}) {
+    const Bytes base = RandomBytes(uint64_t{e} << 22, e);
+    for (const double fraction : {0.001, 0.014, 0.03, 0.1, 0.4, 0.9}) {
+      const Bytes next = Changed(base, e, fraction, 17);
+      Encoded encoded;
+      EncodeAll(encoder, base, next, e, &encoded);
+      const double elements = static_cast<double>(base.size() / e);
+      const double measured = std::min<double>(encoded.bytes, base.size()) / elements;
+      // 1%, plus three standard deviations of the number of changes at (1 + e) bytes each.
+      const double noise = 3 * std::sqrt(elements * fraction) * (1 + e) / elements;
+      EXPECT_NEAR(ExpectedDeltaBytesPerElement(fraction, e), measured, 0.01 * measured + noise)
+          << e << " bytes, " << fraction;
+    }
+  }
+  EXPECT_DOUBLE_EQ(ExpectedDeltaBytesPerElement(0, 2), 1.0 / kChunkElements);  // the directory
+  EXPECT_DOUBLE_EQ(ExpectedDeltaBytesPerElement(1, 2), 2.0);                   // whole
+  EXPECT_DOUBLE_EQ(ExpectedDeltaBytesPerElement(0.999, 2), 2.0);
 }
 
 TEST(SegmentDelta, WhenTheDeltaWouldNotBeSmallerTheSegmentGoesWhole) {

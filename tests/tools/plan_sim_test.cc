@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "delta/segment_delta.h"
 #include "model_presets.h"
 #include "plan_sim_layout.h"
 #include "plan_sim_model.h"
@@ -162,6 +163,38 @@ TEST(PlanSimModel, Fp8HalvesTheLinearWeightsOnTheWire) {
   for (const GlobalTensor& g : layout.globals) fp8_elements += g.fp8 ? g.elements() : 0;
   EXPECT_EQ(bf16.moved - fp8.moved, fp8_elements);
   for (uint32_t e = 0; e < 2; ++e) EXPECT_EQ(fp8.received[e], fp8.shard[e]);
+}
+
+TEST(PlanSimModel, DeltasScaleEveryLinkByTheDeltaSizeModel) {
+  const SimLayout layout = Qwen();
+  ClusterOptions o;
+  Result<SimReport> whole = SimulateCluster(layout, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  o.changed_fraction = 0.02;
+  Result<SimReport> sparse = SimulateCluster(layout, o);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  const double ratio = delta::ExpectedDeltaBytesPerElement(0.02, 2) / 2;
+  EXPECT_GT(ratio, 0.02);  // values, offsets and directory: more than the changed bytes alone
+  EXPECT_LT(ratio, 0.04);
+  for (uint32_t e = 0; e < layout.engine_ranks; ++e) {
+    EXPECT_EQ(sparse->shard[e], whole->shard[e]);  // the shard is still the shard
+    // Each copy rounds once: within a byte per copy of the whole bytes times the ratio.
+    EXPECT_NEAR(static_cast<double>(sparse->received[e]),
+                static_cast<double>(whole->received[e]) * ratio,
+                static_cast<double>(whole->copies));
+  }
+  EXPECT_NEAR(sparse->predicted_seconds, whole->predicted_seconds * ratio,
+              1e-3 * whole->predicted_seconds);
+  o.changed_fraction = 1;  // every element changed: whole, no more
+  Result<SimReport> all = SimulateCluster(layout, o);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->received, whole->received);
+  o.fp8 = true;
+  Result<SimReport> fp8 = SimulateCluster(layout, o);
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_NE(fp8.status().message().find("converted in flight (fp8) are not built"),
+            std::string::npos)
+      << fp8.status();
 }
 
 TEST(PlanSimModel, AMissingHolderIsThePlannersOneErrorListingUncoveredRanges) {
@@ -469,6 +502,9 @@ TEST_F(PlanSimCli, BadFlagsExit2AndNameTheProblem) {
       {"--layout qwen2.5-7b --trainer fsdp1 --colocated", "need at least as many trainer ranks"},
       {"--trainer pp62", "do not fit 61 layers"},
       {"--nic-gpbs 400", "unknown flag --nic-gpbs"},
+      {"--changed-fraction 2", "--changed-fraction=2: expected a number from 0 to 1"},
+      {"--changed-fraction 1%", "--changed-fraction=1%: expected a number from 0 to 1"},
+      {"--changed-fraction 0.02 --dtype-out fp8", "deltas of tensors converted in flight"},
   };
   for (const auto& [args, message] : cases) {
     CliRun run = RunCli("plan-sim " + args);
