@@ -232,6 +232,7 @@ void Messages() {
         WithSelector(WelcomeSelector(2, 0), Payload(MakeWelcome({}, 16, false, false))));
 
   Write(t, "update_request", WithSelector(2, Payload(wire::UpdateRequest{7, 6})));
+  Write(t, "update_request_delta", WithSelector(2, Payload(wire::UpdateRequest{7, 6, 100, true})));
   Write(t, "update_request_latest", WithSelector(2, Payload(wire::UpdateRequest{})));
   Write(t, "step_begin", WithSelector(3, Payload(wire::StepBegin{7, 1})));
   Write(t, "step_begin_no_slot", WithSelector(3, Payload(wire::StepBegin{7, wire::kNoSlot})));
@@ -239,6 +240,8 @@ void Messages() {
   Write(t, "step_end",
         WithSelector(5, Payload(wire::StepEnd{7, {1, 2, 3, 0xFFFFFFFFFFFFFFFFull}})));
   Write(t, "step_end_empty", WithSelector(5, Payload(wire::StepEnd{7, {}})));
+  Write(t, "delta_begin", WithSelector(13, Payload(wire::DeltaBegin{7, 6, 0xABCD, {0, 12, 4096}})));
+  Write(t, "delta_begin_whole", WithSelector(13, Payload(wire::DeltaBegin{7, -1, 0, {}})));
   Write(t, "error",
         WithSelector(6, Payload(wire::ErrorMessage{weightsync::StatusCode::kTimeout,
                                                    "publisher: step 7 timed out"})));

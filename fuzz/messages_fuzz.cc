@@ -6,7 +6,8 @@
 //
 // Input: one selector byte, then the message payload.
 //   selector % 8        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
-//                       StepEnd, Error, RingBucket)
+//                       StepEnd or DeltaBegin, Error, RingBucket)
+//   (selector / 8) % 2  type 5 only: 0 StepEnd, 1 DeltaBegin
 //   (selector / 8) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
 //   (selector / 32) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
 //                       duplicated name, which BuildPlan must refuse, 2: the converting set,
@@ -451,7 +452,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FuzzSimple<wire::CopyDone>(payload);
       break;
     case 5:
-      FuzzSimple<wire::StepEnd>(payload);
+      if ((selector / 8) % 2 == 0) {
+        FuzzSimple<wire::StepEnd>(payload);
+      } else {
+        FuzzSimple<wire::DeltaBegin>(payload);
+      }
       break;
     case 6: {
       wire::ErrorMessage m;

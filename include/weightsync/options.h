@@ -22,6 +22,19 @@ enum class MatchPolicy : uint8_t {
   kSubset,  // the subscriber may register a subset of the publisher's names
 };
 
+// When a publisher encodes deltas (PublisherOptions::delta). Built for a host arena publisher
+// (host tensors registered, no ring) and tcp subscribers; other stores encode none.
+enum class DeltaMode : uint8_t {
+  // On a tcp:// endpoint, where bytes cost most: each segment's delta when it is at most a quarter
+  // of the segment (else the segment goes whole). Each slot keeps an area of a quarter of the
+  // registered tensors for its deltas. On local://, none: subscribers there copy at memory speed.
+  kAuto,
+  kOff,  // no deltas: every subscriber gets whole segments
+  // Every segment as a delta, whatever its size, on any endpoint (tests and benchmarks; each slot
+  // keeps an area as large as the registered tensors).
+  kAlways,
+};
+
 // Tensors registered with a Publisher may live in host memory or on one CUDA device: a publisher
 // of CUDA tensors keeps its store on that device; subscribers on the same host receive over
 // cuda-ipc (into CUDA tensors) or the GPU's copy engines (into host memory), subscribers on other
@@ -89,6 +102,10 @@ struct PublisherOptions {
   // Bytes per ring bucket, rounded up to whole 4 KiB pages; 0: a quarter of the free host (GPU)
   // memory over the buckets, within [64 MiB, 1 GiB], and never more than the model.
   uint64_t ring_bucket_bytes = 0;
+  // Delta updates (docs/deltas.md): each Publish also encodes the elements of every registered
+  // tensor that changed since the previous version, segment by segment, and a tcp subscriber whose
+  // committed bytes are exactly that version receives the deltas instead of the segments.
+  DeltaMode delta = DeltaMode::kAuto;
 };
 
 // What a subscriber does when a publisher's session changes (it restarted, or another publisher
@@ -128,6 +145,12 @@ struct SubscriberOptions {
   // Verify every segment against the publisher's xxHash3 digest before committing (per update
   // overridable).
   bool verify = false;
+  // Delta updates (docs/deltas.md): over tcp, when the weights hold exactly the committed version
+  // (this session's, nothing failed since), ask for the changes against it instead of whole
+  // segments. The publisher proves its base by the digests of the committed version; anything
+  // else (no base, another one, a delta the publisher did not encode) comes whole. Off: always
+  // whole.
+  bool delta = true;
   // Lets a destination's dtype differ from the publisher's where weightsync converts in flight:
   // casts among float32, float16 and bfloat16 (round to nearest even), and bfloat16 →
   // float8_e4m3fn with one scale per 128×128 block (cols = the last dimension, rows = the

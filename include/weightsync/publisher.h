@@ -67,6 +67,15 @@ struct PublishStats {
   // same on every Publish: the store is sized at the first.
   uint64_t store_bytes = 0;
   int store_device = -1;  // where store_bytes is: -1 host memory (a memfd), else the CUDA device
+  // Delta updates (PublisherOptions::delta, docs/deltas.md): the step this version was encoded
+  // against (-1: none: the first Publish, deltas off, or a store that keeps none), its segments
+  // encoded as deltas and left whole (too large for the room, or Allocate()d tensors), the
+  // deltas' bytes, and the bytes of the elements that changed in the encoded segments.
+  int64_t delta_base_step = -1;
+  uint32_t delta_segments = 0;
+  uint32_t whole_segments = 0;
+  uint64_t delta_bytes = 0;
+  uint64_t changed_bytes = 0;
 };
 
 class Publisher {

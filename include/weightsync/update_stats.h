@@ -53,6 +53,13 @@ struct UpdateStats {
   // this subscriber's share of the ledger's staging_bytes. The publisher's store, mapped or
   // imported (the ledger's mapped_bytes), is not counted.
   uint64_t staging_bytes = 0;
+  // Delta updates (SubscriberOptions::delta, docs/deltas.md): the committed step the step's
+  // changes were applied to (-1: every byte came whole; with several publishers, the first's),
+  // the digest segments that came as deltas, and the bytes that came for the tensors (deltas plus
+  // whole segments; `bytes` when nothing came as a delta).
+  int64_t delta_base_step = -1;
+  uint32_t delta_segments = 0;
+  uint64_t received_bytes = 0;
   // UpdateOptions::check_weights: the destinations' own memory was digested after the commit and
   // matched the committed version (Subscriber::CheckWeights), in check_seconds.
   bool weights_checked = false;

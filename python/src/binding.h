@@ -37,6 +37,9 @@ inline const char* PolicyName(MatchPolicy policy) {
 inline const char* LineagePolicyName(LineagePolicy policy) {
   return policy == LineagePolicy::kFollow ? "follow" : "strict";
 }
+inline const char* DeltaModeName(DeltaMode mode) {
+  return mode == DeltaMode::kAuto ? "auto" : mode == DeltaMode::kOff ? "off" : "always";
+}
 
 // A non-OK Status on its way to Python. Thrown where the GIL may be released; the translator
 // registered by RegisterErrorTranslator() turns it into the class _errors.BY_CODE names.

@@ -112,6 +112,7 @@ NB_MODULE(_weightsync, m) {
         publisher["zero_copy"] = p.zero_copy;
         publisher["ring_buckets"] = p.ring_buckets;
         publisher["ring_bucket_bytes"] = p.ring_bucket_bytes;
+        publisher["delta"] = DeltaModeName(p.delta);
         publisher["token"] = p.token;
         publisher["token_file"] = p.token_file;
         subscriber["mode"] = ModeName(s.mode);
@@ -122,6 +123,7 @@ NB_MODULE(_weightsync, m) {
         subscriber["convert_dtypes"] = s.convert_dtypes;
         subscriber["convert_on_publisher_gpu"] = s.convert_on_publisher_gpu;
         subscriber["lineage_policy"] = LineagePolicyName(s.lineage_policy);
+        subscriber["delta"] = s.delta;
         subscriber["token"] = s.token;
         subscriber["token_file"] = s.token_file;
         nb::dict out;

@@ -130,6 +130,14 @@ void* StreamArg(nb::handle stream, int cuda_device) {
   return reinterpret_cast<void*>(static_cast<uintptr_t>(value));
 }
 
+DeltaMode DeltaModeArg(const std::string& delta) {
+  if (delta == "auto") return DeltaMode::kAuto;
+  if (delta == "off") return DeltaMode::kOff;
+  if (delta == "always") return DeltaMode::kAlways;
+  ThrowIfError(Status::InvalidArgument("delta '", delta, "': expected 'auto', 'off' or 'always'"));
+  return DeltaMode::kAuto;
+}
+
 }  // namespace
 
 void BindPublisher(nb::module_& m) {
@@ -149,6 +157,15 @@ void BindPublisher(nb::module_& m) {
               "allocate()d tensors are not counted.")
       .def_ro("store_device", &PublishStats::store_device,
               "Where store_bytes is: -1 host memory, else the CUDA device index.")
+      .def_ro("delta_base_step", &PublishStats::delta_base_step,
+              "Delta updates (docs/deltas.md): the step this version was encoded against; -1:\n"
+              "none (the first publish, delta='off', or a store that keeps no deltas).")
+      .def_ro("delta_segments", &PublishStats::delta_segments, "Digest segments encoded as deltas.")
+      .def_ro("whole_segments", &PublishStats::whole_segments,
+              "Digest segments left whole (their delta too large for the room, or allocate()d).")
+      .def_ro("delta_bytes", &PublishStats::delta_bytes, "Bytes of the deltas encoded.")
+      .def_ro("changed_bytes", &PublishStats::changed_bytes,
+              "Bytes of the elements that changed, in the segments encoded.")
       .def("__repr__", [](const PublishStats& s) {
         return "PublishStats(step=" + std::to_string(s.step) +
                ", bytes_copied=" + std::to_string(s.bytes_copied) +
@@ -156,7 +173,10 @@ void BindPublisher(nb::module_& m) {
                ", wait_for_readers_seconds=" + std::to_string(s.wait_for_readers_seconds) +
                ", revoked_reads=" + std::to_string(s.revoked_reads) +
                ", store_bytes=" + std::to_string(s.store_bytes) +
-               ", store_device=" + std::to_string(s.store_device) + ")";
+               ", store_device=" + std::to_string(s.store_device) +
+               ", delta_base_step=" + std::to_string(s.delta_base_step) +
+               ", delta_segments=" + std::to_string(s.delta_segments) +
+               ", delta_bytes=" + std::to_string(s.delta_bytes) + ")";
       });
 
   nb::class_<PyPublisher>(
@@ -172,8 +192,9 @@ void BindPublisher(nb::module_& m) {
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
              int64_t resume_from_step, bool zero_copy, int ring_buckets, uint64_t ring_bucket_bytes,
-             nb::handle token, nb::handle token_file) {
+             const std::string& delta, nb::handle token, nb::handle token_file) {
             PublisherOptions o;
+            o.delta = DeltaModeArg(delta);
             o.token = Utf8Arg(token, "token");
             o.token_file = Utf8Arg(token_file, "token_file");
             o.zero_copy = zero_copy;
@@ -206,11 +227,13 @@ void BindPublisher(nb::module_& m) {
           "zero_copy"_a = kPublisherDefaults.zero_copy,
           "ring_buckets"_a = kPublisherDefaults.ring_buckets,
           "ring_bucket_bytes"_a = kPublisherDefaults.ring_bucket_bytes,
-          "token"_a = kPublisherDefaults.token, "token_file"_a = kPublisherDefaults.token_file,
+          "delta"_a = DeltaModeName(kPublisherDefaults.delta), "token"_a = kPublisherDefaults.token,
+          "token_file"_a = kPublisherDefaults.token_file,
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
                   "segment_bytes: int = 0, copy_threads: int = 0, max_connections: int = "
                   "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False, "
-                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0, token: str = '', "
+                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0, delta: "
+                  "typing.Literal['auto', 'off', 'always'] = 'auto', token: str = '', "
                   "token_file: str = '') -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
@@ -229,7 +252,10 @@ void BindPublisher(nb::module_& m) {
           "begin_write() fences the optimizer's writes as with zero_copy. Over tcp sessions\n"
           "send the version from the tensors themselves (NCCL for CUDA tensors) and no\n"
           "bucket is allocated. segment_bytes: bytes per digest segment (0: 8 MiB for host\n"
-          "tensors, 64 MiB on a GPU). token / token_file (tcp): the shared secret, or a 0600\n"
+          "tensors, 64 MiB on a GPU). delta (docs/deltas.md): 'auto' encodes each version's\n"
+          "changes against the one before it when serving tcp:// (host tensors, no ring), so a\n"
+          "subscriber holding that version receives only them; 'off' never; 'always' every\n"
+          "segment on any endpoint. token / token_file (tcp): the shared secret, or a 0600\n"
           "file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or $WEIGHTSYNC_TOKEN. Required\n"
           "to listen beyond loopback (docs/security.md).")
       .def(

@@ -341,6 +341,14 @@ void BindSubscriber(nb::module_& m) {
               "Bytes of staging this subscriber holds to receive (host or device memory): the\n"
               "shadow in 'staged' mode; in 'in_place' only the landing buffer of converted\n"
               "tensors (0 without). Held until sleep(), close() or a failed update.")
+      .def_ro("delta_base_step", &UpdateStats::delta_base_step,
+              "Delta updates (docs/deltas.md): the committed step the changes were applied to;\n"
+              "-1: every byte came whole.")
+      .def_ro("delta_segments", &UpdateStats::delta_segments,
+              "Digest segments that came as deltas.")
+      .def_ro("received_bytes", &UpdateStats::received_bytes,
+              "Bytes that came for the tensors: deltas plus whole segments (== bytes without\n"
+              "deltas).")
       .def_ro("weights_checked", &UpdateStats::weights_checked,
               "update(check_weights=True): the destinations' memory matched the committed\n"
               "version.")
@@ -354,7 +362,9 @@ void BindSubscriber(nb::module_& m) {
                ", verified=" + b(s.verified) + ", up_to_date=" + b(s.up_to_date) + ", path='" +
                std::string(s.path) + "'" + ", lineage='" + std::string(s.lineage.view()) +
                "', lineage_changed=" + b(s.lineage_changed) +
-               ", staging_bytes=" + std::to_string(s.staging_bytes) + ")";
+               ", staging_bytes=" + std::to_string(s.staging_bytes) +
+               ", delta_base_step=" + std::to_string(s.delta_base_step) +
+               ", received_bytes=" + std::to_string(s.received_bytes) + ")";
       });
 
   nb::class_<WeightsCheck>(m, "WeightsCheck",
@@ -401,8 +411,9 @@ void BindSubscriber(nb::module_& m) {
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
              bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy,
-             nb::handle token, nb::handle token_file) {
+             bool delta, nb::handle token, nb::handle token_file) {
             SubscriberOptions o;
+            o.delta = delta;
             o.token = Utf8Arg(token, "token");
             o.token_file = Utf8Arg(token_file, "token_file");
             std::string endpoint;
@@ -442,14 +453,15 @@ void BindSubscriber(nb::module_& m) {
           "convert_dtypes"_a = kSubscriberDefaults.convert_dtypes,
           "convert_on_publisher_gpu"_a = kSubscriberDefaults.convert_on_publisher_gpu,
           "lineage_policy"_a = LineagePolicyName(kSubscriberDefaults.lineage_policy),
-          "token"_a = kSubscriberDefaults.token, "token_file"_a = kSubscriberDefaults.token_file,
+          "delta"_a = kSubscriberDefaults.delta, "token"_a = kSubscriberDefaults.token,
+          "token_file"_a = kSubscriberDefaults.token_file,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
                   "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
                   "lineage_policy: typing.Literal['follow', 'strict'] = 'follow', "
-                  "token: str = '', token_file: str = '') -> None"),
+                  "delta: bool = True, token: str = '', token_file: str = '') -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -466,7 +478,10 @@ void BindSubscriber(nb::module_& m) {
           "lineage_policy: after the publisher restarts (a new session), 'follow' applies its\n"
           "latest step whatever its number; 'strict' applies a restart of the same lineage only\n"
           "once its steps pass the committed one and refuses another lineage (FailedPrecondition)\n"
-          "until update(accept_new_lineage=True). token / token_file (tcp): the publisher's\n"
+          "until update(accept_new_lineage=True). delta (tcp, docs/deltas.md): when the\n"
+          "weights hold exactly the committed version, receive only what changed since it\n"
+          "(proven against its digests; anything else comes whole). token / token_file (tcp): the "
+          "publisher's\n"
           "shared secret, or a 0600 file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or\n"
           "$WEIGHTSYNC_TOKEN.")
       .def(

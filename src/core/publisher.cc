@@ -125,6 +125,9 @@ struct Publisher::Impl final : transport::VersionSource {
     return versions.ReleaseBucket(pin, bucket);
   }
   const uint8_t* arena_base() const override { return store->base(); }
+  const transport::store::SlotDelta* DeltaOf(const transport::Pin& pin) const override {
+    return pin.begin.slot != wire::kNoSlot ? store->delta(pin.begin.slot) : nullptr;
+  }
   // `tensors` is read-only once frozen (Register refuses then), which sessions wait for. A ring's
   // or a zero-copy publisher's version is its registered tensors.
   bool VersionIsTensors() const override { return version_is_tensors; }
@@ -337,6 +340,11 @@ Status Publisher::Impl::Freeze() {
   layout.ring_bucket_bytes = options.ring_bucket_bytes;
   layout.fill_wait = options.timeout;
   layout.local_readers = transport->local_readers();
+  // Deltas pay where bytes are dear: over tcp (kAuto), or wherever asked (kAlways).
+  layout.delta_room = options.delta == DeltaMode::kAlways ? transport::store::DeltaRoom::kWhole
+                      : options.delta == DeltaMode::kAuto && !layout.local_readers
+                          ? transport::store::DeltaRoom::kQuarter
+                          : transport::store::DeltaRoom::kNone;
   WS_RETURN_IF_ERROR(store->Freeze(layout, &welcome));
   if (Status s =
           [&] {
@@ -418,9 +426,17 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     }
   }
   d.cv.NotifyAll();  // sessions waiting for the layout
+  // The latest version, whole in its slot while this one is written into another: the base its
+  // deltas are encoded against (the store keeps none without delta room).
+  const auto [base_slot, base_step] = d.versions.latest();
   const uint32_t k = d.versions.TakeForWrite(step, &d.waited);
-  Status published =
-      d.store->Publish(k, d.versions.digests(k), options.cuda_stream, Deadline(d.options.timeout));
+  transport::store::DeltaBase base;
+  if (base_slot >= 0 && static_cast<uint32_t>(base_slot) != k) {
+    base = {static_cast<uint32_t>(base_slot), base_step,
+            d.versions.published_digests(static_cast<uint32_t>(base_slot))};
+  }
+  Status published = d.store->Publish(k, d.versions.digests(k), base.step >= 0 ? &base : nullptr,
+                                      options.cuda_stream, Deadline(d.options.timeout));
   if (!published.ok()) {
     d.versions.WriteFailed(k);
     return published.WithContext("Publish(" + std::to_string(step) + ")");
@@ -431,6 +447,13 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   stats.bytes_copied = d.store->copy_bytes();
   stats.store_bytes = d.store->held_bytes();
   stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
+  if (const transport::store::SlotDelta* delta = d.store->delta(k); delta != nullptr) {
+    stats.delta_base_step = delta->base_step;
+    stats.delta_segments = delta->delta_segments;
+    stats.whole_segments = delta->whole_segments;
+    stats.delta_bytes = delta->delta_bytes;
+    stats.changed_bytes = delta->changed_bytes;
+  }
   stats.wait_for_readers_seconds = d.waited.seconds;
   stats.revoked_reads = d.waited.revoked;
   d.waited = {};

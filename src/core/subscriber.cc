@@ -139,8 +139,8 @@ struct Subscriber::Impl {
   void KeepDelivering(const std::vector<bool>& delivers) WS_REQUIRES(update_mu);
   Held HeldVersion() const WS_REQUIRES(update_mu);
   Status CheckLineage(Held held, const UpdateOptions& update) const WS_REQUIRES(update_mu);
-  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after, const Deadline& deadline)
-      WS_REQUIRES(update_mu);
+  Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after, bool delta,
+                            const Deadline& deadline) WS_REQUIRES(update_mu);
   void RecordCommitted(int64_t step) WS_REQUIRES(update_mu);
   // CheckWeights against the committed version through the prepared handles; a difference marks
   // the weights invalid and makes the next update rewrite them.
@@ -476,14 +476,19 @@ Status Subscriber::Impl::CheckLineage(Held held, const UpdateOptions& update) co
 // Every active source must serve the same step. "Latest" is the first source's latest; the others
 // are asked for exactly that step (waiting, within the deadline, for one that is behind). `after`:
 // the committed step where it is a step of these publishers' sessions, else -1.
-Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step, int64_t after,
+Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step, int64_t after, bool delta,
                                             const Deadline& deadline) {
+  // Deltas apply against the committed version: each source's own digests of it prove its base.
+  auto base = [&](const Source& source) {
+    return delta ? std::span<const uint64_t>(source.committed_digests)
+                 : std::span<const uint64_t>();
+  };
   Source& lead = *active[0];
-  Result<int64_t> got = lead.handle->BeginStep(step, after, deadline);
+  Result<int64_t> got = lead.handle->BeginStep(step, after, deadline, base(lead));
   if (!got.ok() || active.size() == 1) return got;
   if (*got == after) return got;  // up to date: nothing pinned anywhere
   for (size_t i = 1; i < active.size(); ++i) {
-    Result<int64_t> other = active[i]->handle->BeginStep(*got, after, deadline);
+    Result<int64_t> other = active[i]->handle->BeginStep(*got, after, deadline, base(*active[i]));
     if (!other.ok()) {
       return other.status().WithContext(active[i]->name + " (publishers out of step? " + lead.name +
                                         " offered step " + std::to_string(*got) + ")");
@@ -610,7 +615,12 @@ Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
                                         " (steps only move forward)");
     }
     run.t_wait = Clock::now();
-    Result<int64_t> step = BeginStep(run.request.step, run.after, run.deadline);
+    // Deltas (docs/deltas.md) only onto exactly the committed version of these sessions: not after
+    // a failed update in place (the weights invalid), a weights check that found differences or
+    // a registration change (held: nothing), nor across a restart.
+    const bool delta =
+        options.delta && run.held == Held::kSameSession && valid.load(std::memory_order_relaxed);
+    Result<int64_t> step = BeginStep(run.request.step, run.after, delta, run.deadline);
     if (step.ok()) return step;
     if (retried || run.stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
       return Fail(run, step.status());
@@ -645,6 +655,12 @@ Status Subscriber::Impl::MoveStep(UpdateRun& run, int64_t step) {
   Status s =
       ForEachSource([&](Source& src) { return src.handle->CopyStep(run.verify, run.deadline); });
   if (!s.ok()) return fail(s);
+  for (const Source* src : active) {
+    const transport::path::DeltaReceipt receipt = src->handle->delta_receipt();
+    if (src == active[0]) stats.delta_base_step = receipt.base_step;
+    stats.delta_segments += receipt.delta_segments;
+    stats.received_bytes += receipt.received_bytes;
+  }
   s = ForEachSource([&](Source& src) {
     Result<std::span<const uint64_t>> digests = src.handle->EndStep(run.deadline);
     if (!digests.ok()) return digests.status();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "delta/change_mask.h"
+#include "weightsync/dtype.h"
 #include "weightsync/status.h"
 
 namespace weightsync::delta {
@@ -35,8 +36,19 @@ inline constexpr uint8_t kWhole = 0xFF;
 // Elements are compared as units of this many bytes at most (complex128 is 16).
 inline constexpr uint32_t kMaxElementBytes = 16;
 
+// The unit a tensor of `dtype` is compared in: its element, or a byte for sub-byte dtypes (two
+// float4 values change together). Publisher and subscriber both cut by it.
+inline uint32_t ElementBytes(DType dtype) {
+  const uint8_t bits = Info(dtype).bits;
+  return bits >= 8 ? bits / 8u : 1u;
+}
+
 inline uint64_t ChunkCount(uint64_t elements) {
   return (elements + kChunkElements - 1) / kChunkElements;
+}
+// The largest delta of a segment of `segment_bytes`: every chunk whole, plus its directory.
+inline uint64_t MaxDeltaBytes(uint64_t segment_bytes, uint32_t element_bytes) {
+  return segment_bytes + ChunkCount(segment_bytes / element_bytes);
 }
 
 // What a chunk of `length` elements, `changed` of them changed, costs in a delta besides its

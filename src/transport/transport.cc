@@ -69,8 +69,12 @@ Status TransferHandle::Prepare(const std::vector<plan::Destination>& destination
 }
 
 Result<int64_t> TransferHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
-                                          const Deadline& deadline) {
-  WS_ASSIGN_OR_RETURN(int64_t offered, link_->BeginStep(step, after_step, deadline));
+                                          const Deadline& deadline,
+                                          std::span<const uint64_t> base_digests) {
+  const bool delta = after_step >= 0 && base_digests.size() == plan_.digest_count &&
+                     !base_digests.empty() && path_->AcceptsDeltas();
+  path_->ExpectDeltas(delta ? after_step : -1, base_digests);
+  WS_ASSIGN_OR_RETURN(int64_t offered, link_->BeginStep(step, after_step, deadline, delta));
   const wire::StepBegin& begin = link_->begin();
   const wire::Welcome& welcome = link_->welcome();
   if (offered != after_step && plan_.uses_slots && begin.slot >= welcome.slot_count) {
@@ -82,6 +86,12 @@ Result<int64_t> TransferHandle::BeginStep(std::optional<int64_t> step, int64_t a
 
 Status TransferHandle::CopyStep(bool verify, const Deadline& deadline) {
   return path_->Copy(link_->begin(), verify, deadline);
+}
+
+path::DeltaReceipt TransferHandle::delta_receipt() const {
+  path::DeltaReceipt receipt = path_->delta_receipt();
+  if (receipt.base_step < 0) receipt.received_bytes = plan_.total_bytes;
+  return receipt;
 }
 
 Result<std::span<const uint64_t>> TransferHandle::EndStep(const Deadline& deadline) {

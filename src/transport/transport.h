@@ -65,11 +65,17 @@ class TransferHandle {
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher
   // holds for us. Returning `after_step` means "already up to date": no copy follows.
+  // `base_digests` (delta updates, docs/deltas.md): the digests of `after_step`, given when the
+  // destinations hold exactly that version; a path that can apply deltas against it then asks
+  // for them. Empty: whole segments.
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
-                            const util::Deadline& deadline);
+                            const util::Deadline& deadline,
+                            std::span<const uint64_t> base_digests = {});
   // Moves every planned byte of the step into staging (staged) or the destinations (in place).
   // `verify`: Verify will follow (a path that reads some publisher bytes in place hashes them now).
   Status CopyStep(bool verify, const util::Deadline& deadline);
+  // What the last CopyStep received: deltas against which step, and the bytes that came.
+  path::DeltaReceipt delta_receipt() const;
   // Tells the publisher the copy is finished; returns its digests of the step (valid until the
   // next BeginStep). Only after this returns may the core commit.
   Result<std::span<const uint64_t>> EndStep(const util::Deadline& deadline);

@@ -77,6 +77,8 @@ std::string_view FrameTypeName(FrameType type) {
       return "ring_bucket_ready";
     case FrameType::kRingBucketDone:
       return "ring_bucket_done";
+    case FrameType::kDeltaBegin:
+      return "delta_begin";
   }
   return "unknown";
 }
@@ -126,6 +128,8 @@ uint32_t MaxPayloadOf(FrameType type) {
     case FrameType::kRingBucketReady:
     case FrameType::kRingBucketDone:
       return kRingBucketBytes;
+    case FrameType::kDeltaBegin:
+      return kMaxDeltaBeginBytes;
   }
   return 0;
 }

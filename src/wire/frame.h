@@ -26,7 +26,7 @@ inline constexpr uint32_t kMagic = 0x4E595357u;
 // regions, Select names byte ranges; 3: Welcome carries the publisher's lineage, UpdateRequest the
 // subscriber's wait (2: nccl steps are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv).
 // The header check refuses a peer of another version at once.
-inline constexpr uint16_t kProtocolVersion = 8;
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 
@@ -53,9 +53,12 @@ enum class FrameType : uint16_t {
   // subscriber) and bucket read (subscriber → publisher), each a RingBucket.
   kRingBucketReady = 15,
   kRingBucketDone = 16,
+  // TCP, a step a subscriber asked to receive as a delta (UpdateRequest::delta): publisher →
+  // subscriber after step_begin, before the step's bytes (DeltaBegin).
+  kDeltaBegin = 17,
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 16;
+inline constexpr uint16_t kMaxFrameType = 17;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

@@ -1,5 +1,6 @@
 #include "wire/messages.h"
 
+#include <bit>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "util/hash.h"
 #include "weightsync/dtype.h"
 #include "wire/codec.h"
 
@@ -23,6 +25,7 @@ constexpr std::string_view kCopyDoneWhat = "copy_done";
 constexpr std::string_view kAllocationFdWhat = "allocation_fd";
 constexpr std::string_view kRingBucketWhat = "ring_bucket";
 constexpr std::string_view kStepEndWhat = "step_end";
+constexpr std::string_view kDeltaBeginWhat = "delta_begin";
 constexpr std::string_view kErrorWhat = "error";
 
 // Smallest encoding of one Welcome tensor: name (u16 length + ≥ 1 byte), dtype, ndim (no dims),
@@ -433,7 +436,7 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   return r.ExpectEnd();
 }
 
-// ---- UpdateRequest: i64 step, i64 after_step, u64 wait_ms ----
+// ---- UpdateRequest: i64 step, i64 after_step, u64 wait_ms, u8 delta ----
 // Step values carry meaning only against the publisher's state (latest, held versions), so the
 // receiver validates them, not the decoder.
 
@@ -442,6 +445,7 @@ void Encode(const UpdateRequest& m, std::vector<uint8_t>* out) {
   w.I64(m.step);
   w.I64(m.after_step);
   w.U64(m.wait_ms);
+  w.U8(m.delta ? 1 : 0);
 }
 
 Status Decode(std::span<const uint8_t> payload, UpdateRequest* m) {
@@ -449,6 +453,15 @@ Status Decode(std::span<const uint8_t> payload, UpdateRequest* m) {
   WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
   WS_ASSIGN_OR_RETURN(m->after_step, r.I64("after_step"));
   WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
+  WS_ASSIGN_OR_RETURN(uint8_t delta, r.U8("delta"));
+  if (delta > 1) {
+    return Status::ProtocolError(kUpdateRequestWhat, ": delta ", int{delta}, ", expected 0 or 1");
+  }
+  if (delta == 1 && m->after_step < 0) {
+    return Status::ProtocolError(kUpdateRequestWhat, ": delta 1 with after_step ", m->after_step,
+                                 ", expected a committed step to apply it to");
+  }
+  m->delta = delta == 1;
   return r.ExpectEnd();
 }
 
@@ -541,6 +554,44 @@ Status Decode(std::span<const uint8_t> payload, StepEnd* m) {
   m->digests.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
     WS_ASSIGN_OR_RETURN(m->digests[i], r.U64("digest"));
+  }
+  return r.ExpectEnd();
+}
+
+// ---- DeltaBegin: i64 step, i64 base_step, u64 base_digest, u32 count, u64 bytes[count] ----
+
+uint64_t DigestOfDigests(std::span<const uint64_t> digests) {
+  static_assert(std::endian::native == std::endian::little, "digests are hashed as stored");
+  return util::Hash64(digests.data(), digests.size_bytes());
+}
+
+void Encode(const DeltaBegin& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.I64(m.step);
+  w.I64(m.base_step);
+  w.U64(m.base_digest);
+  w.U32(static_cast<uint32_t>(m.bytes.size()));
+  for (uint64_t bytes : m.bytes) w.U64(bytes);
+}
+
+Status Decode(std::span<const uint8_t> payload, DeltaBegin* m) {
+  Reader r(payload, kDeltaBeginWhat);
+  WS_ASSIGN_OR_RETURN(m->step, r.I64("step"));
+  WS_ASSIGN_OR_RETURN(m->base_step, r.I64("base_step"));
+  WS_ASSIGN_OR_RETURN(m->base_digest, r.U64("base_digest"));
+  WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("segment count", kMaxDigests, kDigestBytes));
+  if (m->base_step < -1 || (m->base_step >= 0 && m->base_step >= m->step)) {
+    return Status::ProtocolError(kDeltaBeginWhat, ": base_step ", m->base_step, " for step ",
+                                 m->step, ", expected -1 or an earlier step");
+  }
+  if (m->base_step == -1 && (count != 0 || m->base_digest != 0)) {
+    return Status::ProtocolError(kDeltaBeginWhat, ": base_step -1 with ", count,
+                                 " segments and base_digest ", m->base_digest,
+                                 ", expected none and 0 (every segment whole)");
+  }
+  m->bytes.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    WS_ASSIGN_OR_RETURN(m->bytes[i], r.U64("segment bytes"));
   }
   return r.ExpectEnd();
 }

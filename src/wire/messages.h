@@ -134,8 +134,12 @@ struct UpdateRequest {
   // How long the subscriber waits for this step (its own remaining deadline): the publisher
   // waits for the step, and for the subscriber to finish reading it, that long and not less.
   uint64_t wait_ms = 0;
+  // The subscriber holds exactly the bytes of `after_step` where the step will land and can apply
+  // a delta against them (tcp, docs/deltas.md): the publisher answers the step's bytes with a
+  // DeltaBegin first. Encoded as one byte, 0 or 1.
+  bool delta = false;
 };
-inline constexpr uint32_t kUpdateRequestBytes = 8 + 8 + 8;  // its encoded payload, always
+inline constexpr uint32_t kUpdateRequestBytes = 8 + 8 + 8 + 1;  // its encoded payload, always
 // The longest wait a publisher honours for one step (a day): bounds a pinned slot.
 inline constexpr uint64_t kMaxWaitMs = 24ull * 3600 * 1000;
 
@@ -181,6 +185,25 @@ struct StepEnd {
 // The largest encoded StepEnd: i64 step, u32 count, the digests.
 inline constexpr uint32_t kMaxStepEndBytes = 8 + 4 + kMaxDigests * 8;
 
+// A tcp step's bytes when the subscriber asked for a delta (UpdateRequest::delta), sent after
+// StepBegin: against which version, and for every digest segment of the selected tensors (in
+// Select order, each tensor's segments in order) how many delta bytes stand for it on the
+// connection, 0 meaning the segment comes whole. Then come those bytes, segment by segment.
+// base_step -1: no delta this step (another base, no delta encoded), every segment whole, and
+// `bytes` empty.
+struct DeltaBegin {
+  int64_t step = -1;
+  int64_t base_step = -1;       // ≥ 0 and < step, or -1
+  uint64_t base_digest = 0;     // 0 with base_step -1; else Hash64 of the base's digests of the
+                                // selected segments, in the order of `bytes` (DigestOfDigests)
+  std::vector<uint64_t> bytes;  // ≤ kMaxDigests entries
+};
+// The largest encoded DeltaBegin: i64 step, i64 base_step, u64 base_digest, u32 count, the sizes.
+inline constexpr uint32_t kMaxDeltaBeginBytes = 8 + 8 + 8 + 4 + kMaxDigests * 8;
+// DeltaBegin::base_digest of a base whose segments (in the DeltaBegin's order) have `digests`:
+// XXH3_64bits of them as little-endian u64s.
+uint64_t DigestOfDigests(std::span<const uint64_t> digests);
+
 struct ErrorMessage {
   StatusCode code = StatusCode::kInternal;
   std::string message;  // ≤ kMaxErrorMessageBytes
@@ -197,6 +220,7 @@ void Encode(const CopyDone& m, std::vector<uint8_t>* out);
 void Encode(const AllocationFd& m, std::vector<uint8_t>* out);
 void Encode(const RingBucket& m, std::vector<uint8_t>* out);
 void Encode(const StepEnd& m, std::vector<uint8_t>* out);
+void Encode(const DeltaBegin& m, std::vector<uint8_t>* out);
 void Encode(const ErrorMessage& m, std::vector<uint8_t>* out);
 
 Status Decode(std::span<const uint8_t> payload, Hello* m);
@@ -208,6 +232,8 @@ Status Decode(std::span<const uint8_t> payload, AllocationFd* m);
 Status Decode(std::span<const uint8_t> payload, RingBucket* m);
 // Reuses m->digests' capacity: steady-state decoding does not allocate.
 Status Decode(std::span<const uint8_t> payload, StepEnd* m);
+// Reuses m->bytes' capacity, as StepEnd's decode does.
+Status Decode(std::span<const uint8_t> payload, DeltaBegin* m);
 Status Decode(std::span<const uint8_t> payload, ErrorMessage* m);
 
 // ErrorMessage → Status with the peer's code and "peer: " + message. Unknown codes → ProtocolError.

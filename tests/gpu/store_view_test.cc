@@ -50,7 +50,8 @@ TEST(GpuArenaView, EachSlotIsAUnitOnTheStoresGpu) {
   ASSERT_OK(store->Freeze(layout, &welcome));
   std::vector<uint64_t> digests(store->digest_count());
   for (uint32_t slot : {0u, 1u}) {
-    ASSERT_OK(store->Publish(slot, digests, nullptr, util::Deadline(std::chrono::seconds(5))));
+    ASSERT_OK(
+        store->Publish(slot, digests, nullptr, nullptr, util::Deadline(std::chrono::seconds(5))));
   }
   ASSERT_OK_AND_ASSIGN(
       auto view, ImportGpuStore(welcome, util::UniqueFd(::dup(store->fd())), nullptr, 0, nullptr));

@@ -49,8 +49,8 @@ std::vector<FrameType> AllTypes() {
 TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
-  // "WSYN" as bytes, then version 8, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 8, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  // "WSYN" as bytes, then version 9, type 6, length 3, reserved 0.
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 9, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
@@ -105,6 +105,7 @@ TEST(WireFrameTest, TypeNames) {
   EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclId), "nccl_id");
   EXPECT_EQ(FrameTypeName(FrameType::kAllocationFd), "allocation_fd");
+  EXPECT_EQ(FrameTypeName(FrameType::kDeltaBegin), "delta_begin");
   // Every defined type has a name of its own.
   for (FrameType type : AllTypes()) EXPECT_NE(FrameTypeName(type), "unknown");
   EXPECT_EQ(FrameTypeName(static_cast<FrameType>(0)), "unknown");
@@ -133,8 +134,9 @@ TEST(WireFrameTest, BadVersionRejected) {
   // 1: the protocol before nccl moved steps with broadcasts; 2: before versions carried a
   // lineage; 3: before tensors could be regions of global tensors; 4: before zero-copy
   // allocations could be cuMem chunks; 5: before ring publishers; 6: before GPU rings; 7: before
-  // zero-copy and GPU ring publishers served over tcp (their peers must be refused).
-  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 9, 0x100, 0xFFFF}) {
+  // zero-copy and GPU ring publishers served over tcp; 8: before delta updates (their peers must
+  // be refused).
+  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,
@@ -234,6 +236,11 @@ TEST(WireFrameTest, TheBoundsAreTheEncodedSizesOfTheLargestMessages) {
   StepEnd end;
   end.digests.resize(kMaxDigests);
   EXPECT_EQ(size_of(end), MaxPayloadOf(FrameType::kStepEnd));
+  DeltaBegin delta;
+  delta.base_step = 0;
+  delta.step = 1;
+  delta.bytes.resize(kMaxDigests);
+  EXPECT_EQ(size_of(delta), MaxPayloadOf(FrameType::kDeltaBegin));
   EXPECT_EQ(size_of(ErrorMessage{StatusCode::kInternal, std::string(kMaxErrorMessageBytes, 'x')}),
             MaxPayloadOf(FrameType::kError));
   Select select;

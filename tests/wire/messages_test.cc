@@ -797,20 +797,77 @@ TEST(WireWelcomeTest, FuzzNeverCrashes) {
 TEST(WireUpdateRequestTest, RoundTripAndStrictness) {
   for (auto [step, after] :
        {std::pair<int64_t, int64_t>{-1, -1}, {0, -1}, {INT64_MAX, 7}, {INT64_MIN, INT64_MIN}}) {
-    UpdateRequest in{step, after, static_cast<uint64_t>(after) * 3};
-    const std::vector<uint8_t> bytes = EncodeOf(in);
-    EXPECT_EQ(bytes.size(), 24u);
-    UpdateRequest out;
-    ASSERT_OK(Decode(bytes, &out));
-    EXPECT_EQ(out.step, step);
-    EXPECT_EQ(out.after_step, after);
-    EXPECT_EQ(out.wait_ms, static_cast<uint64_t>(after) * 3);
-    ExpectEveryPrefixRejected<UpdateRequest>(bytes);
-    ExpectTrailingByteRejected<UpdateRequest>(bytes);
+    for (const bool delta : {false, true}) {
+      if (delta && after < 0) continue;
+      UpdateRequest in{step, after, static_cast<uint64_t>(after) * 3, delta};
+      const std::vector<uint8_t> bytes = EncodeOf(in);
+      EXPECT_EQ(bytes.size(), 25u);
+      UpdateRequest out;
+      ASSERT_OK(Decode(bytes, &out));
+      EXPECT_EQ(out.step, step);
+      EXPECT_EQ(out.after_step, after);
+      EXPECT_EQ(out.wait_ms, static_cast<uint64_t>(after) * 3);
+      EXPECT_EQ(out.delta, delta);
+      ExpectEveryPrefixRejected<UpdateRequest>(bytes);
+      ExpectTrailingByteRejected<UpdateRequest>(bytes);
+    }
   }
   UpdateRequest out;
   EXPECT_TRUE(IsProtocolError(Decode(std::vector<uint8_t>(12), &out),
                               {"update_request: truncated reading after_step"}));
+  std::vector<uint8_t> bytes = EncodeOf(UpdateRequest{5, 4, 100, true});
+  bytes.back() = 2;
+  EXPECT_TRUE(IsProtocolError(Decode(bytes, &out), {"update_request: delta 2, expected 0 or 1"}));
+  // A delta needs a committed step to apply to.
+  bytes = EncodeOf(UpdateRequest{5, 4, 100, true});
+  bytes[8] = 0xFF, bytes[9] = 0xFF, bytes[10] = 0xFF, bytes[11] = 0xFF;  // after_step -1
+  bytes[12] = 0xFF, bytes[13] = 0xFF, bytes[14] = 0xFF, bytes[15] = 0xFF;
+  EXPECT_TRUE(IsProtocolError(Decode(bytes, &out), {"delta 1 with after_step -1"}));
+}
+
+// ---- DeltaBegin ----
+
+TEST(WireDeltaBeginTest, RoundTripAndReusedCapacity) {
+  DeltaBegin in{9, 8, 0x1234, {0, 17, 1u << 30, 0}};
+  const std::vector<uint8_t> bytes = EncodeOf(in);
+  EXPECT_EQ(bytes.size(), 28u + 4 * 8);
+  DeltaBegin out;
+  out.bytes.reserve(8);
+  const uint64_t* data = out.bytes.data();
+  ASSERT_OK(Decode(bytes, &out));
+  EXPECT_EQ(out.step, 9);
+  EXPECT_EQ(out.base_step, 8);
+  EXPECT_EQ(out.base_digest, 0x1234u);
+  EXPECT_EQ(out.bytes, in.bytes);
+  EXPECT_EQ(out.bytes.data(), data) << "reallocated";
+  ExpectEveryPrefixRejected<DeltaBegin>(bytes);
+  ExpectTrailingByteRejected<DeltaBegin>(bytes);
+  ASSERT_OK(Decode(EncodeOf(DeltaBegin{9, -1, 0, {}}), &out));  // no delta: every segment whole
+  EXPECT_EQ(out.base_step, -1);
+  EXPECT_TRUE(out.bytes.empty());
+}
+
+TEST(WireDeltaBeginTest, TheBaseMustBeAnEarlierStepOrNone) {
+  DeltaBegin out;
+  for (const int64_t base : {int64_t{9}, int64_t{10}, int64_t{-2}}) {
+    EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(DeltaBegin{9, base, 1, {1}}), &out),
+                                {"delta_begin: base_step " + std::to_string(base) + " for step 9",
+                                 "expected -1 or an earlier step"}))
+        << base;
+  }
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(DeltaBegin{9, -1, 0, {5}}), &out),
+                              {"base_step -1 with 1 segments"}));
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(DeltaBegin{9, -1, 7, {}}), &out),
+                              {"and base_digest 7, expected none and 0"}));
+  std::vector<uint8_t> bytes;
+  Writer w(&bytes);
+  w.I64(9);
+  w.I64(8);
+  w.U64(0);
+  w.U32(kMaxDigests + 1);
+  EXPECT_TRUE(IsProtocolError(
+      Decode(bytes, &out),
+      {"delta_begin: segment count " + std::to_string(kMaxDigests + 1), "exceeds limit"}));
 }
 
 TEST(WireStepBeginTest, RoundTripAndSlotLimit) {
@@ -988,7 +1045,8 @@ TEST(WireErrorMessageTest, ToStatusNeverReportsSuccess) {
 
 TEST(WireFuzzTest, RandomPayloadsNeverCrash) {
   FuzzDecode<Hello>(1, {EncodeOf(Hello{1, Role::kSubscriber, 7})}, 10000, 16);
-  FuzzDecode<UpdateRequest>(2, {EncodeOf(UpdateRequest{3, 2})}, 10000, 24);
+  FuzzDecode<UpdateRequest>(2, {EncodeOf(UpdateRequest{3, 2, 0, true})}, 10000, 25);
+  FuzzDecode<DeltaBegin>(8, {EncodeOf(DeltaBegin{3, 2, 9, {0, 4}})}, 10000, 64);
   FuzzDecode<StepBegin>(3, {EncodeOf(StepBegin{3, 1})}, 10000, 24);
   FuzzDecode<CopyDone>(4, {EncodeOf(CopyDone{3})}, 10000, 16);
   FuzzDecode<StepEnd>(5, {EncodeOf(StepEndWith(3, 4)), EncodeOf(StepEndWith(3, 0))}, 10000, 64);

@@ -186,8 +186,8 @@ Status Link::Select(const plan::Plan& /*plan*/, const Deadline& /*deadline*/) {
 }
 
 Result<int64_t> Link::BeginStep(std::optional<int64_t> step, int64_t after_step,
-                                const Deadline& deadline) {
-  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline);
+                                const Deadline& deadline, bool delta) {
+  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline, delta);
 }
 
 Result<std::span<const uint64_t>> Link::EndStep(uint32_t digest_count, const Deadline& deadline) {

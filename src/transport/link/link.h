@@ -56,9 +56,10 @@ class Link {
   // The step exchange. BeginStep asks for `step` (nullopt: latest) newer than `after_step` and
   // returns the step offered (== after_step: up to date, nothing pinned); EndStep tells a Unix
   // publisher the copy is done (CopyDone) and receives the step's digests (StepEnd), which must
-  // be `digest_count` of them; they stay valid until the next BeginStep.
+  // be `digest_count` of them; they stay valid until the next BeginStep. `delta`: ask for the
+  // step as a delta against `after_step` (tcp; the path reads the DeltaBegin).
   Result<int64_t> BeginStep(std::optional<int64_t> step, int64_t after_step,
-                            const util::Deadline& deadline);
+                            const util::Deadline& deadline, bool delta = false);
   const wire::StepBegin& begin() const { return begin_; }
   Result<std::span<const uint64_t>> EndStep(uint32_t digest_count, const util::Deadline& deadline);
 

@@ -72,7 +72,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
       continue;
     }
     if (s.ok()) {
-      s = delivery.Deliver(pin, ch,
+      s = delivery.Deliver(pin, request, ch,
                            delivery.BoundedByPublisher() ? Deadline(config.timeout)
                                                          : PeerWaitDeadline(request.wait_ms),
                            streaming);

@@ -46,13 +46,14 @@ struct SessionConfig {
 class StepDelivery {
  public:
   virtual ~StepDelivery() = default;
-  // Runs after StepBegin went out, with the version pinned; returns once the subscriber has what
-  // it needs: over a Unix socket its CopyDone (it read the shared memory itself; from a ring,
-  // bucket by bucket as each is filled: ring_bucket_ready / _done); over tcp the
-  // bytes written to the connection, or sent over NCCL. `streaming`: set while a step's bytes
-  // are on the connection (an error frame sent then would land in the middle of them).
-  virtual Status Deliver(const Pin& pin, Channel& ch, const util::Deadline& deadline,
-                         bool* streaming) = 0;
+  // Runs after StepBegin went out, with the version pinned for `request`; returns once the
+  // subscriber has what it needs: over a Unix socket its CopyDone (it read the shared memory
+  // itself; from a ring, bucket by bucket as each is filled: ring_bucket_ready / _done); over tcp
+  // the bytes written to the connection (as deltas where the request asked and the store has
+  // them: delta_begin first), or sent over NCCL. `streaming`: set while a step's bytes are on the
+  // connection (an error frame sent then would land in the middle of them).
+  virtual Status Deliver(const Pin& pin, const wire::UpdateRequest& request, Channel& ch,
+                         const util::Deadline& deadline, bool* streaming) = 0;
   // Whether delivering is bounded by the publisher's timeout instead of the subscriber's own wait:
   // for a delivery that holds resources a stalled peer must not keep (an NCCL communicator's
   // kernels). Otherwise a slow reader keeps its pin as long as it waits, and the publisher, when

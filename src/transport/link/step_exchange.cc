@@ -14,9 +14,9 @@ wire::Hello SubscriberHello(const util::Deadline& deadline) {
 
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
                             std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
-                            const util::Deadline& deadline) {
+                            const util::Deadline& deadline, bool delta) {
   wire::UpdateRequest req{step.value_or(-1), after_step,
-                          static_cast<uint64_t>(deadline.RemainingMs())};
+                          static_cast<uint64_t>(deadline.RemainingMs()), delta};
   WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
   WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kStepBegin, begin, deadline));
   if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing

@@ -20,10 +20,11 @@ namespace weightsync::transport::link {
 wire::Hello SubscriberHello(const util::Deadline& deadline);
 
 // Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
-// offered; `after_step` means up to date.
+// offered; `after_step` means up to date. `delta`: the subscriber can apply a delta against
+// `after_step` (UpdateRequest::delta; a DeltaBegin precedes the step's bytes).
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
                             std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
-                            const util::Deadline& deadline);
+                            const util::Deadline& deadline, bool delta = false);
 
 // Receives the StepEnd of `step` into `end`; it must carry exactly `digest_count` digests.
 Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel,

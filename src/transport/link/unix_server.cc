@@ -110,8 +110,8 @@ class CopyDoneDelivery final : public StepDelivery {
   CopyDoneDelivery(VersionSource* source, const wire::Welcome& welcome)
       : source_(source), buckets_(welcome.version_buckets), slot_count_(welcome.slot_count) {}
 
-  Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline,
-                 bool* /*streaming*/) override {
+  Status Deliver(const Pin& pin, const wire::UpdateRequest& /*request*/, Channel& ch,
+                 const Deadline& deadline, bool* /*streaming*/) override {
     const wire::StepBegin& begin = pin.begin;
     if (buckets_ > 0) WS_RETURN_IF_ERROR(DeliverRing(pin, ch, deadline));
     wire::CopyDone done;

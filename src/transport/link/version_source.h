@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "transport/store/version_slots.h"
+#include "transport/store/version_store.h"
 #include "util/deadline.h"
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
@@ -55,6 +56,9 @@ class VersionSource {
   virtual Status ReleaseBucket(const Pin& pin, uint32_t bucket) {
     return Status::FailedPrecondition("bucket ", bucket, ": this publisher has no ring");
   }
+  // The pinned version's delta against the version before it (docs/deltas.md), valid while `pin`
+  // is held; null where the store keeps none.
+  virtual const store::SlotDelta* DeltaOf(const Pin& /*pin*/) const { return nullptr; }
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
   // A ring or zero-copy publisher's registered tensor `tensor` (manifest order) in this process

@@ -43,6 +43,13 @@ struct PathContext {
   int HashingThreads() const;
 };
 
+// Delta updates (docs/deltas.md): what the last Copy received, for UpdateStats.
+struct DeltaReceipt {
+  int64_t base_step = -1;       // the step the deltas were applied to; -1: every byte came whole
+  uint32_t delta_segments = 0;  // segments that came as deltas
+  uint64_t received_bytes = 0;  // bytes that came for the tensors: deltas plus whole segments
+};
+
 class DataPath {
  public:
   virtual ~DataPath() = default;
@@ -60,6 +67,16 @@ class DataPath {
                         const util::Deadline& deadline) = 0;
   // Staged: staging → destinations. Both modes: converted tensors into their destinations.
   virtual Status Commit(const util::Deadline& deadline) = 0;
+  // Delta updates: whether the next Copy can apply deltas against the bytes it lands on — they
+  // hold the committed version (in place: the core knows whether they do; staged: the shadow
+  // holds the last commit only on a path that keeps it), and every planned tensor is a whole
+  // published tensor copied as it is. Paths without deltas: never.
+  virtual bool AcceptsDeltas() const { return false; }
+  // Before Copy, on a path that accepts them: the committed step and its digests (all of the
+  // publisher's, by digest index) the step's deltas must be computed against; -1: none asked.
+  virtual void ExpectDeltas(int64_t /*base_step*/, std::span<const uint64_t> /*base_digests*/) {}
+  // What the last Copy received; a path without deltas received its plan's bytes whole.
+  virtual DeltaReceipt delta_receipt() const { return {}; }
   // ", GPU arena from cuda:0 into cuda:1" and the like: the prepare log line's details.
   virtual std::string Describe() const { return ""; }
   // Bytes of staging the path holds from Prepare until Release, host or device memory: its

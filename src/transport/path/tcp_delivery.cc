@@ -2,10 +2,12 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cuda/nccl_link.h"
 #include "transport/path/nccl_path.h"
+#include "util/fail_point.h"
 #include "util/logging.h"
 
 namespace weightsync::transport::path {
@@ -22,11 +24,18 @@ using util::Deadline;
 // version (scatter-gather send, no staging copy). Prepared once per session. From a host ring
 // publisher the version is its registered tensors: sent from them (fenced by BeginWrite), the
 // ring itself unused — the socket already bounds what is in flight.
+//
+// A subscriber that asked for a delta (UpdateRequest::delta, docs/deltas.md) gets a delta_begin
+// first. When the store encoded the pinned version against exactly the subscriber's committed
+// step, and the subscriber selected whole tensors (the digest segments the deltas are cut by),
+// each segment then goes as its delta where there is one; otherwise delta_begin says "no delta"
+// and every byte goes as above.
 class SocketDelivery final : public StepDelivery {
  public:
   SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, VersionSource* source)
       : welcome_(welcome),
         select_(select),
+        source_(source),
         base_(source->arena_base()),
         parts_(select.ranges.size()),
         from_tensors_(source->VersionIsTensors()) {
@@ -36,17 +45,25 @@ class SocketDelivery final : public StepDelivery {
       parts_[i] = {const_cast<uint8_t*>(source->TensorBytes(range.tensor) + range.offset),
                    range.bytes};
     }
+    if (!from_tensors_) CutSelectionIntoSegments();
   }
   bool WholeVersion() const override { return true; }
-  Status Deliver(const Pin& pin, Channel& ch, const Deadline& deadline, bool* streaming) override {
+  Status Deliver(const Pin& pin, const wire::UpdateRequest& request, Channel& ch,
+                 const Deadline& deadline, bool* streaming) override {
     const wire::StepBegin& begin = pin.begin;
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
+    if (request.delta) {
+      const store::SlotDelta* delta = source_->DeltaOf(pin);
+      if (delta != nullptr && delta->base_step >= 0 && delta->base_step == request.after_step &&
+          !segments_.empty()) {
+        return DeliverDelta(begin, *delta, slot_base, ch, deadline, streaming);
+      }
+      WS_RETURN_IF_ERROR(
+          ch.Send(wire::FrameType::kDeltaBegin, wire::DeltaBegin{begin.step, -1, 0, {}}, deadline));
+    }
     for (size_t i = 0; !from_tensors_ && i < parts_.size(); ++i) {
       const wire::SelectRange& range = select_.ranges[i];
-      const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
-      uint64_t at = t.offset + range.offset +
-                    (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
-      parts_[i] = {const_cast<uint8_t*>(base_ + at), range.bytes};
+      parts_[i] = {const_cast<uint8_t*>(base_ + RangeAt(range, slot_base)), range.bytes};
     }
     *streaming = true;
     WS_RETURN_IF_ERROR(ch.WriteAll(parts_, deadline));
@@ -64,11 +81,86 @@ class SocketDelivery final : public StepDelivery {
   }
 
  private:
+  // One digest segment of a selected tensor: the unit a delta stands for.
+  struct Segment {
+    uint32_t digest = 0;
+    uint32_t range = 0;   // in select_.ranges
+    uint64_t offset = 0;  // within the range
+    uint64_t bytes = 0;
+  };
+
+  // Where range `range` of the version in the slot at `slot_base` lies from the arena's base.
+  uint64_t RangeAt(const wire::SelectRange& range, uint64_t slot_base) const {
+    const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
+    return t.offset + range.offset +
+           (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
+  }
+
+  // The selection's digest segments, in Select order, when every range is a whole tensor
+  // (store/version_store.h's CutSegments numbers them); else none, and no delta is ever sent.
+  void CutSelectionIntoSegments() {
+    std::vector<uint32_t> first_digest(welcome_.tensors.size() + 1, 0);
+    for (size_t i = 0; i < welcome_.tensors.size(); ++i) {
+      const uint64_t nbytes = welcome_.tensors[i].spec.nbytes;
+      first_digest[i + 1] =
+          first_digest[i] +
+          static_cast<uint32_t>((nbytes + welcome_.segment_bytes - 1) / welcome_.segment_bytes);
+    }
+    std::vector<Segment> segments;
+    for (uint32_t r = 0; r < select_.ranges.size(); ++r) {
+      const wire::SelectRange& range = select_.ranges[r];
+      if (range.offset != 0 || range.bytes != welcome_.tensors[range.tensor].spec.nbytes) return;
+      for (uint64_t off = 0, k = 0; off < range.bytes; off += welcome_.segment_bytes, ++k) {
+        segments.push_back({first_digest[range.tensor] + static_cast<uint32_t>(k), r, off,
+                            std::min(welcome_.segment_bytes, range.bytes - off)});
+      }
+    }
+    segments_ = std::move(segments);
+    delta_begin_.bytes.resize(segments_.size());
+    base_digests_.resize(segments_.size());
+    delta_parts_.resize(segments_.size());
+  }
+
+  // The step as deltas against the subscriber's committed step (delta.base_step): delta_begin
+  // with each segment's delta size (0: whole) and the base's digest, then segment by segment.
+  Status DeliverDelta(const wire::StepBegin& begin, const store::SlotDelta& delta,
+                      uint64_t slot_base, Channel& ch, const Deadline& deadline, bool* streaming) {
+    delta_begin_.step = begin.step;
+    delta_begin_.base_step = delta.base_step;
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& s = segments_[i];
+      const uint64_t bytes = delta.bytes[s.digest];
+      delta_begin_.bytes[i] = bytes;
+      base_digests_[i] = delta.base_digests[s.digest];
+      delta_parts_[i] =
+          bytes > 0 ? iovec{const_cast<uint8_t*>(delta.area + delta.at[s.digest]), bytes}
+                    : iovec{const_cast<uint8_t*>(
+                                base_ + RangeAt(select_.ranges[s.range], slot_base) + s.offset),
+                            s.bytes};
+    }
+    delta_begin_.base_digest = wire::DigestOfDigests(base_digests_);
+    // Tests: a publisher claiming a base it did not encode against, which subscribers refuse.
+    if (util::FailPoints::Check("publisher.delta_wrong_base").action == util::FailAction::kFlip) {
+      delta_begin_.base_digest ^= 1;
+    }
+    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kDeltaBegin, delta_begin_, deadline));
+    *streaming = true;
+    WS_RETURN_IF_ERROR(ch.WriteAll(delta_parts_, deadline));
+    *streaming = false;
+    return Status::Ok();
+  }
+
   const wire::Welcome& welcome_;
   const wire::Select& select_;
+  VersionSource* source_;
   const uint8_t* base_;
   std::vector<iovec> parts_;
   const bool from_tensors_;  // a host ring publisher: its registered tensors
+  // Deltas: the selection's segments (empty: not whole tensors) and per-step scratch, sized once.
+  std::vector<Segment> segments_;
+  wire::DeltaBegin delta_begin_;
+  std::vector<uint64_t> base_digests_;
+  std::vector<iovec> delta_parts_;
 };
 
 // A GPU store's bytes go over NCCL: the subscriber asks with NcclSetup right after Select, and
@@ -132,8 +224,8 @@ class NcclDelivery final : public StepDelivery {
     WS_ASSIGN_OR_RETURN(sender_, SetUpNccl(ch, config, welcome, store_fd, select, watch_));
     return Status::Ok();
   }
-  Status Deliver(const Pin& pin, Channel& /*ch*/, const Deadline& deadline,
-                 bool* /*streaming*/) override {
+  Status Deliver(const Pin& pin, const wire::UpdateRequest& /*request*/, Channel& /*ch*/,
+                 const Deadline& deadline, bool* /*streaming*/) override {
     // Unpinned only once NCCL has read the whole slot (or the communicator was aborted).
     return sender_->Send(pin.begin.slot, deadline, watch_);
   }

@@ -14,11 +14,23 @@ Status TcpReadPath::Prepare(const PathContext& ctx) {
   plan_ = ctx.plan;
   digest_kind_ = ctx.welcome->digest_kind;
   parts_.assign(plan_->tensors.size(), iovec{});
-  return landing_.Prepare(plan_, *ctx.destinations, ctx.mode, ctx.CopyThreads());
+  staged_ = ctx.mode == UpdateMode::kStaged;
+  shadow_committed_ = false;
+  fits_deltas_ = DeltaReceiver::Fits(*plan_, *ctx.welcome);
+  WS_RETURN_IF_ERROR(landing_.Prepare(plan_, *ctx.destinations, ctx.mode, ctx.CopyThreads()));
+  if (fits_deltas_) deltas_.Prepare(plan_, ctx.welcome, &landing_);
+  return Status::Ok();
 }
 
 Status TcpReadPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
                          const util::Deadline& deadline) {
+  shadow_committed_ = false;  // from the first byte read, the shadow holds neither version
+  if (deltas_.expected()) {
+    WS_FAIL_POINT_RETURN("tcp.before_data");
+    WS_RETURN_IF_ERROR(deltas_.Receive(link_->channel(), link_->peer(), begin.step, deadline));
+    landing_.MaybeInjectBitFlip();
+    return Status::Ok();
+  }
   for (size_t i = 0; i < plan_->tensors.size(); ++i) {
     const plan::PlannedTensor& t = plan_->tensors[i];
     parts_[i] = {landing_.ReceivedTensor(t), t.nbytes};
@@ -35,10 +47,15 @@ Status TcpReadPath::Verify(std::span<const uint64_t> digests, int64_t step,
   return landing_.Verify(digests, digest_kind_, step);
 }
 
-Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) { return landing_.Commit(); }
+Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) {
+  WS_RETURN_IF_ERROR(landing_.Commit());
+  shadow_committed_ = true;
+  return Status::Ok();
+}
 
 Status TcpReadPath::Release() {
-  Status s = landing_.Release();
+  Status s = deltas_.Release();
+  s.Update(landing_.Release());
   if (!s.ok()) WS_LOG(WARN, "tcp") << "release: " << s;
   return s;
 }

@@ -1,6 +1,8 @@
 // TcpReadPath: a publisher's host store on another host (or this one) into host destinations: the
 // publisher streams the selected tensors' bytes on the connection, and one scatter-gather read per
 // step puts them straight into staging or the destinations (host landing). No staging copy.
+// Asked for deltas (docs/deltas.md), a step's segments come as deltas where the publisher has them
+// and are applied onto the committed version where it lands (delta_receiver.h).
 #pragma once
 
 #include <sys/uio.h>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "transport/path/data_path.h"
+#include "transport/path/delta_receiver.h"
 #include "transport/path/host_landing.h"
 
 namespace weightsync::transport::path {
@@ -20,7 +23,16 @@ class TcpReadPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
-  uint64_t staging_bytes() const override { return landing_.staging_bytes(); }
+  bool AcceptsDeltas() const override { return fits_deltas_ && (!staged_ || shadow_committed_); }
+  void ExpectDeltas(int64_t base_step, std::span<const uint64_t> base_digests) override {
+    deltas_.Expect(base_step, base_digests);
+  }
+  DeltaReceipt delta_receipt() const override {
+    return deltas_.expected() ? deltas_.receipt() : DeltaReceipt{};
+  }
+  uint64_t staging_bytes() const override {
+    return landing_.staging_bytes() + deltas_.buffer_bytes();
+  }
   Status Release() override;
 
  private:
@@ -29,6 +41,12 @@ class TcpReadPath final : public DataPath {
   wire::DigestKind digest_kind_ = wire::DigestKind::kXxh3;
   HostLanding landing_;
   std::vector<iovec> parts_;  // one per planned tensor, refilled per step without allocating
+  DeltaReceiver deltas_;
+  bool fits_deltas_ = false;  // DeltaReceiver::Fits the plan
+  bool staged_ = false;
+  // Staged: the shadow holds the committed version (the last Commit's, no Copy since), which
+  // deltas apply to. In place the destinations hold it while the core says they are valid.
+  bool shadow_committed_ = false;
 };
 
 }  // namespace weightsync::transport::path

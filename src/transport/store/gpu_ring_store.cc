@@ -39,8 +39,8 @@ class GpuRingStore final : public VersionStore {
   }
 
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
-  Status Publish(uint32_t /*slot*/, std::span<uint64_t> digests, void* cuda_stream,
-                 const util::Deadline& deadline) override {
+  Status Publish(uint32_t /*slot*/, std::span<uint64_t> digests, const DeltaBase* /*base*/,
+                 void* cuda_stream, const util::Deadline& deadline) override {
     util::MutexLock lock(&mu_);
     if (!frozen_) return Status::FailedPrecondition("GPU ring store is closed");
     cuda::ScopedDevice restore;

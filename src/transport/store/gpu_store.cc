@@ -23,8 +23,8 @@ class GpuStore final : public VersionStore {
   }
 
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
-  Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
-                 const util::Deadline& deadline) override {
+  Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* /*base*/,
+                 void* cuda_stream, const util::Deadline& deadline) override {
     WS_RETURN_IF_ERROR(arena_->Publish(slot, digests.data(), cuda_stream, deadline));
     for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
     return Status::Ok();

@@ -46,8 +46,8 @@ class ZeroCopyGpuStore final : public VersionStore {
   }
 
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
-  Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
-                 const util::Deadline& deadline) override;
+  Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
+                 void* cuda_stream, const util::Deadline& deadline) override;
   int fd() const override { return -1; }  // the allocations travel as IPC handles or chunk fds
   Result<util::UniqueFd> ExportAllocationFd(uint32_t index) const override {
     if (index >= chunks_.size()) {
@@ -327,7 +327,8 @@ Status ZeroCopyGpuStore::Freeze(const StoreLayout& given, wire::Welcome* welcome
   return Status::Ok();
 }
 
-Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests, void* cuda_stream,
+Status ZeroCopyGpuStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
+                                 const DeltaBase* /*base*/, void* cuda_stream,
                                  const util::Deadline& deadline) {
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));

@@ -46,8 +46,8 @@ class HostRingStore final : public VersionStore {
   ~HostRingStore() override { (void)Close(); }  // the arena logs its own failures
 
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
-  Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
-                 const util::Deadline& deadline) override;
+  Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
+                 void* cuda_stream, const util::Deadline& deadline) override;
   uint32_t version_buckets() const override { return version_buckets_; }
   uint64_t fill_bytes() const override { return fill_bytes_; }
   Status FillBucket(uint32_t bucket, uint32_t slot) override;
@@ -189,7 +189,8 @@ Status HostRingStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   return Status::Ok();
 }
 
-Status HostRingStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests, void* /*cuda_stream*/,
+Status HostRingStore::Publish(uint32_t /*slot*/, std::span<uint64_t> digests,
+                              const DeltaBase* /*base*/, void* /*cuda_stream*/,
                               const util::Deadline& /*deadline*/) {
   util::MutexLock lock(&work_mu_);
   if (!workers_) return Status::FailedPrecondition("ring store is closed");

@@ -2,10 +2,13 @@
 // tcp sends from. A Publish copies every registered tensor into the slot and hashes each segment
 // (xxHash3) on a pool of worker threads (every hardware thread by default: the copy is bound by
 // memory bandwidth only once enough cores hash), one task per segment, copied and hashed in one
-// pass (util::CopyAndHash64).
+// pass (util::CopyAndHash64). With delta room (docs/deltas.md) the same task then encodes the
+// segment it just wrote against the previous version's slot, into this slot's delta area: the
+// segment is still in cache, and a tcp session sends the delta to subscribers holding that base.
 #include <cstring>
 #include <memory>
 
+#include "delta/segment_delta.h"
 #include "transport/store/host_arena.h"
 #include "transport/store/version_store.h"
 #include "util/fail_point.h"
@@ -27,20 +30,29 @@ class HostStore final : public VersionStore {
   Result<uint64_t> AllocateDirect(uint64_t bytes) override { return arena_->AllocateDirect(bytes); }
   uint8_t* direct_base() const override { return arena_->base(); }
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
-  Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
-                 const util::Deadline& deadline) override;
+  Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
+                 void* cuda_stream, const util::Deadline& deadline) override;
   int fd() const override { return arena_->fd(); }
   const uint8_t* base() const override { return arena_->base(); }
   uint32_t digest_count() const override { return digest_count_; }
   uint64_t copy_bytes() const override { return copy_bytes_; }
-  // The slots only: the direct region before them holds the Allocate()d tensors themselves.
+  // The slots and their delta areas: the direct region before them holds the Allocate()d
+  // tensors themselves.
   uint64_t held_bytes() const override {
-    return arena_ && arena_->frozen() ? uint64_t{slots_} * arena_->slot_bytes() : 0;
+    return arena_ && arena_->frozen()
+               ? uint64_t{slots_} * (arena_->slot_bytes() + delta_area_bytes_)
+               : 0;
+  }
+  const SlotDelta* delta(uint32_t slot) const override {
+    return slot < deltas_.size() ? &deltas_[slot] : nullptr;
   }
   std::string Describe() const override {
     return std::to_string(slots_) + " slots of " + std::to_string(arena_->slot_bytes()) +
            " bytes in host memory, " + std::to_string(tasks_.size()) + " segments, " +
-           std::to_string(workers_ ? workers_->size() : 0) + " threads";
+           std::to_string(workers_ ? workers_->size() : 0) + " threads" +
+           (delta_area_bytes_ > 0
+                ? ", delta areas of " + std::to_string(delta_area_bytes_) + " bytes"
+                : "");
   }
   Status Close() override {
     workers_.reset();
@@ -48,20 +60,28 @@ class HostStore final : public VersionStore {
   }
 
  private:
-  // One unit of Publish work: copy (registered tensors) then hash one segment.
+  // One unit of Publish work: copy (registered tensors) then hash one segment; then, with delta
+  // room and a base, encode it.
   struct Task {
     const uint8_t* src = nullptr;  // null: hash in place (a tensor living in the arena)
     uint64_t arena_offset = 0;     // slot tensors: from the slot start; others: from the base
     bool in_slot = false;
     uint64_t bytes = 0;
     uint32_t digest = 0;
+    // Delta room (registered tensors only: an Allocate()d one has no previous version kept).
+    uint64_t delta_at = 0;  // in the slot's delta area
+    uint64_t delta_room = 0;
+    uint32_t element_bytes = 1;
   };
   struct Job {
     HostStore* self;
     uint32_t slot;
     uint64_t* digests;
+    const DeltaBase* base;
   };
   static void RunTask(void* context, uint32_t index);
+  void EncodeTask(const Task& t, const Job& job, const uint8_t* written);
+  void SummarizeDelta(uint32_t slot, const DeltaBase* base);
 
   std::unique_ptr<HostArena> arena_;
   std::vector<Task> tasks_;
@@ -70,6 +90,12 @@ class HostStore final : public VersionStore {
   uint32_t digest_count_ = 0;
   uint64_t copy_bytes_ = 0;
   uint32_t slots_ = 0;
+  // Delta room: an area per slot (lazily committed pages), the slots' deltas, and the bytes of
+  // changed elements per digest of the Publish running (summed after it).
+  uint64_t delta_area_bytes_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> delta_areas_;
+  std::vector<SlotDelta> deltas_;
+  std::vector<uint64_t> changed_bytes_;
 };
 
 void HostStore::RunTask(void* context, uint32_t index) {
@@ -83,6 +109,48 @@ void HostStore::RunTask(void* context, uint32_t index) {
     dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
   }
   job->digests[t.digest] = digest;
+  if (job->base != nullptr && t.delta_room > 0) job->self->EncodeTask(t, *job, dst);
+}
+
+void HostStore::EncodeTask(const Task& t, const Job& job, const uint8_t* written) {
+  // One encoder per worker thread: its index scratch grows at the first Publishes, then a step
+  // allocates nothing.
+  thread_local delta::SegmentEncoder encoder;
+  const uint8_t* before = arena_->slot(job.base->slot) + t.arena_offset;
+  SlotDelta& d = deltas_[job.slot];
+  const auto encoded = encoder.Encode({before, t.bytes}, {written, t.bytes}, t.element_bytes,
+                                      {delta_areas_[job.slot].get() + t.delta_at, t.delta_room});
+  d.bytes[t.digest] = encoded ? encoded->bytes : 0;
+  changed_bytes_[t.digest] = encoded ? encoded->changed_elements * t.element_bytes : 0;
+}
+
+// After the tasks: what the slot's delta holds, for the sessions and PublishStats.
+void HostStore::SummarizeDelta(uint32_t slot, const DeltaBase* base) {
+  if (deltas_.empty()) return;
+  SlotDelta& d = deltas_[slot];
+  d.base_step = base != nullptr ? base->step : -1;
+  d.delta_segments = d.whole_segments = 0;
+  d.delta_bytes = d.changed_bytes = 0;
+  if (base == nullptr) {
+    std::fill(d.bytes.begin(), d.bytes.end(), 0);
+    return;
+  }
+  std::copy(base->digests.begin(), base->digests.end(), d.base_digests.begin());
+  for (const Task& t : tasks_) {
+    if (t.delta_room == 0) {
+      d.bytes[t.digest] = 0;  // an Allocate()d tensor's segment: always whole
+      ++d.whole_segments;
+      continue;
+    }
+    d.delta_bytes += d.bytes[t.digest];
+    d.changed_bytes += changed_bytes_[t.digest];
+    ++(d.bytes[t.digest] > 0 ? d.delta_segments : d.whole_segments);
+  }
+  // A tied tensor's segments are its original's, delta and all.
+  for (auto [tied, original] : digest_copies_) {
+    d.bytes[tied] = d.bytes[original];
+    d.at[tied] = d.at[original];
+  }
 }
 
 Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
@@ -91,6 +159,7 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   SegmentLayout segments = CutSegments(layout);
   std::vector<Task> tasks;
   uint64_t copy_bytes = 0;
+  uint64_t delta_area_bytes = 0;
   tasks.reserve(segments.segments.size());
   for (const Segment& s : segments.segments) {
     const PublishedTensor& t = layout.tensors[s.tensor];
@@ -101,6 +170,15 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
     task.src = t.source != nullptr ? t.source + s.offset : nullptr;
     task.digest = s.digest;
     if (task.src != nullptr) copy_bytes += task.bytes;
+    task.element_bytes = delta::ElementBytes(t.placement.spec.dtype);
+    if (task.in_slot && task.src != nullptr && layout.delta_room != DeltaRoom::kNone &&
+        task.bytes % task.element_bytes == 0) {
+      task.delta_at = delta_area_bytes;
+      task.delta_room = layout.delta_room == DeltaRoom::kQuarter
+                            ? task.bytes / 4
+                            : delta::MaxDeltaBytes(task.bytes, task.element_bytes);
+      delta_area_bytes += (task.delta_room + 63) / 64 * 64;
+    }
     tasks.push_back(task);
   }
   // Sealing twice is a no-op for the same layout (a Publish that failed later is retried).
@@ -124,14 +202,34 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   digest_count_ = segments.digest_count;
   copy_bytes_ = copy_bytes;
   slots_ = layout.slots;
+  delta_area_bytes_ = delta_area_bytes;
+  delta_areas_.clear();
+  deltas_.clear();
+  if (delta_area_bytes > 0) {
+    // Uninitialized: the pages a delta never reaches are never committed.
+    for (uint32_t k = 0; k < layout.slots; ++k) {
+      delta_areas_.emplace_back(new uint8_t[delta_area_bytes]);
+      SlotDelta d;
+      d.base_digests.assign(digest_count_, 0);
+      d.bytes.assign(digest_count_, 0);
+      d.at.assign(digest_count_, 0);
+      for (const Task& t : tasks_) d.at[t.digest] = t.delta_at;
+      d.area = delta_areas_.back().get();
+      deltas_.push_back(std::move(d));
+    }
+    changed_bytes_.assign(digest_count_, 0);
+  }
   return Status::Ok();
 }
 
-Status HostStore::Publish(uint32_t slot, std::span<uint64_t> digests, void* /*cuda_stream*/,
-                          const util::Deadline& /*deadline*/) {
-  Job job{this, slot, digests.data()};
+Status HostStore::Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
+                          void* /*cuda_stream*/, const util::Deadline& /*deadline*/) {
+  // A base in the slot being written is no base (a store of one slot).
+  if (deltas_.empty() || (base != nullptr && base->slot == slot)) base = nullptr;
+  Job job{this, slot, digests.data(), base};
   workers_->Run(static_cast<uint32_t>(tasks_.size()), &HostStore::RunTask, &job);
   for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
+  SummarizeDelta(slot, base);
   return Status::Ok();
 }
 

@@ -126,6 +126,12 @@ int64_t VersionSlots::latest_step() const {
   return latest_step_;
 }
 
+std::pair<int, int64_t> VersionSlots::latest() const {
+  util::MutexLock lock(&mu_);
+  if (latest_ < 0 || versions_[latest_].step != latest_step_) return {-1, -1};
+  return {latest_, latest_step_};
+}
+
 Result<Pin> VersionSlots::Acquire(const wire::UpdateRequest& request,
                                   const util::Deadline& deadline,
                                   const std::function<bool()>& give_up, bool whole) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transport/store/bucket_ring.h"
@@ -69,6 +70,11 @@ class VersionSlots {
   // longer. Ends at the next Published.
   void BeginWrite(WaitCost* cost);
   int64_t latest_step() const;
+  // The latest version's slot and step ({-1, -1} before the first): what the next version is
+  // diffed against while it is written into another slot. Its digests (published_digests) stay
+  // until the trainer takes that slot for writing again.
+  std::pair<int, int64_t> latest() const;
+  std::span<const uint64_t> published_digests(uint32_t slot) const { return digests_[slot]; }
 
   // ---- the sessions' side (transport/link/version_source.h)
   // Waits until a version satisfies `request` and pins it; a StepBegin whose step equals

@@ -27,6 +27,36 @@
 
 namespace weightsync::transport::store {
 
+// Delta updates (docs/deltas.md): the room each slot keeps for the deltas of its version against
+// the version published before it.
+enum class DeltaRoom : uint8_t {
+  kNone,     // no deltas
+  kQuarter,  // a segment's delta up to a quarter of the segment; a larger one goes whole
+  kWhole,    // every segment as a delta whatever its size (the segment and its directory)
+};
+
+// The version a Publish diffs against: the latest one, whole in its slot while Publish runs.
+struct DeltaBase {
+  uint32_t slot = 0;
+  int64_t step = -1;
+  std::span<const uint64_t> digests;  // its digests, digest_count of them
+};
+
+// The delta of the version in one slot against the version before it: written by Publish while
+// the slot is taken for writing, read by tcp sessions while it is pinned (so never both). Sized
+// at Freeze: a Publish allocates nothing.
+struct SlotDelta {
+  int64_t base_step = -1;              // -1: no delta (the first version, or a base not kept)
+  std::vector<uint64_t> base_digests;  // the base's digests, every one
+  std::vector<uint64_t> bytes;         // per digest: its delta's bytes; 0: the segment goes whole
+  std::vector<uint64_t> at;            // per digest: where its delta lies in `area`
+  const uint8_t* area = nullptr;
+  // What encoding it measured (PublishStats): segments encoded and left whole, delta bytes, and
+  // the bytes of the elements that changed in the encoded ones.
+  uint32_t delta_segments = 0, whole_segments = 0;
+  uint64_t delta_bytes = 0, changed_bytes = 0;
+};
+
 // One published tensor as the store writes it.
 struct PublishedTensor {
   wire::TensorPlacement placement;  // name, dtype, shape; region and offset in the store
@@ -49,6 +79,8 @@ struct StoreLayout {
   // GPU ring: how long a fill may take (the publisher's timeout); past it the GPU is taken to be
   // wedged and the readers waiting on the fill are failed.
   std::chrono::milliseconds fill_wait{60000};
+  // Delta room per slot (host arena stores; the others keep none).
+  DeltaRoom delta_room = DeltaRoom::kNone;
   // Whether subscribers may map the store (a local:// publisher). Over tcp the session sends a
   // ring or zero-copy publisher's version straight from the registered tensors (socket writes for
   // host tensors, NCCL for CUDA ones), so the rings allocate no buckets there (the Welcome still
@@ -101,9 +133,13 @@ class VersionStore {
   // be called again.
   virtual Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) = 0;
   // Writes version `slot`: every registered tensor copied in, `digests` (digest_count of them)
-  // computed. `cuda_stream` (GPU store): the copies start after the work queued on it.
-  virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, void* cuda_stream,
-                         const util::Deadline& deadline) = 0;
+  // computed; with delta room and a `base` (another slot, the latest version), each registered
+  // tensor's segments encoded against it too (delta(slot)). `cuda_stream` (GPU store): the copies
+  // start after the work queued on it.
+  virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
+                         void* cuda_stream, const util::Deadline& deadline) = 0;
+  // The delta of version `slot` against the one before it; null for a store without delta room.
+  virtual const SlotDelta* delta(uint32_t /*slot*/) const { return nullptr; }
   virtual int fd() const = 0;  // what subscribers on this host map
   // Zero-copy store of cuMem memory: a fresh fd for chunk `index` of the Welcome's kPosixFdChunks
   // allocations (counted in Welcome order), for one subscriber; sent and closed before the next

@@ -198,7 +198,7 @@ TEST_F(HostileClient, CorruptChecksumAndBadPayloads) {
     req.push_back(0x42);
     SendRaw(fd.get(), Frame(3, req));
     std::string answer = Answer(std::move(fd));
-    EXPECT_NE(answer.find("frame header (update_request): payload length 25 exceeds limit 24"),
+    EXPECT_NE(answer.find("frame header (update_request): payload length 26 exceeds limit 25"),
               std::string::npos)
         << answer;
   }

@@ -98,7 +98,7 @@ TEST_F(HostRingStoreTest, ATiedTensorIsFilledOnceAndServedUnderBothNames) {
   }
   // One digest per segment of each name: the tied name's digests are its original's.
   std::vector<uint64_t> digests(store_->digest_count());
-  ASSERT_OK(store_->Publish(0, digests, nullptr, util::Deadline(std::chrono::seconds(5))));
+  ASSERT_OK(store_->Publish(0, digests, nullptr, nullptr, util::Deadline(std::chrono::seconds(5))));
   const uint64_t a_segments = (a_.size() + 1023) / 1024, b_segments = (b_.size() + 1023) / 1024;
   ASSERT_EQ(digests.size(), 2 * a_segments + b_segments);
   for (uint64_t k = 0; k < a_segments; ++k) {
@@ -122,7 +122,8 @@ TEST_F(HostRingStoreTest, WithoutLocalReadersNoBucketIsAllocated) {
   wire::Welcome mapped;
   ASSERT_OK(store_->Freeze(layout_, &mapped));
   std::vector<uint64_t> want(store_->digest_count());
-  ASSERT_OK(store_->Publish(0, want, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
+  ASSERT_OK(
+      store_->Publish(0, want, nullptr, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
   ASSERT_OK_AND_ASSIGN(auto tcp, NewHostRingStore(testing::UniqueEndpoint("ring-store-tcp")));
   layout_.local_readers = false;
   wire::Welcome welcome;
@@ -137,7 +138,8 @@ TEST_F(HostRingStoreTest, WithoutLocalReadersNoBucketIsAllocated) {
   EXPECT_EQ(welcome.arena_bytes, 2 * kBucket) << "the geometry, nothing behind it";
   EXPECT_OK(plan::ValidateLayout(welcome));
   std::vector<uint64_t> got(tcp->digest_count());
-  ASSERT_OK(tcp->Publish(0, got, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
+  ASSERT_OK(
+      tcp->Publish(0, got, nullptr, nullptr, util::Deadline(std::chrono::milliseconds(5000))));
   EXPECT_EQ(got, want);
   EXPECT_STATUS_IS(kFailedPrecondition, tcp->FillBucket(0, 0), "serves tcp",
                    "holds no buckets to fill");

@@ -57,9 +57,9 @@ TEST(HostArenaView, EachSlotIsAUnitAndTheDirectRegionIsSharedByAll) {
   wire::Welcome welcome;
   ASSERT_OK(store->Freeze(layout, &welcome));
   std::vector<uint64_t> digests(store->digest_count());
-  ASSERT_OK(store->Publish(0, digests, nullptr, util::Deadline(std::chrono::seconds(5))));
+  ASSERT_OK(store->Publish(0, digests, nullptr, nullptr, util::Deadline(std::chrono::seconds(5))));
   a[0] = 99;  // slot 1 holds the later version
-  ASSERT_OK(store->Publish(1, digests, nullptr, util::Deadline(std::chrono::seconds(5))));
+  ASSERT_OK(store->Publish(1, digests, nullptr, nullptr, util::Deadline(std::chrono::seconds(5))));
   ASSERT_OK_AND_ASSIGN(auto view, Map(*store, welcome));
   EXPECT_EQ(view->units(), 2u);
   EXPECT_FALSE(view->streamed());

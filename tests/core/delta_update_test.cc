@@ -1,0 +1,427 @@
+// Delta updates end to end (docs/deltas.md): a host publisher and subscribers in one process over
+// real tcp loopback. The trainer changes a chosen fraction of its elements per step; every update
+// must leave the destinations byte for byte equal to the trainer's tensors, whether the step came
+// as deltas or whole, and must come whole whenever the subscriber does not hold exactly the base.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+
+namespace weightsync {
+namespace {
+
+using util::FailAction;
+using util::FailPoints;
+
+// A trainer's tensors: bf16, float32 and uint8 ones, one whose size is not a whole number of
+// segments, and an empty one. Step() changes `fraction` of every tensor's elements.
+class SparseTrainer {
+ public:
+  SparseTrainer() {
+    Add("layers.0.w", DType::kBFloat16, {96, 128});
+    Add("layers.0.b", DType::kFloat32, {1000});
+    Add("layers.1.w", DType::kBFloat16, {40, 333});
+    Add("embed.idx", DType::kUInt8, {5000});
+    Add("empty", DType::kFloat32, {0});
+    for (auto& bytes : storage_) {
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng_());
+    }
+  }
+  std::vector<NamedTensor> Tensors() {
+    std::vector<NamedTensor> out;
+    for (size_t i = 0; i < names_.size(); ++i) {
+      out.push_back({names_[i], TensorView{storage_[i].data(), dtypes_[i], shapes_[i]}});
+    }
+    return out;
+  }
+  // Changes each element with probability `fraction` (1: every one).
+  void Step(double fraction) {
+    std::bernoulli_distribution change(fraction);
+    for (size_t i = 0; i < storage_.size(); ++i) {
+      const uint32_t e = static_cast<uint32_t>(Info(dtypes_[i]).bits / 8);
+      for (size_t at = 0; at + e <= storage_[i].size(); at += e) {
+        if (!change(rng_)) continue;
+        storage_[i][at] ^= static_cast<uint8_t>(1 + rng_() % 255);  // always a different element
+      }
+    }
+  }
+  uint64_t total_bytes() const {
+    uint64_t t = 0;
+    for (const auto& s : storage_) t += s.size();
+    return t;
+  }
+  // Fresh poisoned destinations of the same manifest.
+  std::vector<std::vector<uint8_t>> Poisoned() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& s : storage_) out.emplace_back(s.size(), 0xFF);
+    return out;
+  }
+  std::vector<NamedTensor> Views(std::vector<std::vector<uint8_t>>& storage) const {
+    std::vector<NamedTensor> out;
+    for (size_t i = 0; i < names_.size(); ++i) {
+      out.push_back({names_[i], TensorView{storage[i].data(), dtypes_[i], shapes_[i]}});
+    }
+    return out;
+  }
+  // The first tensor again under another name (tied weights: one memory, two names).
+  NamedTensor Tied() {
+    return {"lm_head.weight", TensorView{storage_[0].data(), dtypes_[0], shapes_[0]}};
+  }
+  const std::vector<uint8_t>& First() const { return storage_[0]; }
+  bool HeldBy(const std::vector<std::vector<uint8_t>>& dst) const { return dst == storage_; }
+  std::vector<std::vector<uint8_t>> Snapshot() const { return storage_; }
+
+ private:
+  void Add(std::string name, DType dtype, std::vector<int64_t> shape) {
+    uint64_t n = Info(dtype).bits / 8;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    names_.push_back(std::move(name));
+    dtypes_.push_back(dtype);
+    shapes_.push_back(std::move(shape));
+    storage_.emplace_back(n);
+  }
+  std::mt19937_64 rng_{41};
+  std::vector<std::string> names_;
+  std::vector<DType> dtypes_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<std::vector<uint8_t>> storage_;
+};
+
+class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
+ protected:
+  void SetUp() override { FailPoints::DisarmAll(); }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  void StartPublisher(DeltaMode delta = DeltaMode::kAuto, int slots = 2,
+                      const std::string& lineage = "", int64_t resume_from = -1,
+                      bool tied = false) {
+    PublisherOptions o;
+    o.lineage = lineage;
+    o.resume_from_step = resume_from;
+    o.endpoint = endpoint_.empty() ? std::string("tcp://127.0.0.1:0") : endpoint_;
+    o.slots = slots;
+    o.segment_bytes = 4096;  // many segments even for a small model
+    o.timeout = std::chrono::milliseconds(5000);
+    o.delta = delta;
+    ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
+    std::vector<NamedTensor> tensors = trainer_.Tensors();
+    if (tied) tensors.push_back(trainer_.Tied());
+    ASSERT_OK(publisher_->Register(tensors));
+    endpoint_ = publisher_->endpoint();
+  }
+  PublishStats Publish(int64_t step, double fraction) {
+    if (step > 1) trainer_.Step(fraction);
+    auto r = publisher_->Publish(step);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : PublishStats{};
+  }
+  std::unique_ptr<Subscriber> Connect(std::vector<std::vector<uint8_t>>& storage, bool delta = true,
+                                      bool verify = false,
+                                      LineagePolicy lineage_policy = LineagePolicy::kFollow,
+                                      const std::vector<NamedTensor>& more = {}) {
+    SubscriberOptions o;
+    o.lineage_policy = lineage_policy;
+    o.endpoint = endpoint_;
+    o.mode = GetParam();
+    o.verify = verify;
+    o.delta = delta;
+    o.timeout = std::chrono::milliseconds(5000);
+    std::vector<NamedTensor> views = trainer_.Views(storage);
+    views.insert(views.end(), more.begin(), more.end());
+    return testing::NewSubscriber(o, views);
+  }
+
+  SparseTrainer trainer_;
+  std::string endpoint_;
+  std::unique_ptr<Publisher> publisher_;
+  std::vector<std::vector<uint8_t>> dst_ = trainer_.Poisoned();
+};
+
+TEST_P(DeltaUpdate, EveryStepLandsExactlyWhateverFractionChanged) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_);
+  auto first = sub->Update();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->delta_base_step, -1);  // nothing to diff against yet
+  EXPECT_EQ(first->received_bytes, first->bytes);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+  const double fractions[] = {0.01, 0, 0.02, 0.3, 1.0, 0.001, 0.05};
+  int64_t step = 1;
+  for (int round = 0; round < 3; ++round) {
+    for (double fraction : fractions) {
+      SCOPED_TRACE("step " + std::to_string(step + 1) + ", fraction " + std::to_string(fraction));
+      const PublishStats published = Publish(++step, fraction);
+      EXPECT_EQ(published.delta_base_step, step - 1);
+      auto stats = sub->Update();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ASSERT_EQ(stats->step, step);
+      ASSERT_TRUE(trainer_.HeldBy(dst_));
+      EXPECT_EQ(stats->delta_base_step, step - 1);
+      EXPECT_EQ(stats->bytes, trainer_.total_bytes());
+      if (fraction <= 0.02) {
+        // Sparse: most segments as deltas, far fewer bytes than the model.
+        EXPECT_GT(stats->delta_segments, 0u);
+        EXPECT_LT(stats->received_bytes, stats->bytes / 4);
+        EXPECT_EQ(stats->delta_segments, published.delta_segments);
+      }
+      if (fraction >= 0.3) {
+        // Dense: a quarter of a segment cannot hold its delta, so it comes whole.
+        EXPECT_EQ(stats->delta_segments, 0u);
+        EXPECT_EQ(stats->received_bytes, stats->bytes);
+      }
+    }
+  }
+}
+
+// The publisher diffs each version against the one before it: a subscriber that missed a step
+// holds neither, so it gets the step whole, and deltas again from then on.
+TEST_P(DeltaUpdate, AMissedStepComesWholeThenDeltasResume) {
+  StartPublisher(DeltaMode::kAuto, /*slots=*/3);
+  Publish(1, 0);
+  auto sub = Connect(dst_);
+  ASSERT_OK(sub->Update().status());
+  Publish(2, 0.01);
+  Publish(3, 0.01);
+  auto missed = sub->Update();
+  ASSERT_TRUE(missed.ok()) << missed.status();
+  EXPECT_EQ(missed->step, 3);
+  EXPECT_EQ(missed->delta_base_step, -1);
+  EXPECT_EQ(missed->received_bytes, missed->bytes);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+  Publish(4, 0.01);
+  auto next = sub->Update();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->delta_base_step, 3);
+  EXPECT_LT(next->received_bytes, next->bytes / 4);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+}
+
+// A subscriber that joins late holds nothing: whole first, then deltas, beside one that had
+// every step.
+TEST_P(DeltaUpdate, ALateJoinerComesWholeBesideOneThatTakesDeltas) {
+  StartPublisher();
+  Publish(1, 0);
+  auto early = Connect(dst_);
+  ASSERT_OK(early->Update().status());
+  for (int64_t step = 2; step <= 5; ++step) {
+    Publish(step, 0.01);
+    ASSERT_OK(early->Update().status());
+  }
+  std::vector<std::vector<uint8_t>> late_dst = trainer_.Poisoned();
+  auto late = Connect(late_dst);
+  auto joined = late->Update();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->step, 5);
+  EXPECT_EQ(joined->delta_base_step, -1);
+  ASSERT_TRUE(trainer_.HeldBy(late_dst));
+  Publish(6, 0.01);
+  for (Subscriber* sub : {early.get(), late.get()}) {
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->delta_base_step, 5);
+  }
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
+  EXPECT_TRUE(trainer_.HeldBy(late_dst));
+}
+
+// A restarted trainer numbers its steps again from a checkpoint: its step 2 is not the step 2 the
+// subscriber holds, and its delta of step 3 is against its own step 2. The subscriber must not
+// ask for (or apply) a delta across the restart — even under the strict lineage policy, where the
+// committed step number still orders the restarted session's steps.
+TEST_P(DeltaUpdate, NoDeltaAcrossAPublisherRestart) {
+  for (LineagePolicy policy : {LineagePolicy::kFollow, LineagePolicy::kStrict}) {
+    SCOPED_TRACE(policy == LineagePolicy::kStrict ? "strict" : "follow");
+    publisher_.reset();
+    endpoint_.clear();
+    dst_ = trainer_.Poisoned();
+    StartPublisher(DeltaMode::kAuto, 2, "rl-run");
+    Publish(1, 0);
+    auto sub = Connect(dst_, /*delta=*/true, /*verify=*/false, policy);
+    ASSERT_OK(sub->Update().status());
+    Publish(2, 0.01);
+    ASSERT_OK(sub->Update().status());
+    // The trainer dies and resumes from its step-1 checkpoint with other bytes (another run of
+    // the same seed would differ the same way).
+    publisher_.reset();
+    trainer_.Step(0.01);
+    StartPublisher(DeltaMode::kAuto, 2, "rl-run", /*resume_from=*/1);
+    Publish(2, 0);  // what the new session calls step 2
+    Publish(3, 0.01);
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->step, 3);
+    EXPECT_TRUE(stats->lineage_changed);
+    EXPECT_EQ(stats->delta_base_step, -1);
+    ASSERT_TRUE(trainer_.HeldBy(dst_));
+  }
+}
+
+// After sleep() the handle is prepared again: staged, its new shadow holds nothing, so the step
+// comes whole; in place the weights still hold the committed version, so deltas go on.
+TEST_P(DeltaUpdate, AfterSleepInPlaceTakesDeltasAndStagedComesWhole) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_);
+  ASSERT_OK(sub->Update().status());
+  ASSERT_OK(sub->Sleep());
+  Publish(2, 0.01);
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(stats->handle_created);
+  EXPECT_EQ(stats->delta_base_step, GetParam() == UpdateMode::kInPlace ? 1 : -1);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+  Publish(3, 0.01);
+  stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->delta_base_step, 2);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+}
+
+// A publisher that claims a base it did not encode against: refused before any byte lands (staged:
+// the old weights stay), and the next update comes whole, even with the publisher still lying.
+TEST_P(DeltaUpdate, AWrongBaseIsRefusedAndTheNextUpdateComesWhole) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_);
+  ASSERT_OK(sub->Update().status());
+  const auto held = dst_;
+  Publish(2, 0.01);
+  FailPoints::Arm("publisher.delta_wrong_base", FailAction::kFlip);
+  auto refused = sub->Update();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status();
+  EXPECT_NE(refused.status().message().find("not applied"), std::string::npos) << refused.status();
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (GetParam() == UpdateMode::kStaged) {
+    EXPECT_EQ(dst_, held);
+    EXPECT_TRUE(sub->weights_valid());
+  }
+  auto whole = sub->Update();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->step, 2);
+  EXPECT_EQ(whole->delta_base_step, -1);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+}
+
+// Verification checks what the deltas rebuilt, not what came on the wire.
+TEST_P(DeltaUpdate, VerificationCatchesAFlippedBitInWhatTheDeltasRebuilt) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/true);
+  ASSERT_OK(sub->Update().status());
+  Publish(2, 0.01);
+  FailPoints::Arm("subscriber.flip_received", FailAction::kFlip, 0, 1);
+  auto flipped = sub->Update();
+  ASSERT_FALSE(flipped.ok());
+  EXPECT_EQ(flipped.status().code(), StatusCode::kCorruption) << flipped.status();
+  auto again = sub->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->verified);
+  ASSERT_TRUE(trainer_.HeldBy(dst_));
+  Publish(3, 0.01);
+  auto verified = sub->Update();
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_TRUE(verified->verified);
+  EXPECT_EQ(verified->delta_base_step, 2);
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
+}
+
+// In place, a failed update leaves the destinations holding neither version: no delta applies to
+// them. Here they hold step 3 (the copy landed, the commit failed) and the subscriber then asks
+// for step 2, whose delta is against step 1, the committed one — applied to step 3's bytes it
+// would leave the elements step 3 changed wrong.
+TEST_P(DeltaUpdate, NoDeltaOntoWeightsAFailedUpdateLeftInvalid) {
+  if (GetParam() != UpdateMode::kInPlace) GTEST_SKIP() << "staged keeps the weights intact";
+  StartPublisher(DeltaMode::kAuto, /*slots=*/3);
+  Publish(1, 0);
+  auto sub = Connect(dst_);
+  ASSERT_OK(sub->Update().status());
+  Publish(2, 0.05);
+  const auto step2 = trainer_.Snapshot();
+  Publish(3, 0.05);
+  FailPoints::Arm("subscriber.before_commit", FailAction::kError, 0, 1);
+  ASSERT_FALSE(sub->Update().ok());
+  EXPECT_FALSE(sub->weights_valid());
+  UpdateOptions two;
+  two.step = 2;
+  auto stats = sub->Update(two);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->delta_base_step, -1);
+  EXPECT_EQ(dst_, step2);
+}
+
+TEST_P(DeltaUpdate, EitherSideCanTurnDeltasOff) {
+  for (bool subscriber_side : {true, false}) {
+    SCOPED_TRACE(subscriber_side ? "SubscriberOptions::delta false" : "DeltaMode::kOff");
+    publisher_.reset();
+    endpoint_.clear();
+    StartPublisher(subscriber_side ? DeltaMode::kAuto : DeltaMode::kOff);
+    dst_ = trainer_.Poisoned();
+    Publish(1, 0);
+    auto sub = Connect(dst_, /*delta=*/!subscriber_side);
+    ASSERT_OK(sub->Update().status());
+    const PublishStats published = Publish(2, 0.01);
+    EXPECT_EQ(published.delta_base_step, subscriber_side ? 1 : -1);
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->delta_base_step, -1);
+    EXPECT_EQ(stats->delta_segments, 0u);
+    EXPECT_EQ(stats->received_bytes, stats->bytes);
+    EXPECT_TRUE(trainer_.HeldBy(dst_));
+  }
+}
+
+// kAlways encodes every segment, dense ones too (their deltas larger than the segment): they
+// still land exactly.
+TEST_P(DeltaUpdate, EverySegmentAsADeltaEvenWhenLargerThanTheSegment) {
+  StartPublisher(DeltaMode::kAlways);
+  Publish(1, 0);
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/true);
+  ASSERT_OK(sub->Update().status());
+  for (int64_t step = 2; step <= 4; ++step) {
+    const PublishStats published = Publish(step, step == 3 ? 1.0 : 0.5);
+    EXPECT_EQ(published.whole_segments, 0u);
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->delta_segments, published.delta_segments);
+    // Every element changed: every chunk whole, plus its directory byte.
+    if (step == 3) EXPECT_GT(stats->received_bytes, stats->bytes);
+    ASSERT_TRUE(trainer_.HeldBy(dst_));
+  }
+}
+
+// A publisher's tied tensor is its original's segments: a subscriber that keeps the two names in
+// separate memory gets the original's deltas for both, and verification agrees.
+TEST_P(DeltaUpdate, ATiedTensorTakesItsOriginalsDeltas) {
+  StartPublisher(DeltaMode::kAuto, 2, "", -1, /*tied=*/true);
+  Publish(1, 0);
+  std::vector<uint8_t> head(trainer_.First().size(), 0xFF);
+  const NamedTensor tied = trainer_.Tied();
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/true, LineagePolicy::kFollow,
+                     {{tied.name, TensorView{head.data(), tied.view.dtype, tied.view.shape}}});
+  ASSERT_OK(sub->Update().status());
+  for (int64_t step = 2; step <= 4; ++step) {
+    Publish(step, 0.01);
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_TRUE(stats->verified);
+    EXPECT_EQ(stats->delta_base_step, step - 1);
+    EXPECT_LT(stats->received_bytes, stats->bytes / 4);
+    ASSERT_TRUE(trainer_.HeldBy(dst_));
+    ASSERT_EQ(head, trainer_.First());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DeltaUpdate,
+                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
+                         [](const ::testing::TestParamInfo<UpdateMode>& info) {
+                           return std::string(info.param == UpdateMode::kStaged ? "Staged"
+                                                                                : "InPlace");
+                         });
+
+}  // namespace
+}  // namespace weightsync
