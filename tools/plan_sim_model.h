@@ -27,7 +27,8 @@ struct ClusterOptions {
   // the sending GPU, so the wire carries 1 byte per element; block scales are not counted).
   bool fp8 = false;
   // ≥ 0: every step sends deltas (src/delta/segment_delta.h) of this fraction of changed elements,
-  // spread uniformly: each element costs delta::ExpectedDeltaBytesPerElement on the wire.
+  // spread uniformly: each element costs delta::ExpectedDeltaBytesPerElement on the wire, or its
+  // whole size where that is more than the publisher's kAuto room (delta::kAutoRoomDivisor).
   // < 0: whole tensors. Deltas of tensors converted in flight (fp8) are not built: refused.
   double changed_fraction = -1;
 };

@@ -46,6 +46,11 @@ inline uint32_t ElementBytes(DType dtype) {
 inline uint64_t ChunkCount(uint64_t elements) {
   return (elements + kChunkElements - 1) / kChunkElements;
 }
+// PublisherOptions::delta kAuto: a segment goes as its delta only when the delta is at most this
+// fraction of it (1 / kAutoRoomDivisor); else whole. The host store sizes its delta room by it
+// and `weightsync plan-sim` prices by it, so the two agree.
+inline constexpr uint64_t kAutoRoomDivisor = 4;
+
 // The largest delta of a segment of `segment_bytes`: every chunk whole, plus its directory.
 inline uint64_t MaxDeltaBytes(uint64_t segment_bytes, uint32_t element_bytes) {
   return segment_bytes + ChunkCount(segment_bytes / element_bytes);

@@ -185,6 +185,13 @@ TEST(PlanSimModel, DeltasScaleEveryLinkByTheDeltaSizeModel) {
   }
   EXPECT_NEAR(sparse->predicted_seconds, whole->predicted_seconds * ratio,
               1e-3 * whole->predicted_seconds);
+  // 40% changed: the delta would be 46% of the bytes, more than the publisher's kAuto room (a
+  // quarter), so every segment goes whole.
+  ASSERT_GT(delta::ExpectedDeltaBytesPerElement(0.4, 2) * delta::kAutoRoomDivisor, 2.0);
+  o.changed_fraction = 0.4;
+  Result<SimReport> dense = SimulateCluster(layout, o);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->received, whole->received);
   o.changed_fraction = 1;  // every element changed: whole, no more
   Result<SimReport> all = SimulateCluster(layout, o);
   ASSERT_TRUE(all.ok()) << all.status();

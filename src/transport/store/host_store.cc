@@ -175,7 +175,7 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
         task.bytes % task.element_bytes == 0) {
       task.delta_at = delta_area_bytes;
       task.delta_room = layout.delta_room == DeltaRoom::kQuarter
-                            ? task.bytes / 4
+                            ? task.bytes / delta::kAutoRoomDivisor
                             : delta::MaxDeltaBytes(task.bytes, task.element_bytes);
       delta_area_bytes += (task.delta_room + 63) / 64 * 64;
     }
