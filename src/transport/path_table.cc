@@ -74,7 +74,8 @@ constexpr PathEntry kPaths[] = {
      &Make<path::GpuCopyPath>},
     {"tcp",
      "host store -> host memory: the bytes stream on the connection into place (from a ring "
-     "publisher, straight from its tensors)",
+     "publisher, straight from its tensors); from an arena, only what changed when the "
+     "destinations hold the version before (deltas)",
      &ServesTcp, &Make<path::TcpReadPath>, &path::DeliverOnSocket},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
      &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>,

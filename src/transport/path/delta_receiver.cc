@@ -42,6 +42,7 @@ void DeltaReceiver::Prepare(const plan::Plan* plan, const wire::Welcome* welcome
   parts_.assign(n, iovec{});
   at_.assign(n, 0);
   delta_segments_.reserve(n);
+  whole_segments_.reserve(n);
 }
 
 void DeltaReceiver::Expect(int64_t base_step, std::span<const uint64_t> base_digests) {
@@ -88,10 +89,14 @@ Status DeltaReceiver::Receive(link::Channel& channel, const std::string& peer, i
   WS_RETURN_IF_ERROR(CheckBegin(peer, step));
   const std::vector<plan::Segment>& segments = plan_->segments;
   delta_segments_.clear();
+  whole_segments_.clear();
   uint64_t buffer_bytes = 0;
   for (size_t i = 0; begin_.base_step >= 0 && i < segments.size(); ++i) {
     planned_base_digests_[i] = base_digests_[segments[i].digest_index];
-    if (begin_.bytes[i] == 0) continue;
+    if (begin_.bytes[i] == 0) {
+      whole_segments_.push_back(static_cast<uint32_t>(i));
+      continue;
+    }
     at_[i] = buffer_bytes;
     buffer_bytes += begin_.bytes[i];
     delta_segments_.push_back(static_cast<uint32_t>(i));
@@ -145,6 +150,19 @@ Status DeltaReceiver::CheckAndApply(const std::string& peer, int64_t step) {
   return Status::Ok();
 }
 
+Result<bool> DeltaReceiver::CommitSparse() {
+  if (receipt_.base_step < 0) return false;
+  landing_->CommitSegments(whole_segments_);
+  first_bad_.store(kNone, std::memory_order_relaxed);
+  landing_->workers()->Run(static_cast<uint32_t>(delta_segments_.size()),
+                           &DeltaReceiver::ApplySegmentToDestination, this);
+  if (const uint32_t bad = first_bad_.load(std::memory_order_relaxed); bad != kNone) {
+    return Status::Internal("segment ", delta_segments_[bad],
+                            ": a delta that passed its check failed to apply at commit");
+  }
+  return true;
+}
+
 void DeltaReceiver::CheckSegment(void* context, uint32_t index) {
   auto* self = static_cast<DeltaReceiver*>(context);
   const uint32_t i = self->delta_segments_[index];
@@ -169,6 +187,16 @@ void DeltaReceiver::ApplySegment(void* context, uint32_t index) {
       delta::ApplyDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
                         self->element_bytes_[i], {self->landing_->ReceivedBytes(s), s.bytes});
   if (!applied.ok()) self->RecordBad(index);  // checked above: a bug if it happens
+}
+
+void DeltaReceiver::ApplySegmentToDestination(void* context, uint32_t index) {
+  auto* self = static_cast<DeltaReceiver*>(context);
+  const uint32_t i = self->delta_segments_[index];
+  const plan::Segment& s = self->plan_->segments[i];
+  const Status applied =
+      delta::ApplyDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
+                        self->element_bytes_[i], {self->landing_->DestinationBytes(s), s.bytes});
+  if (!applied.ok()) self->RecordBad(index);
 }
 
 }  // namespace weightsync::transport::path

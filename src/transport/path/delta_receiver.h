@@ -48,6 +48,11 @@ class DeltaReceiver {
   Status Receive(link::Channel& channel, const std::string& peer, int64_t step,
                  const util::Deadline& deadline);
   const DeltaReceipt& receipt() const { return receipt_; }
+  // Staged, after the step's bytes were verified in the shadow: writes them into the destinations,
+  // which hold the base as the shadow did (the core asks for deltas only then) — each delta
+  // applied again there, each segment that came whole copied from the shadow. Writes what
+  // changed, not the model. False when this step came whole (commit the shadow as usual).
+  Result<bool> CommitSparse();
   // The buffer deltas are read into: grown at the first step that needs more, then reused.
   uint64_t buffer_bytes() const { return buffer_.size(); }
   Status Release() { return buffer_.Close(); }
@@ -58,6 +63,7 @@ class DeltaReceiver {
   Status CheckAndApply(const std::string& peer, int64_t step);
   static void CheckSegment(void* context, uint32_t index);
   static void ApplySegment(void* context, uint32_t index);
+  static void ApplySegmentToDestination(void* context, uint32_t index);
   void RecordBad(uint32_t index);
 
   const plan::Plan* plan_ = nullptr;
@@ -72,6 +78,7 @@ class DeltaReceiver {
   std::vector<iovec> parts_;
   std::vector<uint64_t> at_;
   std::vector<uint32_t> delta_segments_;
+  std::vector<uint32_t> whole_segments_;  // the step's other segments (it came as deltas)
   util::StagingBuffer buffer_;
   std::atomic<uint32_t> first_bad_{0};  // the lowest index in delta_segments_ that failed
   DeltaReceipt receipt_;

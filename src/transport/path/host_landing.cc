@@ -137,6 +137,17 @@ void HostLanding::CommitSegment(void* context, uint32_t index) {
               self->shadow_.data() + s.shadow_offset, s.bytes);
 }
 
+void HostLanding::CommitSegments(std::span<const uint32_t> segments) {
+  if (shadow_.data() == nullptr || segments.empty()) return;
+  listed_ = segments;
+  workers_->Run(static_cast<uint32_t>(segments.size()), &HostLanding::CommitListedSegment, this);
+}
+
+void HostLanding::CommitListedSegment(void* context, uint32_t index) {
+  auto* self = static_cast<HostLanding*>(context);
+  CommitSegment(context, self->listed_[index]);
+}
+
 void HostLanding::ConvertTensor(void* context, uint32_t index) {
   auto* self = static_cast<HostLanding*>(context);
   const plan::PlannedTensor& t = self->plan_->tensors[self->plan_->converted[index]];

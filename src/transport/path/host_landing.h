@@ -60,6 +60,13 @@ class HostLanding {
   // destinations (the CPU implementations of the GPU transforms), and the pieces of region
   // segments received whole (kExtract) are copied out.
   Status Commit();
+  // Staged, the segments listed only (indices into the plan's segments): shadow → destinations.
+  // For a step whose other segments reach the destinations another way (delta updates).
+  void CommitSegments(std::span<const uint32_t> segments);
+  // Where segment `s` of a tensor copied as published lies in its destination.
+  uint8_t* DestinationBytes(const plan::Segment& s) const {
+    return destinations_[s.destination] + s.dst_offset;
+  }
   // Test hook: flips one bit of the received bytes when the fail point fires.
   void MaybeInjectBitFlip();
 
@@ -80,6 +87,8 @@ class HostLanding {
   uint32_t unit_ = 0;                 // the unit being copied, set before each parallel run
   static void VerifySegment(void* context, uint32_t index);
   static void CommitSegment(void* context, uint32_t index);
+  static void CommitListedSegment(void* context, uint32_t index);
+  std::span<const uint32_t> listed_;  // CommitSegments' list, set before its parallel run
   static void ConvertTensor(void* context, uint32_t index);
   uint64_t Digest(const plan::Segment& s) const;
 

@@ -48,7 +48,12 @@ Status TcpReadPath::Verify(std::span<const uint64_t> digests, int64_t step,
 }
 
 Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) {
-  WS_RETURN_IF_ERROR(landing_.Commit());
+  // Staged, a step that came as deltas writes only what changed into the destinations.
+  bool sparse = false;
+  if (staged_ && deltas_.expected()) {
+    WS_ASSIGN_OR_RETURN(sparse, deltas_.CommitSparse());
+  }
+  if (!sparse) WS_RETURN_IF_ERROR(landing_.Commit());
   shadow_committed_ = true;
   return Status::Ok();
 }

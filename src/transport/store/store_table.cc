@@ -28,8 +28,9 @@ constexpr StoreEntry kStores[] = {
      false, [](const StoreRequest& r) { return OnGpu(r); },
      [](const StoreRequest& r) { return NewGpuStore(r.cuda_device); }},
     {"host-arena",
-     "host tensors: `slots` copies in a memfd arena, which also holds Allocate()d tensors", false,
-     [](const StoreRequest& r) { return !OnGpu(r) && r.host_store && *r.host_store; },
+     "host tensors: `slots` copies in a memfd arena, which also holds Allocate()d tensors; "
+     "over tcp each slot also keeps its version's delta against the one before",
+     false, [](const StoreRequest& r) { return !OnGpu(r) && r.host_store && *r.host_store; },
      [](const StoreRequest& r) -> Result<std::unique_ptr<VersionStore>> {
        return std::move(*r.host_store);
      }},
