@@ -7,5 +7,6 @@ int RunDemo(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunInfo(int argc, char** argv);
 int RunPlanSim(int argc, char** argv);
+int RunFanoutSim(int argc, char** argv);
 
 }  // namespace weightsync::tools

@@ -1,4 +1,4 @@
-// weightsync: the command-line tool. Subcommands: demo, bench, info, plan-sim.
+// weightsync: the command-line tool. Subcommands: demo, bench, info, plan-sim, fanout-sim.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -24,6 +24,9 @@ constexpr char kUsage[] =
     "          plans a sharded trainer -> sharded engine transfer for a whole cluster (Kimi-K2 on\n"
     "          256 -> 128 GPUs by default) without moving bytes: planning time and memory, bytes\n"
     "          per rank, the most loaded link and the transfer time the links' speeds predict\n"
+    "  fanout-sim\n"
+    "          how long until every one of N inference replicas holds a step, from the trainer\n"
+    "          directly or relayed by replicas (trees, chains), from link speeds\n"
     "\n"
     "'weightsync <command> --help' lists the command's flags.\n";
 
@@ -38,6 +41,7 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   if (command == "demo") return weightsync::tools::RunDemo(argc - 2, argv + 2);
   if (command == "bench") return weightsync::tools::RunBench(argc - 2, argv + 2);
+  if (command == "fanout-sim") return weightsync::tools::RunFanoutSim(argc - 2, argv + 2);
   if (command == "info") return weightsync::tools::RunInfo(argc - 2, argv + 2);
   if (command == "plan-sim") return weightsync::tools::RunPlanSim(argc - 2, argv + 2);
   std::fprintf(stderr, "weightsync: unknown command '%s'\n\n%s", command.c_str(), kUsage);

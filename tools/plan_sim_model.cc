@@ -12,14 +12,6 @@
 namespace weightsync::tools {
 namespace {
 
-// What an element costs on the wire when `fraction` of them changed: the segment delta's size
-// model, or the element itself where the delta is more than the publisher's kAuto room allows
-// (segments of millions of elements stay close to the expectation, so the rule applies whole).
-double DeltaWireBytesPerElement(double fraction, uint32_t element_bytes) {
-  const double model = delta::ExpectedDeltaBytesPerElement(fraction, element_bytes);
-  return model * delta::kAutoRoomDivisor > element_bytes ? element_bytes : model;
-}
-
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
@@ -118,6 +110,8 @@ std::string NodeRange(int64_t first, int64_t count) {
 
 }  // namespace
 
+std::string DecimalBytes(uint64_t n) { return Bytes(n); }
+
 std::vector<uint32_t> PlanningOrder(uint32_t ranks) {
   uint32_t bits = 0;
   while ((uint64_t{1} << bits) < ranks) ++bits;
@@ -176,7 +170,8 @@ Result<SimReport> SimulateCluster(const SimLayout& layout, const ClusterOptions&
   // terms: once here, not per copy).
   std::vector<double> delta_element(held_element + 1, 0);
   for (uint64_t e = 1; o.changed_fraction >= 0 && e <= held_element; ++e) {
-    delta_element[e] = DeltaWireBytesPerElement(o.changed_fraction, static_cast<uint32_t>(e));
+    delta_element[e] =
+        delta::ExpectedWireBytesPerElement(o.changed_fraction, static_cast<uint32_t>(e));
   }
   std::vector<uint64_t> load(layout.trainer_ranks, 0);
   const Clock::time_point start = Clock::now();
@@ -288,7 +283,7 @@ std::string FormatReport(const SimLayout& layout, const ClusterOptions& o, const
     os << "           deltas: " << Fixed(100 * o.changed_fraction, 2)
        << "% of elements changed, spread uniformly -> " << Fixed(100 * model / e, 2)
        << "% of the bytes"
-       << (DeltaWireBytesPerElement(o.changed_fraction, e) > model
+       << (delta::ExpectedWireBytesPerElement(o.changed_fraction, e) > model
                ? ",\n           more than the publisher's kAuto room (1/" +
                      std::to_string(delta::kAutoRoomDivisor) + "): sent whole"
            : model >= e ? std::string(" (sent whole)")

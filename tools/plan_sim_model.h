@@ -94,4 +94,7 @@ int64_t EngineNode(const ClusterOptions& o, const SimLayout& layout, uint32_t ra
 std::string FormatReport(const SimLayout& layout, const ClusterOptions& options,
                          const SimReport& report);
 
+// Decimal units, as link speeds are quoted: "20.71 GB" (fanout-sim prints the same way).
+std::string DecimalBytes(uint64_t n);
+
 }  // namespace weightsync::tools

@@ -97,6 +97,11 @@ double ExpectedDeltaBytesPerElement(double fraction, uint32_t element_bytes) {
   return std::min(chunk / kChunkElements, static_cast<double>(element_bytes));
 }
 
+double ExpectedWireBytesPerElement(double fraction, uint32_t element_bytes) {
+  const double model = ExpectedDeltaBytesPerElement(fraction, element_bytes);
+  return model * kAutoRoomDivisor > element_bytes ? element_bytes : model;
+}
+
 std::optional<Encoded> SegmentEncoder::Encode(std::span<const uint8_t> base,
                                               std::span<const uint8_t> next, uint32_t element_bytes,
                                               std::span<uint8_t> out) {

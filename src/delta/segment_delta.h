@@ -66,6 +66,10 @@ uint64_t ChunkCost(uint32_t changed, uint32_t length, uint32_t element_bytes, ui
 // (the segment goes whole). A model for planning (`weightsync plan-sim --changed-fraction`);
 // changes that cluster cost less, as every chunk left unchanged costs one byte.
 double ExpectedDeltaBytesPerElement(double fraction, uint32_t element_bytes);
+// What an element costs on the wire from a kAuto publisher: the model above, or the element itself
+// where the delta is more than the kAuto room allows (segments of millions of elements stay close
+// to the expectation, so the rule applies to all of them alike).
+double ExpectedWireBytesPerElement(double fraction, uint32_t element_bytes);
 
 struct Encoded {
   uint64_t bytes = 0;             // of the delta written

@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "delta/segment_delta.h"
+#include "fanout_model.h"
 #include "model_presets.h"
 #include "plan_sim_layout.h"
 #include "plan_sim_model.h"
+#include "testing/status_matchers.h"
 
 namespace weightsync::tools {
 namespace {
@@ -517,6 +519,106 @@ TEST_F(PlanSimCli, BadFlagsExit2AndNameTheProblem) {
     CliRun run = RunCli("plan-sim " + args);
     EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
     EXPECT_NE(run.output.find(message), std::string::npos) << args << "\n" << run.output;
+  }
+}
+
+}  // namespace
+
+// ---- fanout-sim (tools/fanout_model.h): figures computed by hand ----
+namespace {
+
+FanoutOptions TenReplicas() {
+  FanoutOptions o;
+  o.replicas = 10;
+  o.model_bytes = 1'000'000'000;
+  o.trainer_gbps = 80;  // 1e10 bytes/s
+  o.replica_gbps = 80;
+  o.bucket_bytes = 64ull << 20;
+  return o;
+}
+
+TEST(FanoutModel, DirectTreeAndChainByHand) {
+  ASSERT_OK_AND_ASSIGN(auto rows, PredictFanout(TenReplicas(), {2, 16}));
+  ASSERT_EQ(rows.size(), 4u);
+  const FanoutPrediction& direct = rows[0];
+  EXPECT_EQ(direct.topology, Topology::kDirect);
+  EXPECT_DOUBLE_EQ(direct.trainer_egress_bytes, 10e9);
+  EXPECT_DOUBLE_EQ(direct.seconds(), 1.0);  // ten copies through the trainer's NIC
+  const FanoutPrediction& tree = rows[1];   // 2 + 4 + 8 >= 10: three levels
+  EXPECT_EQ(tree.depth, 3u);
+  EXPECT_DOUBLE_EQ(tree.trainer_egress_bytes, 2e9);
+  EXPECT_DOUBLE_EQ(tree.stream_seconds, 0.2);  // every sender feeds two children
+  EXPECT_DOUBLE_EQ(tree.pipeline_seconds, 2 * (64.0 * 1048576) * 2 / 1e10);
+  const FanoutPrediction& wide = rows[2];  // 16 children: the trainer feeds all ten itself
+  EXPECT_EQ(wide.depth, 1u);
+  EXPECT_DOUBLE_EQ(wide.seconds(), direct.seconds());
+  const FanoutPrediction& chain = rows[3];
+  EXPECT_EQ(chain.topology, Topology::kChain);
+  EXPECT_EQ(chain.depth, 10u);
+  EXPECT_DOUBLE_EQ(chain.trainer_egress_bytes, 1e9);
+  EXPECT_DOUBLE_EQ(chain.stream_seconds, 0.1);
+  EXPECT_DOUBLE_EQ(chain.pipeline_seconds, 9 * (64.0 * 1048576) / 1e10);
+}
+
+TEST(FanoutModel, ASlowTrainerLinkOrASmallModelBoundsTheStream) {
+  FanoutOptions o = TenReplicas();
+  o.trainer_gbps = 8;  // 1e9 bytes/s: even one copy takes a second
+  ASSERT_OK_AND_ASSIGN(auto rows, PredictFanout(o, {2}));
+  EXPECT_DOUBLE_EQ(rows[0].seconds(), 10.0);
+  EXPECT_DOUBLE_EQ(rows[1].stream_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(rows[2].stream_seconds, 1.0);
+  o = TenReplicas();
+  o.model_bytes = 1'000'000;  // smaller than a bucket: a relay forwards the whole model at once
+  ASSERT_OK_AND_ASSIGN(rows, PredictFanout(o, {2}));
+  EXPECT_DOUBLE_EQ(rows[2].pipeline_seconds, 9 * 1e6 / 1e10);
+}
+
+TEST(FanoutModel, DeltasScaleEveryByteByTheWireModel) {
+  FanoutOptions o = TenReplicas();
+  ASSERT_OK_AND_ASSIGN(auto whole, PredictFanout(o, {4}));
+  o.changed_fraction = 0.014;
+  ASSERT_OK_AND_ASSIGN(auto sparse, PredictFanout(o, {4}));
+  const double ratio = delta::ExpectedWireBytesPerElement(0.014, 2) / 2;
+  EXPECT_GT(ratio, 0.02);
+  EXPECT_LT(ratio, 0.03);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_NEAR(sparse[i].trainer_egress_bytes, whole[i].trainer_egress_bytes * ratio, 1);
+    EXPECT_NEAR(sparse[i].stream_seconds, whole[i].stream_seconds * ratio, 1e-12);
+  }
+  o.changed_fraction = 0.4;  // past the kAuto room: every segment whole
+  EXPECT_DOUBLE_EQ(WireBytes(o), 1e9);
+}
+
+TEST(FanoutModel, BadOptionsAreRefusedByName) {
+  FanoutOptions o = TenReplicas();
+  o.replicas = 0;
+  EXPECT_STATUS_IS(kInvalidArgument, PredictFanout(o, {2}).status(), "replicas");
+  o = TenReplicas();
+  o.replica_gbps = 0;
+  EXPECT_STATUS_IS(kInvalidArgument, PredictFanout(o, {2}).status(), "link speeds");
+  EXPECT_STATUS_IS(kInvalidArgument, PredictFanout(TenReplicas(), {1}).status(),
+                   "fan-out 1: a tree needs at least 2");
+  o = TenReplicas();
+  o.changed_fraction = 1.5;
+  EXPECT_STATUS_IS(kInvalidArgument, PredictFanout(o, {2}).status(), "changed fraction 1.5");
+}
+
+TEST_F(PlanSimCli, FanoutSimPrintsEveryTopology) {
+  CliRun run = RunCli("fanout-sim --replicas 1000 --changed-fraction 0.014");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line : {"fanout-sim: 1000 replicas of", "deltas: 1.40% of elements changed",
+                           "direct", "tree", "chain", "all hold it", "not a measurement"}) {
+    EXPECT_NE(run.output.find(line), std::string::npos) << line << " missing from:\n" << run.output;
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fanout-sim --replicas 0", "--replicas=0: expected at least 1"},
+      {"fanout-sim --trainer-gbps fast", "--trainer-gbps=fast: expected a number"},
+      {"fanout-sim --changed-fraction 2", "--changed-fraction=2: expected a number from 0 to 1"},
+      {"fanout-sim --layout gpt-17", "unknown layout 'gpt-17'"}};
+  for (const auto& [args, message] : cases) {
+    CliRun bad = RunCli(args);
+    EXPECT_EQ(bad.exit_code, 2) << args << "\n" << bad.output;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << args << "\n" << bad.output;
   }
 }
 
