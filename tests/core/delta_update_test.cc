@@ -140,7 +140,7 @@ class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
   std::vector<std::vector<uint8_t>> dst_ = trainer_.Poisoned();
 };
 
-TEST_P(DeltaUpdate, EveryStepLandsExactlyWhateverFractionChanged) {
+TEST_P(DeltaUpdate, AThousandStepsLandExactlyWhateverFractionChanged) {
   StartPublisher();
   Publish(1, 0);
   auto sub = Connect(dst_);
@@ -151,7 +151,8 @@ TEST_P(DeltaUpdate, EveryStepLandsExactlyWhateverFractionChanged) {
   ASSERT_TRUE(trainer_.HeldBy(dst_));
   const double fractions[] = {0.01, 0, 0.02, 0.3, 1.0, 0.001, 0.05};
   int64_t step = 1;
-  for (int round = 0; round < 3; ++round) {
+  // 1,001 steps, each fraction in turn.
+  for (int round = 0; round < 143; ++round) {
     for (double fraction : fractions) {
       SCOPED_TRACE("step " + std::to_string(step + 1) + ", fraction " + std::to_string(fraction));
       const PublishStats published = Publish(++step, fraction);
