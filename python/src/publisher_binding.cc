@@ -192,7 +192,7 @@ void BindPublisher(nb::module_& m) {
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
              int64_t resume_from_step, bool zero_copy, int ring_buckets, uint64_t ring_bucket_bytes,
-             const std::string& delta, nb::handle token, nb::handle token_file) {
+             nb::handle token, nb::handle token_file, const std::string& delta) {
             PublisherOptions o;
             o.delta = DeltaModeArg(delta);
             o.token = Utf8Arg(token, "token");
@@ -227,14 +227,14 @@ void BindPublisher(nb::module_& m) {
           "zero_copy"_a = kPublisherDefaults.zero_copy,
           "ring_buckets"_a = kPublisherDefaults.ring_buckets,
           "ring_bucket_bytes"_a = kPublisherDefaults.ring_bucket_bytes,
-          "delta"_a = DeltaModeName(kPublisherDefaults.delta), "token"_a = kPublisherDefaults.token,
-          "token_file"_a = kPublisherDefaults.token_file,
+          "token"_a = kPublisherDefaults.token, "token_file"_a = kPublisherDefaults.token_file,
+          "delta"_a = DeltaModeName(kPublisherDefaults.delta),
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
                   "segment_bytes: int = 0, copy_threads: int = 0, max_connections: int = "
                   "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False, "
-                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0, delta: "
-                  "typing.Literal['auto', 'off', 'always'] = 'auto', token: str = '', "
-                  "token_file: str = '') -> None"),
+                  "ring_buckets: int = 0, ring_bucket_bytes: int = 0, token: str = '', "
+                  "token_file: str = '', delta: typing.Literal['auto', 'off', 'always'] = "
+                  "'auto') -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"

@@ -411,7 +411,7 @@ void BindSubscriber(nb::module_& m) {
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
              bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy,
-             bool delta, nb::handle token, nb::handle token_file) {
+             nb::handle token, nb::handle token_file, bool delta) {
             SubscriberOptions o;
             o.delta = delta;
             o.token = Utf8Arg(token, "token");
@@ -453,15 +453,15 @@ void BindSubscriber(nb::module_& m) {
           "convert_dtypes"_a = kSubscriberDefaults.convert_dtypes,
           "convert_on_publisher_gpu"_a = kSubscriberDefaults.convert_on_publisher_gpu,
           "lineage_policy"_a = LineagePolicyName(kSubscriberDefaults.lineage_policy),
-          "delta"_a = kSubscriberDefaults.delta, "token"_a = kSubscriberDefaults.token,
-          "token_file"_a = kSubscriberDefaults.token_file,
+          "token"_a = kSubscriberDefaults.token, "token_file"_a = kSubscriberDefaults.token_file,
+          "delta"_a = kSubscriberDefaults.delta,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
                   "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
                   "lineage_policy: typing.Literal['follow', 'strict'] = 'follow', "
-                  "delta: bool = True, token: str = '', token_file: str = '') -> None"),
+                  "token: str = '', token_file: str = '', delta: bool = True) -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"

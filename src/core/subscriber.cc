@@ -615,11 +615,12 @@ Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
                                         " (steps only move forward)");
     }
     run.t_wait = Clock::now();
-    // Deltas (docs/deltas.md) only onto exactly the committed version of these sessions: not after
-    // a failed update in place (the weights invalid), a weights check that found differences or
-    // a registration change (held: nothing), nor across a restart.
-    const bool delta =
-        options.delta && run.held == Held::kSameSession && valid.load(std::memory_order_relaxed);
+    // Deltas (docs/deltas.md) only onto exactly the committed version of these sessions: a handle
+    // asks only with an `after` step (-1 after a weights check that found differences, a
+    // registration change or a restart under the follow policy) and only after it committed a
+    // step itself (DataPath::AcceptsDeltas): a failed update, a restart or Sleep() leaves no
+    // prepared handle.
+    const bool delta = options.delta;
     Result<int64_t> step = BeginStep(run.request.step, run.after, delta, run.deadline);
     if (step.ok()) return step;
     if (retried || run.stats.handle_created || step.status().code() != StatusCode::kPeerLost) {
@@ -716,8 +717,6 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   run.step_text = std::to_string(step);
   stats.lineage.Assign(active[0]->welcome->lineage);
   stats.path = active[0]->handle->transport_name();
-  // What the prepared handles hold, reported by up-to-date updates too (no allocation).
-  for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
   if (step == run.after) {
     if (run.held != Held::kSameSession) {  // strict: a restarted publisher not past our step yet
       return Status::FailedPrecondition(
@@ -735,6 +734,9 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
     }
     WS_RETURN_IF_ERROR(MoveStep(run, step));
   }
+  // What the prepared handles hold, after the copy (a delta buffer may have grown in it), reported
+  // by up-to-date updates too (no allocation).
+  for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
   const auto t_end = Clock::now();
   if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));
   stats.seconds = Seconds(t0, t_end);

@@ -71,8 +71,9 @@ Status TransferHandle::Prepare(const std::vector<plan::Destination>& destination
 Result<int64_t> TransferHandle::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                           const Deadline& deadline,
                                           std::span<const uint64_t> base_digests) {
-  const bool delta = after_step >= 0 && base_digests.size() == plan_.digest_count &&
-                     !base_digests.empty() && path_->AcceptsDeltas();
+  // The base's digests index every segment: given only while the weights hold `after_step`.
+  const bool delta =
+      after_step >= 0 && base_digests.size() == plan_.digest_count && path_->AcceptsDeltas();
   path_->ExpectDeltas(delta ? after_step : -1, base_digests);
   WS_ASSIGN_OR_RETURN(int64_t offered, link_->BeginStep(step, after_step, deadline, delta));
   const wire::StepBegin& begin = link_->begin();

@@ -166,6 +166,9 @@ TEST_P(DeltaUpdate, AThousandStepsLandExactlyWhateverFractionChanged) {
       if (fraction <= 0.02) {
         // Sparse: most segments as deltas, far fewer bytes than the model.
         EXPECT_GT(stats->delta_segments, 0u);
+        // The buffer the deltas came in is extra memory, in place too, reported by the update
+        // that grew it.
+        if (fraction > 0) EXPECT_GT(stats->staging_bytes, first->staging_bytes);
         EXPECT_LT(stats->received_bytes, stats->bytes / 4);
         EXPECT_EQ(stats->delta_segments, published.delta_segments);
       }
@@ -261,9 +264,10 @@ TEST_P(DeltaUpdate, NoDeltaAcrossAPublisherRestart) {
   }
 }
 
-// After sleep() the handle is prepared again: staged, its new shadow holds nothing, so the step
-// comes whole; in place the weights still hold the committed version, so deltas go on.
-TEST_P(DeltaUpdate, AfterSleepInPlaceTakesDeltasAndStagedComesWhole) {
+// After sleep() the handle is prepared again and the first step comes whole in both modes: staged,
+// the new shadow holds nothing; in place, the engine may have dropped and reloaded its weights
+// at the same addresses while asleep. Deltas resume from the next step.
+TEST_P(DeltaUpdate, AfterSleepTheFirstStepComesWhole) {
   StartPublisher();
   Publish(1, 0);
   auto sub = Connect(dst_);
@@ -273,7 +277,7 @@ TEST_P(DeltaUpdate, AfterSleepInPlaceTakesDeltasAndStagedComesWhole) {
   auto stats = sub->Update();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_TRUE(stats->handle_created);
-  EXPECT_EQ(stats->delta_base_step, GetParam() == UpdateMode::kInPlace ? 1 : -1);
+  EXPECT_EQ(stats->delta_base_step, -1);
   ASSERT_TRUE(trainer_.HeldBy(dst_));
   Publish(3, 0.01);
   stats = sub->Update();

@@ -67,9 +67,9 @@ class DataPath {
                         const util::Deadline& deadline) = 0;
   // Staged: staging → destinations. Both modes: converted tensors into their destinations.
   virtual Status Commit(const util::Deadline& deadline) = 0;
-  // Delta updates: whether the next Copy can apply deltas against the bytes it lands on — they
-  // hold the committed version (in place: the core knows whether they do; staged: the shadow
-  // holds the last commit only on a path that keeps it), and every planned tensor is a whole
+  // Delta updates: whether the next Copy can apply deltas against the bytes it lands on — this
+  // handle committed the last step it copied (so the shadow, staged, or the destinations, in
+  // place, hold the committed version as it left them), and every planned tensor is a whole
   // published tensor copied as it is. Paths without deltas: never.
   virtual bool AcceptsDeltas() const { return false; }
   // Before Copy, on a path that accepts them: the committed step and its digests (all of the

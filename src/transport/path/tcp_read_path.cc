@@ -15,7 +15,7 @@ Status TcpReadPath::Prepare(const PathContext& ctx) {
   digest_kind_ = ctx.welcome->digest_kind;
   parts_.assign(plan_->tensors.size(), iovec{});
   staged_ = ctx.mode == UpdateMode::kStaged;
-  shadow_committed_ = false;
+  committed_here_ = false;
   fits_deltas_ = DeltaReceiver::Fits(*plan_, *ctx.welcome);
   WS_RETURN_IF_ERROR(landing_.Prepare(plan_, *ctx.destinations, ctx.mode, ctx.CopyThreads()));
   if (fits_deltas_) deltas_.Prepare(plan_, ctx.welcome, &landing_);
@@ -24,7 +24,7 @@ Status TcpReadPath::Prepare(const PathContext& ctx) {
 
 Status TcpReadPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
                          const util::Deadline& deadline) {
-  shadow_committed_ = false;  // from the first byte read, the shadow holds neither version
+  committed_here_ = false;  // from the first byte read, the shadow holds neither version
   if (deltas_.expected()) {
     WS_FAIL_POINT_RETURN("tcp.before_data");
     WS_RETURN_IF_ERROR(deltas_.Receive(link_->channel(), link_->peer(), begin.step, deadline));
@@ -54,7 +54,7 @@ Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) {
     WS_ASSIGN_OR_RETURN(sparse, deltas_.CommitSparse());
   }
   if (!sparse) WS_RETURN_IF_ERROR(landing_.Commit());
-  shadow_committed_ = true;
+  committed_here_ = true;
   return Status::Ok();
 }
 

@@ -23,7 +23,7 @@ class TcpReadPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
-  bool AcceptsDeltas() const override { return fits_deltas_ && (!staged_ || shadow_committed_); }
+  bool AcceptsDeltas() const override { return fits_deltas_ && committed_here_; }
   void ExpectDeltas(int64_t base_step, std::span<const uint64_t> base_digests) override {
     deltas_.Expect(base_step, base_digests);
   }
@@ -44,9 +44,11 @@ class TcpReadPath final : public DataPath {
   DeltaReceiver deltas_;
   bool fits_deltas_ = false;  // DeltaReceiver::Fits the plan
   bool staged_ = false;
-  // Staged: the shadow holds the committed version (the last Commit's, no Copy since), which
-  // deltas apply to. In place the destinations hold it while the core says they are valid.
-  bool shadow_committed_ = false;
+  // The last Copy was committed through this handle, and no Copy began since: the shadow
+  // (staged) holds the committed version, which deltas apply to. Not merely "the core says the
+  // weights are valid": after Sleep() an engine may have dropped and reloaded its weights at the
+  // same addresses, so a handle prepared again takes one whole step first, in both modes.
+  bool committed_here_ = false;
 };
 
 }  // namespace weightsync::transport::path

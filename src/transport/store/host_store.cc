@@ -5,18 +5,59 @@
 // pass (util::CopyAndHash64). With delta room (docs/deltas.md) the same task then encodes the
 // segment it just wrote against the previous version's slot, into this slot's delta area: the
 // segment is still in cache, and a tcp session sends the delta to subscribers holding that base.
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "delta/segment_delta.h"
 #include "transport/store/host_arena.h"
 #include "transport/store/version_store.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
+#include "util/logging.h"
 #include "util/worker_pool.h"
 
 namespace weightsync::transport::store {
 namespace {
+
+// One slot's delta area: anonymous memory mapped at Freeze, its pages committed as deltas are
+// written (a quarter of the tensors with kAuto). Publisher memory, reported by held_bytes (the
+// ledger's staging_bytes counts subscribers' buffers only).
+class DeltaArea {
+ public:
+  static Result<DeltaArea> Map(uint64_t bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return Status::FromErrno(errno,
+                               "mapping a delta area of " + std::to_string(bytes) + " bytes");
+    }
+    DeltaArea area;
+    area.data_ = static_cast<uint8_t*>(p);
+    area.bytes_ = bytes;
+    return area;
+  }
+  DeltaArea() = default;
+  DeltaArea(DeltaArea&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeltaArea& operator=(DeltaArea&&) = delete;
+  ~DeltaArea() {
+    if (Status s = Unmap(); !s.ok()) WS_LOG(WARN, "publisher") << "delta area: " << s;
+  }
+  Status Unmap() {
+    if (data_ == nullptr) return Status::Ok();
+    const int rc = ::munmap(std::exchange(data_, nullptr), bytes_);
+    return rc == 0 ? Status::Ok() : Status::FromErrno(errno, "unmapping a delta area");
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
 
 // Address space reserved for arena-allocated tensors and slots; only what is used is committed.
 constexpr uint64_t kReserveBytes = 1ull << 40;
@@ -56,7 +97,11 @@ class HostStore final : public VersionStore {
   }
   Status Close() override {
     workers_.reset();
-    return arena_ ? arena_->Close() : Status::Ok();
+    Status result = arena_ ? arena_->Close() : Status::Ok();
+    for (DeltaArea& area : delta_areas_) result.Update(area.Unmap());
+    delta_areas_.clear();
+    deltas_.clear();
+    return result;
   }
 
  private:
@@ -93,7 +138,7 @@ class HostStore final : public VersionStore {
   // Delta room: an area per slot (lazily committed pages), the slots' deltas, and the bytes of
   // changed elements per digest of the Publish running (summed after it).
   uint64_t delta_area_bytes_ = 0;
-  std::vector<std::unique_ptr<uint8_t[]>> delta_areas_;
+  std::vector<DeltaArea> delta_areas_;
   std::vector<SlotDelta> deltas_;
   std::vector<uint64_t> changed_bytes_;
 };
@@ -119,7 +164,7 @@ void HostStore::EncodeTask(const Task& t, const Job& job, const uint8_t* written
   const uint8_t* before = arena_->slot(job.base->slot) + t.arena_offset;
   SlotDelta& d = deltas_[job.slot];
   const auto encoded = encoder.Encode({before, t.bytes}, {written, t.bytes}, t.element_bytes,
-                                      {delta_areas_[job.slot].get() + t.delta_at, t.delta_room});
+                                      {delta_areas_[job.slot].data() + t.delta_at, t.delta_room});
   d.bytes[t.digest] = encoded ? encoded->bytes : 0;
   changed_bytes_[t.digest] = encoded ? encoded->changed_elements * t.element_bytes : 0;
 }
@@ -195,6 +240,14 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   welcome->slot_bytes = arena_->slot_bytes();
   welcome->tensors.clear();
   for (const PublishedTensor& t : layout.tensors) welcome->tensors.push_back(t.placement);
+  // Delta areas, one per slot: mapped before anything changes, so a failure leaves the store as
+  // it was.
+  std::vector<DeltaArea> areas;
+  for (uint32_t k = 0; delta_area_bytes > 0 && k < layout.slots; ++k) {
+    Result<DeltaArea> area = DeltaArea::Map(delta_area_bytes);
+    if (!area.ok()) return area.status().WithContext("delta area of slot " + std::to_string(k));
+    areas.push_back(std::move(*area));
+  }
   const int threads = layout.copy_threads > 0 ? layout.copy_threads : util::HashThreads();
   workers_ = std::make_unique<util::WorkerPool>(threads);
   tasks_ = std::move(tasks);
@@ -204,17 +257,16 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   slots_ = layout.slots;
   delta_area_bytes_ = delta_area_bytes;
   delta_areas_.clear();
+  for (DeltaArea& area : areas) delta_areas_.push_back(std::move(area));
   deltas_.clear();
   if (delta_area_bytes > 0) {
-    // Uninitialized: the pages a delta never reaches are never committed.
     for (uint32_t k = 0; k < layout.slots; ++k) {
-      delta_areas_.emplace_back(new uint8_t[delta_area_bytes]);
       SlotDelta d;
       d.base_digests.assign(digest_count_, 0);
       d.bytes.assign(digest_count_, 0);
       d.at.assign(digest_count_, 0);
       for (const Task& t : tasks_) d.at[t.digest] = t.delta_at;
-      d.area = delta_areas_.back().get();
+      d.area = delta_areas_[k].data();
       deltas_.push_back(std::move(d));
     }
     changed_bytes_.assign(digest_count_, 0);
