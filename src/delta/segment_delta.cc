@@ -267,6 +267,12 @@ void Scatter(std::span<const uint8_t> delta, uint32_t element_bytes, uint64_t in
 Status ApplyDelta(std::span<const uint8_t> delta, uint32_t element_bytes,
                   std::span<uint8_t> segment) {
   WS_ASSIGN_OR_RETURN(const DeltaShape shape, CheckDelta(delta, segment.size(), element_bytes));
+  ApplyCheckedDelta(delta, shape, element_bytes, segment);
+  return Status::Ok();
+}
+
+void ApplyCheckedDelta(std::span<const uint8_t> delta, const DeltaShape& shape,
+                       uint32_t element_bytes, std::span<uint8_t> segment) {
   switch (element_bytes) {
     case 1:
       Scatter<1>(delta, element_bytes, shape.index_bytes, segment);
@@ -284,7 +290,6 @@ Status ApplyDelta(std::span<const uint8_t> delta, uint32_t element_bytes,
       Scatter<0>(delta, element_bytes, shape.index_bytes, segment);
       break;
   }
-  return Status::Ok();
 }
 
 }  // namespace weightsync::delta

@@ -110,5 +110,9 @@ Result<DeltaShape> CheckDelta(std::span<const uint8_t> delta, uint64_t segment_b
 // a delta that is not well formed writes nothing.
 Status ApplyDelta(std::span<const uint8_t> delta, uint32_t element_bytes,
                   std::span<uint8_t> segment);
+// The same for a delta CheckDelta already accepted for this segment size and element size
+// (`shape` is what it returned): no second parse, when the check ran earlier for all of a step.
+void ApplyCheckedDelta(std::span<const uint8_t> delta, const DeltaShape& shape,
+                       uint32_t element_bytes, std::span<uint8_t> segment);
 
 }  // namespace weightsync::delta

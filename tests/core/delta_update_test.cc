@@ -300,6 +300,7 @@ TEST_P(DeltaUpdate, AWrongBaseIsRefusedAndTheNextUpdateComesWhole) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status();
   EXPECT_NE(refused.status().message().find("not applied"), std::string::npos) << refused.status();
+  EXPECT_GE(FailPoints::Hits("publisher.delta_wrong_base"), 1);
   EXPECT_EQ(sub->committed_step(), 1);
   if (GetParam() == UpdateMode::kStaged) {
     EXPECT_EQ(dst_, held);
@@ -323,6 +324,7 @@ TEST_P(DeltaUpdate, VerificationCatchesAFlippedBitInWhatTheDeltasRebuilt) {
   auto flipped = sub->Update();
   ASSERT_FALSE(flipped.ok());
   EXPECT_EQ(flipped.status().code(), StatusCode::kCorruption) << flipped.status();
+  EXPECT_EQ(FailPoints::Hits("subscriber.flip_received"), 1);
   auto again = sub->Update();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->verified);
@@ -350,6 +352,7 @@ TEST_P(DeltaUpdate, NoDeltaOntoWeightsAFailedUpdateLeftInvalid) {
   Publish(3, 0.05);
   FailPoints::Arm("subscriber.before_commit", FailAction::kError, 0, 1);
   ASSERT_FALSE(sub->Update().ok());
+  EXPECT_EQ(FailPoints::Hits("subscriber.before_commit"), 1);
   EXPECT_FALSE(sub->weights_valid());
   UpdateOptions two;
   two.step = 2;

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "delta/segment_delta.h"
-
 namespace weightsync::transport::path {
 namespace {
 
@@ -41,6 +39,7 @@ void DeltaReceiver::Prepare(const plan::Plan* plan, const wire::Welcome* welcome
   planned_base_digests_.assign(n, 0);
   parts_.assign(n, iovec{});
   at_.assign(n, 0);
+  shapes_.assign(n, {});
   delta_segments_.reserve(n);
   whole_segments_.reserve(n);
 }
@@ -142,25 +141,21 @@ Status DeltaReceiver::CheckAndApply(const std::string& peer, int64_t step) {
                                       std::to_string(i) + " delta from " + peer +
                                       ": nothing applied");
   }
-  landing_->workers()->Run(count, &DeltaReceiver::ApplySegment, this);
-  if (const uint32_t bad = first_bad_.load(std::memory_order_relaxed); bad != kNone) {
-    return Status::Internal("step ", step, " segment ", delta_segments_[bad],
-                            ": a delta that passed its check failed to apply");
-  }
+  ApplyDeltas(/*to_destinations=*/false);
   return Status::Ok();
 }
 
-Result<bool> DeltaReceiver::CommitSparse() {
+bool DeltaReceiver::CommitSparse() {
   if (receipt_.base_step < 0) return false;
   landing_->CommitSegments(whole_segments_);
-  first_bad_.store(kNone, std::memory_order_relaxed);
-  landing_->workers()->Run(static_cast<uint32_t>(delta_segments_.size()),
-                           &DeltaReceiver::ApplySegmentToDestination, this);
-  if (const uint32_t bad = first_bad_.load(std::memory_order_relaxed); bad != kNone) {
-    return Status::Internal("segment ", delta_segments_[bad],
-                            ": a delta that passed its check failed to apply at commit");
-  }
+  ApplyDeltas(/*to_destinations=*/true);
   return true;
+}
+
+void DeltaReceiver::ApplyDeltas(bool to_destinations) {
+  to_destinations_ = to_destinations;
+  landing_->workers()->Run(static_cast<uint32_t>(delta_segments_.size()),
+                           &DeltaReceiver::ApplySegment, this);
 }
 
 void DeltaReceiver::CheckSegment(void* context, uint32_t index) {
@@ -169,7 +164,11 @@ void DeltaReceiver::CheckSegment(void* context, uint32_t index) {
   const Result<delta::DeltaShape> shape =
       delta::CheckDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
                         self->plan_->segments[i].bytes, self->element_bytes_[i]);
-  if (!shape.ok()) self->RecordBad(index);
+  if (shape.ok()) {
+    self->shapes_[i] = *shape;
+  } else {
+    self->RecordBad(index);
+  }
 }
 
 void DeltaReceiver::RecordBad(uint32_t index) {
@@ -179,24 +178,15 @@ void DeltaReceiver::RecordBad(uint32_t index) {
   }
 }
 
+// Deltas CheckSegment accepted (shapes_), into what landed or, at a sparse commit, the weights.
 void DeltaReceiver::ApplySegment(void* context, uint32_t index) {
   auto* self = static_cast<DeltaReceiver*>(context);
   const uint32_t i = self->delta_segments_[index];
   const plan::Segment& s = self->plan_->segments[i];
-  const Status applied =
-      delta::ApplyDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
-                        self->element_bytes_[i], {self->landing_->ReceivedBytes(s), s.bytes});
-  if (!applied.ok()) self->RecordBad(index);  // checked above: a bug if it happens
-}
-
-void DeltaReceiver::ApplySegmentToDestination(void* context, uint32_t index) {
-  auto* self = static_cast<DeltaReceiver*>(context);
-  const uint32_t i = self->delta_segments_[index];
-  const plan::Segment& s = self->plan_->segments[i];
-  const Status applied =
-      delta::ApplyDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
-                        self->element_bytes_[i], {self->landing_->DestinationBytes(s), s.bytes});
-  if (!applied.ok()) self->RecordBad(index);
+  uint8_t* to = self->to_destinations_ ? self->landing_->DestinationBytes(s)
+                                       : self->landing_->ReceivedBytes(s);
+  delta::ApplyCheckedDelta(DeltaOf(self->buffer_, self->at_[i], self->begin_.bytes[i]),
+                           self->shapes_[i], self->element_bytes_[i], {to, s.bytes});
 }
 
 }  // namespace weightsync::transport::path

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "delta/segment_delta.h"
 #include "plan/plan.h"
 #include "transport/link/channel.h"
 #include "transport/path/data_path.h"
@@ -52,7 +53,7 @@ class DeltaReceiver {
   // which hold the base as the shadow did (the core asks for deltas only then) — each delta
   // applied again there, each segment that came whole copied from the shadow. Writes what
   // changed, not the model. False when this step came whole (commit the shadow as usual).
-  Result<bool> CommitSparse();
+  bool CommitSparse();
   // The buffer deltas are read into: grown at the first step that needs more, then reused.
   uint64_t buffer_bytes() const { return buffer_.size(); }
   Status Release() { return buffer_.Close(); }
@@ -62,8 +63,8 @@ class DeltaReceiver {
   Status ReserveBuffer(uint64_t bytes);
   Status CheckAndApply(const std::string& peer, int64_t step);
   static void CheckSegment(void* context, uint32_t index);
+  void ApplyDeltas(bool to_destinations);
   static void ApplySegment(void* context, uint32_t index);
-  static void ApplySegmentToDestination(void* context, uint32_t index);
   void RecordBad(uint32_t index);
 
   const plan::Plan* plan_ = nullptr;
@@ -77,9 +78,11 @@ class DeltaReceiver {
   std::vector<uint64_t> planned_base_digests_;
   std::vector<iovec> parts_;
   std::vector<uint64_t> at_;
+  std::vector<delta::DeltaShape> shapes_;  // per plan segment, as CheckSegment found it
   std::vector<uint32_t> delta_segments_;
   std::vector<uint32_t> whole_segments_;  // the step's other segments (it came as deltas)
   util::StagingBuffer buffer_;
+  bool to_destinations_ = false;        // ApplyDeltas' target, set before its parallel run
   std::atomic<uint32_t> first_bad_{0};  // the lowest index in delta_segments_ that failed
   DeltaReceipt receipt_;
 };

@@ -50,9 +50,7 @@ Status TcpReadPath::Verify(std::span<const uint64_t> digests, int64_t step,
 Status TcpReadPath::Commit(const util::Deadline& /*deadline*/) {
   // Staged, a step that came as deltas writes only what changed into the destinations.
   bool sparse = false;
-  if (staged_ && deltas_.expected()) {
-    WS_ASSIGN_OR_RETURN(sparse, deltas_.CommitSparse());
-  }
+  if (staged_ && deltas_.expected()) sparse = deltas_.CommitSparse();
   if (!sparse) WS_RETURN_IF_ERROR(landing_.Commit());
   committed_here_ = true;
   return Status::Ok();
