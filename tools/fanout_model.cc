@@ -26,7 +26,7 @@ uint32_t TreeDepth(uint64_t n, uint64_t f) {
 
 // A tree of fan-out `f` (a chain is f = 1): every sender's egress is shared by its children, so
 // the stream runs at the slowest sender's f-th share; each level below the first starts one
-// bucket later, forwarded at that share.
+// bucket later (store-and-forward: one whole step later), forwarded at that share.
 FanoutPrediction Relayed(const FanoutOptions& o, Topology topology, uint64_t f, double wire) {
   const uint64_t n = o.replicas;
   const uint64_t first = std::min(f, n);  // the trainer's own children
@@ -39,8 +39,12 @@ FanoutPrediction Relayed(const FanoutOptions& o, Topology topology, uint64_t f, 
   const double receive = wire / BytesPerSecond(o.replica_gbps);
   const double relay =
       p.depth > 1 ? wire * static_cast<double>(f) / BytesPerSecond(o.replica_gbps) : 0;
-  p.stream_seconds = std::max({trainer, receive, relay});
-  const double bucket = std::min(wire, static_cast<double>(o.bucket_bytes));
+  // Store-and-forward: the stream is the first level's; each level after it adds a whole step at
+  // its sender's share.
+  p.stream_seconds =
+      o.store_and_forward ? std::max(trainer, receive) : std::max({trainer, receive, relay});
+  const double bucket =
+      o.store_and_forward ? wire : std::min(wire, static_cast<double>(o.bucket_bytes));
   p.pipeline_seconds =
       (p.depth - 1) * bucket * static_cast<double>(f) / BytesPerSecond(o.replica_gbps);
   return p;
@@ -107,7 +111,10 @@ std::string FormatFanout(const FanoutOptions& o, const std::vector<FanoutPredict
   std::ostringstream os;
   os << "fanout-sim: " << o.replicas << " replicas of " << DecimalBytes(o.model_bytes)
      << ", trainer egress " << o.trainer_gbps << " Gb/s, replica NICs " << o.replica_gbps
-     << " Gb/s, buckets of " << DecimalBytes(o.bucket_bytes) << "\n";
+     << " Gb/s, "
+     << (o.store_and_forward ? std::string("relays store and forward each step")
+                             : "buckets of " + DecimalBytes(o.bucket_bytes))
+     << "\n";
   const double wire = WireBytes(o);
   if (o.changed_fraction >= 0) {
     char line[160];
@@ -132,7 +139,12 @@ std::string FormatFanout(const FanoutOptions& o, const std::vector<FanoutPredict
     os << line;
   }
   os << "A lower bound from link speeds (full duplex, no congestion or failures), not a "
-        "measurement.\nRelays (tree, chain) are issue 42's design, not built yet.\n";
+        "measurement.\n"
+     << (o.store_and_forward
+             ? "Store-and-forward: what today's relays do (SubscriberOptions::serve_endpoint, "
+               "docs/relays.md).\n"
+             : "Cut-through relays (forwarding a bucket while receiving the next) are the next "
+               "increment; today's\nrelays store and forward (--store-and-forward).\n");
   return os.str();
 }
 

@@ -1,12 +1,13 @@
 // The fan-out model behind `weightsync fanout-sim` (issue 42, docs/plan_sim.md "Fan-out to
 // replicas"): how long until every one of N inference replicas holds a step, when the trainer
 // sends it to each replica itself (direct), or the replicas relay it along a tree of bounded
-// fan-out or a chain, forwarding each bucket while they receive the next (cut-through).
+// fan-out or a chain, forwarding each bucket while they receive the next (cut-through), or — as
+// the relays built today do (docs/relays.md) — each whole step once they committed it
+// (store-and-forward).
 //
 // A lower bound from link speeds, like plan-sim: full-duplex links, each sender's egress shared
-// evenly by its children, no congestion, no latency besides the buckets a relay must receive
-// before forwarding them, no failures. Relays are not built yet: the tree and chain rows say what
-// they would buy.
+// evenly by its children, no congestion, no latency besides the buckets (or whole steps) a relay
+// must receive before forwarding them, no failures.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,9 @@ struct FanoutOptions {
   double trainer_gbps = 400;            // the trainer's egress, Gb/s
   double replica_gbps = 400;            // each replica's NIC, per direction, Gb/s
   uint64_t bucket_bytes = 64ull << 20;  // what a relay receives before it forwards
+  // A relay forwards a step only once it holds all of it (today's relays): each level below the
+  // first waits for its parent's whole transfer instead of one bucket.
+  bool store_and_forward = false;
 };
 
 enum class Topology : uint8_t { kDirect, kTree, kChain };

@@ -15,8 +15,9 @@ namespace {
 constexpr char kSummary[] =
     "Predicts, from link speeds, how long until every inference replica holds a step: the\n"
     "trainer sending to each replica (direct), replicas relaying along trees of bounded fan-out,\n"
-    "or a chain, each relay forwarding a bucket while it receives the next. Prints the trainer's\n"
-    "egress and the time per topology. See docs/plan_sim.md.";
+    "or a chain, each relay forwarding a bucket while it receives the next (or, with\n"
+    "--store-and-forward, each whole step once it holds it). Prints the trainer's egress and the\n"
+    "time per topology. See docs/plan_sim.md.";
 
 Result<double> Number(const std::string& flag, const std::string& text, double low, double high) {
   char* end = nullptr;
@@ -42,6 +43,10 @@ int RunFanoutSim(int argc, char** argv) {
   flags.String("trainer-gbps", &trainer_gbps, "the trainer's egress, Gb/s");
   flags.String("replica-gbps", &replica_gbps, "each replica's NIC, per direction, Gb/s");
   flags.Bytes("bucket-bytes", &bucket_bytes, "what a relay receives before forwarding it");
+  bool store_and_forward = false;
+  flags.Bool("store-and-forward", &store_and_forward,
+             "relays forward a step once they hold all of it (today's relays; default: "
+             "cut-through, bucket by bucket)");
   flags.String("changed-fraction", &changed,
                "send deltas: this fraction (0..1) of elements changed per step (default: whole)");
   Status s = flags.Parse(argc, argv);
@@ -51,6 +56,7 @@ int RunFanoutSim(int argc, char** argv) {
   }
   FanoutOptions o;
   o.bucket_bytes = bucket_bytes;
+  o.store_and_forward = store_and_forward;
   if (s.ok() && replicas < 1) {
     s = Status::InvalidArgument("--replicas=", replicas, ": expected at least 1");
   }

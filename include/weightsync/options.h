@@ -174,6 +174,16 @@ struct SubscriberOptions {
   bool convert_on_publisher_gpu = false;
   // See LineagePolicy.
   LineagePolicy lineage_policy = LineagePolicy::kFollow;
+  // A relay (docs/relays.md): "local://NAME" or "tcp://HOST:PORT" makes this subscriber also serve
+  // every version it commits to other subscribers, who dial it as they would the trainer's
+  // publisher (same token). It serves under the trainer's lineage, session and step numbers with
+  // the trainer's digests (never hashed again), so its children verify exactly what the trainer
+  // published; over tcp they get deltas as from the trainer. The endpoint is bound at Create
+  // (Subscriber::serve_endpoint()); children wait there for the first version. Needs one
+  // publisher, and every published tensor registered whole, unconverted, in host memory; the
+  // relay keeps two copies of the model in host memory (its own store, so Sleep() and the next
+  // update never pull bytes from under a child). Empty: not a relay.
+  std::string serve_endpoint;
 };
 
 }  // namespace weightsync

@@ -78,6 +78,10 @@ struct PublishStats {
   uint64_t changed_bytes = 0;
 };
 
+// Internal: how a relay (SubscriberOptions::serve_endpoint) serves a version it received under
+// the trainer's identity and digests (src/core/publisher_relay.h).
+struct PublisherRelayAccess;
+
 class Publisher {
  public:
   // Binds the endpoint and starts serving. Fails with AlreadyExists if a live publisher serves it.
@@ -112,6 +116,7 @@ class Publisher {
   struct Impl;
 
  private:
+  friend struct PublisherRelayAccess;
   explicit Publisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -81,6 +81,9 @@ class Subscriber {
   Status Cancel();
 
   int64_t committed_step() const;  // -1 before the first successful update
+  // A relay's endpoint as bound (SubscriberOptions::serve_endpoint; for tcp://HOST:0 with its
+  // port); empty when this subscriber serves nothing.
+  std::string serve_endpoint() const;
   // The lineage of the committed version (of the first publisher, with several); empty before
   // the first successful update.
   std::string committed_lineage() const;

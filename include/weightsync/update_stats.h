@@ -54,9 +54,10 @@ struct UpdateStats {
   // imported (the ledger's mapped_bytes), is not counted.
   uint64_t staging_bytes = 0;
   // Delta updates (SubscriberOptions::delta, docs/deltas.md): the committed step the step's
-  // changes were applied to (-1: every byte came whole; with several publishers, the first's),
-  // the digest segments that came as deltas, and the bytes that came for the tensors (deltas plus
-  // whole segments; `bytes` when nothing came as a delta).
+  // changes were applied to (-1: no base, every byte came whole; with several publishers, the
+  // first's) — a step sent against a base may still carry every segment whole, when none was
+  // worth a delta (delta_segments 0); the digest segments that came as deltas, and the bytes that
+  // came for the tensors (deltas plus whole segments; `bytes` when nothing came as a delta).
   int64_t delta_base_step = -1;
   uint32_t delta_segments = 0;
   uint64_t received_bytes = 0;
@@ -64,6 +65,11 @@ struct UpdateStats {
   // matched the committed version (Subscriber::CheckWeights), in check_seconds.
   bool weights_checked = false;
   double check_seconds = 0;
+  // A relay (SubscriberOptions::serve_endpoint): the step it serves its children after this update
+  // (-1: none; serving failed, logged with its cause), and the time taken to hand it over (the copy
+  // into its store).
+  int64_t served_step = -1;
+  double serve_seconds = 0;
 };
 
 // What Subscriber::CheckWeights() compared: the destinations' own memory, digested where it lives

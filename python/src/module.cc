@@ -126,6 +126,7 @@ NB_MODULE(_weightsync, m) {
         subscriber["delta"] = s.delta;
         subscriber["token"] = s.token;
         subscriber["token_file"] = s.token_file;
+        subscriber["serve_endpoint"] = s.serve_endpoint;
         nb::dict out;
         out["Publisher"] = publisher;
         out["Subscriber"] = subscriber;

@@ -343,7 +343,8 @@ void BindSubscriber(nb::module_& m) {
               "tensors (0 without). Held until sleep(), close() or a failed update.")
       .def_ro("delta_base_step", &UpdateStats::delta_base_step,
               "Delta updates (docs/deltas.md): the committed step the changes were applied to;\n"
-              "-1: every byte came whole.")
+              "-1: no base, every byte came whole (a step sent against a base may still carry\n"
+              "every segment whole: delta_segments 0).")
       .def_ro("delta_segments", &UpdateStats::delta_segments,
               "Digest segments that came as deltas.")
       .def_ro("received_bytes", &UpdateStats::received_bytes,
@@ -353,6 +354,11 @@ void BindSubscriber(nb::module_& m) {
               "update(check_weights=True): the destinations' memory matched the committed\n"
               "version.")
       .def_ro("check_seconds", &UpdateStats::check_seconds, "The weights check's wall time.")
+      .def_ro("served_step", &UpdateStats::served_step,
+              "A relay (serve_endpoint): the step it serves after this update; -1: none (a\n"
+              "failure to serve is logged with its cause).")
+      .def_ro("serve_seconds", &UpdateStats::serve_seconds,
+              "A relay: the time taken to hand the version to its store.")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
@@ -364,7 +370,8 @@ void BindSubscriber(nb::module_& m) {
                "', lineage_changed=" + b(s.lineage_changed) +
                ", staging_bytes=" + std::to_string(s.staging_bytes) +
                ", delta_base_step=" + std::to_string(s.delta_base_step) +
-               ", received_bytes=" + std::to_string(s.received_bytes) + ")";
+               ", received_bytes=" + std::to_string(s.received_bytes) +
+               (s.served_step >= 0 ? ", served_step=" + std::to_string(s.served_step) : "") + ")";
       });
 
   nb::class_<WeightsCheck>(m, "WeightsCheck",
@@ -411,9 +418,10 @@ void BindSubscriber(nb::module_& m) {
           [](PySubscriber* self, nb::handle endpoint_arg, const std::string& mode,
              const std::string& policy, double timeout, bool verify, int copy_threads,
              bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy,
-             nb::handle token, nb::handle token_file, bool delta) {
+             nb::handle token, nb::handle token_file, bool delta, nb::handle serve_endpoint) {
             SubscriberOptions o;
             o.delta = delta;
+            o.serve_endpoint = Utf8Arg(serve_endpoint, "serve_endpoint");
             o.token = Utf8Arg(token, "token");
             o.token_file = Utf8Arg(token_file, "token_file");
             std::string endpoint;
@@ -455,13 +463,15 @@ void BindSubscriber(nb::module_& m) {
           "lineage_policy"_a = LineagePolicyName(kSubscriberDefaults.lineage_policy),
           "token"_a = kSubscriberDefaults.token, "token_file"_a = kSubscriberDefaults.token_file,
           "delta"_a = kSubscriberDefaults.delta,
+          "serve_endpoint"_a = kSubscriberDefaults.serve_endpoint,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
                   "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
                   "timeout: float = 10.0, verify: bool = False, copy_threads: int = 0, "
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
                   "lineage_policy: typing.Literal['follow', 'strict'] = 'follow', "
-                  "token: str = '', token_file: str = '', delta: bool = True) -> None"),
+                  "token: str = '', token_file: str = '', delta: bool = True, "
+                  "serve_endpoint: str = '') -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -483,7 +493,11 @@ void BindSubscriber(nb::module_& m) {
           "(proven against its digests; anything else comes whole). token / token_file (tcp): the "
           "publisher's\n"
           "shared secret, or a 0600 file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or\n"
-          "$WEIGHTSYNC_TOKEN.")
+          "$WEIGHTSYNC_TOKEN. serve_endpoint (docs/relays.md): 'local://NAME' or\n"
+          "'tcp://HOST:PORT' makes this subscriber a relay: it also serves each version it\n"
+          "commits there, under the trainer's lineage and digests, to subscribers that dial it\n"
+          "as they would the trainer (one publisher, every tensor registered whole in host\n"
+          "memory; two copies of the model in host memory).")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
@@ -664,6 +678,9 @@ void BindSubscriber(nb::module_& m) {
           [](PySubscriber& self) { return Utf8Out(self.subscriber->committed_lineage()); },
           "The publisher's lineage of the committed version ('' before the first update).")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
+      .def_prop_ro(
+          "serve_endpoint", [](PySubscriber& self) { return self.subscriber->serve_endpoint(); },
+          "A relay's endpoint as bound (tcp://HOST:0 with its port); '' when it serves nothing.")
       .def("__repr__",
            [](PySubscriber& self) {
              return "Subscriber('" + self.endpoint +

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/destination_set.h"
+#include "core/publisher_relay.h"
 #include "plan/plan.h"
 #include "transport/publisher_transport.h"
 #include "transport/store/bucket_ring.h"
@@ -102,6 +103,8 @@ struct Publisher::Impl final : transport::VersionSource {
   bool frozen WS_GUARDED_BY(mu) = false;
 
   Status Freeze() WS_REQUIRES(mu);
+  Result<PublishStats> PublishVersion(int64_t step, void* cuda_stream,
+                                      std::span<const uint64_t> given);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
   Result<util::UniqueFd> ExportAllocationFd(uint32_t index) override;
@@ -398,7 +401,13 @@ Status Publisher::BeginWrite() {
 }
 
 Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& options) {
-  Impl& d = *impl_;
+  return impl_->PublishVersion(step, options.cuda_stream, {});
+}
+
+// Publish, or with `given` digests (a relay's, PublisherRelayAccess) a copy that is not hashed.
+Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_stream,
+                                                     std::span<const uint64_t> given) {
+  Impl& d = *this;
   auto start = std::chrono::steady_clock::now();
   util::MutexLock publish_lock(&d.publish_mu);
   const int64_t latest = d.versions.latest_step();  // only Publish moves it, and we hold that
@@ -435,8 +444,18 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
     base = {static_cast<uint32_t>(base_slot), base_step,
             d.versions.published_digests(static_cast<uint32_t>(base_slot))};
   }
-  Status published = d.store->Publish(k, d.versions.digests(k), base.step >= 0 ? &base : nullptr,
-                                      options.cuda_stream, Deadline(d.options.timeout));
+  const transport::store::DeltaBase* delta_base = base.step >= 0 ? &base : nullptr;
+  Status published;
+  if (given.empty()) {
+    published = d.store->Publish(k, d.versions.digests(k), delta_base, cuda_stream,
+                                 Deadline(d.options.timeout));
+  } else if (given.size() != d.store->digest_count()) {
+    published = Status::InvalidArgument(given.size(), " digests given for a version of ",
+                                        d.store->digest_count());
+  } else {
+    published = d.store->PublishCopy(k, delta_base);
+    if (published.ok()) std::copy(given.begin(), given.end(), d.versions.digests(k).begin());
+  }
   if (!published.ok()) {
     d.versions.WriteFailed(k);
     return published.WithContext("Publish(" + std::to_string(step) + ")");
@@ -516,6 +535,26 @@ Status Publisher::Close() {
     store->reset();
   }
   return result;
+}
+
+Status PublisherRelayAccess::AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream) {
+  Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock publish_lock(&d.publish_mu);
+  util::MutexLock lock(&d.mu);
+  if (d.frozen) return Status::FailedPrecondition("a relay adopts an identity before serving");
+  d.welcome.session_id = upstream.session_id;
+  d.welcome.lineage = upstream.lineage;
+  d.welcome.resumed_from = upstream.resumed_from;
+  d.options.lineage = upstream.lineage;
+  d.options.resume_from_step = upstream.resumed_from;
+  d.options.segment_bytes = upstream.segment_bytes;
+  return Status::Ok();
+}
+
+Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, int64_t step,
+                                                        std::span<const uint64_t> digests) {
+  if (digests.empty()) return Status::InvalidArgument("a relayed version needs its digests");
+  return publisher.impl_->PublishVersion(step, nullptr, digests);
 }
 
 }  // namespace weightsync

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/destination_set.h"
+#include "core/relay_serve.h"
 #include "core/weights_check.h"
 #include "cuda/vmm.h"
 #include "plan/mismatch_list.h"
@@ -109,6 +110,10 @@ struct Subscriber::Impl {
   std::unique_ptr<util::WorkerPool> pool WS_GUARDED_BY(update_mu);
   bool closed WS_GUARDED_BY(update_mu) = false;
   uint64_t prepare_count WS_GUARDED_BY(update_mu) = 0;
+  // A relay (SubscriberOptions::serve_endpoint): serves each committed version to children.
+  std::unique_ptr<core::RelayServe> relay WS_GUARDED_BY(update_mu);
+  std::string serve_endpoint;  // as bound at Create; constant after
+  void ServeCommitted(UpdateStats* stats) WS_REQUIRES(update_mu);
 
   std::atomic<bool> cancel{false};  // set by Cancel() and Close(), cleared when an update starts
   // Set by Close() before it waits for update_mu: an update that clears `cancel` after Close set
@@ -245,6 +250,15 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
       WS_ASSIGN_OR_RETURN(source.endpoint, transport::link::ParseEndpoint(name));
       impl->sources_text += (impl->sources_text.empty() ? "" : ", ") + name;
       impl->sources.push_back(std::move(source));
+    }
+    if (!options.serve_endpoint.empty()) {
+      if (impl->sources.size() != 1) {
+        return Status::InvalidArgument("SubscriberOptions.serve_endpoint with ",
+                                       impl->sources.size(),
+                                       " publishers: a relay serves one publisher's versions");
+      }
+      WS_ASSIGN_OR_RETURN(impl->relay, core::RelayServe::Listen(options));
+      impl->serve_endpoint = impl->relay->endpoint();
     }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
@@ -595,6 +609,11 @@ Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
     if (!prepared) {
       Status s = Prepare(run.deadline, run.verify);
       if (!s.ok()) return Fail(run, s.WithContext("prepare"));
+      if (relay) {
+        // Before anything moves: a relay must be able to serve what it is about to receive.
+        s = core::RelayServe::CheckServable(*active[0]->welcome, registered.destinations());
+        if (!s.ok()) return Fail(run, s);
+      }
       run.stats.handle_created = true;
       run.stats.prepare_seconds = Seconds(run.t0, Clock::now());
     }
@@ -733,7 +752,9 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
       stats.lineage_changed = true;
     }
     WS_RETURN_IF_ERROR(MoveStep(run, step));
+    ServeCommitted(&stats);
   }
+  if (relay) stats.served_step = relay->served_step();
   // What the prepared handles hold, after the copy (a delta buffer may have grown in it), reported
   // by up-to-date updates too (no allocation).
   for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
@@ -742,6 +763,22 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
+}
+
+// A relay hands the version it committed to its children. Its own update succeeded whatever
+// happens here: a failure is logged with its cause and UpdateStats::served_step says what is
+// served.
+void Subscriber::Impl::ServeCommitted(UpdateStats* stats) {
+  if (!relay) return;
+  const Source& source = *active[0];
+  const auto t0 = Clock::now();
+  Result<PublishStats> served = relay->Serve(*source.welcome, registered.destinations(),
+                                             stats->step, source.committed_digests);
+  stats->serve_seconds = Seconds(t0, Clock::now());
+  if (!served.ok()) {
+    WS_LOG(WARN, "relay") << serve_endpoint << ": serving step " << stats->step
+                          << " failed: " << served.status();
+  }
 }
 
 Status Subscriber::Sleep() {
@@ -766,7 +803,9 @@ Status Subscriber::Close() {
   if (d.closed) return Status::Ok();
   d.closed = true;
   CallerDevice caller_device(d.registered.any_cuda());
-  return d.ReleaseHandles("close");
+  Status s = d.ReleaseHandles("close");
+  if (d.relay) s.Update(d.relay->Close().WithContext("relay " + d.serve_endpoint));
+  return s;
 }
 
 Status Subscriber::Cancel() {
@@ -778,6 +817,7 @@ Status Subscriber::Cancel() {
 int64_t Subscriber::committed_step() const {
   return impl_->committed.load(std::memory_order_relaxed);
 }
+std::string Subscriber::serve_endpoint() const { return impl_->serve_endpoint; }
 bool Subscriber::weights_valid() const { return impl_->valid.load(std::memory_order_relaxed); }
 std::string Subscriber::committed_lineage() const {
   util::MutexLock lock(&impl_->lineage_mu);

@@ -7,8 +7,11 @@
 //   holds S     → "yes" | "no <why>"          (every tensor equals the model at step S)
 //   valid       → "yes" | "no"                (weights_valid())
 // The token comes from the environment (WEIGHTSYNC_TOKEN / WEIGHTSYNC_TOKEN_FILE).
+// WS_TEST_SERVE=ENDPOINT makes it a relay (SubscriberOptions::serve_endpoint): it prints
+// "ready SERVE_ENDPOINT" (tcp://HOST:0 with the port bound) instead.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -27,6 +30,9 @@ int main(int argc, char** argv) {
   options.endpoint = argv[1];
   options.verify = true;
   options.timeout = std::chrono::milliseconds(argc > 4 ? std::atoi(argv[4]) : 5000);
+  if (const char* serve = std::getenv("WS_TEST_SERVE"); serve != nullptr) {
+    options.serve_endpoint = serve;
+  }
   SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto like = model.Tensors();
   auto storage = SyntheticModel::PoisonedStorage(like);
@@ -34,7 +40,7 @@ int main(int argc, char** argv) {
   auto sub = ws::Subscriber::Create(options);
   if (!sub.ok()) return ws::testing::SetUpFailed(sub.status());
   if (ws::Status s = (*sub)->Register(dst); !s.ok()) return ws::testing::SetUpFailed(s);
-  ws::testing::SayReady("");
+  ws::testing::SayReady((*sub)->serve_endpoint());
   ws::testing::CommandLoop loop;
   loop.On("update", [&](std::istream& args) {
     int64_t step = 0;

@@ -560,6 +560,22 @@ TEST(FanoutModel, DirectTreeAndChainByHand) {
   EXPECT_DOUBLE_EQ(chain.pipeline_seconds, 9 * (64.0 * 1048576) / 1e10);
 }
 
+// Today's relays store and forward: each level below the first waits for its parent's whole
+// step, sent to its children at the parent's share of its NIC.
+TEST(FanoutModel, StoreAndForwardAddsAWholeStepPerLevel) {
+  FanoutOptions o = TenReplicas();
+  o.store_and_forward = true;
+  ASSERT_OK_AND_ASSIGN(auto rows, PredictFanout(o, {2}));
+  EXPECT_DOUBLE_EQ(rows[0].seconds(), 1.0);  // direct: no relays, nothing changes
+  const FanoutPrediction& tree = rows[1];
+  EXPECT_EQ(tree.depth, 3u);
+  EXPECT_DOUBLE_EQ(tree.stream_seconds, 0.2);                   // the trainer feeds two children
+  EXPECT_DOUBLE_EQ(tree.pipeline_seconds, 2 * 1e9 * 2 / 1e10);  // two more levels, two each
+  const FanoutPrediction& chain = rows[2];
+  EXPECT_DOUBLE_EQ(chain.stream_seconds, 0.1);
+  EXPECT_DOUBLE_EQ(chain.pipeline_seconds, 9 * 0.1);  // ten whole transfers in a row
+}
+
 TEST(FanoutModel, ASlowTrainerLinkOrASmallModelBoundsTheStream) {
   FanoutOptions o = TenReplicas();
   o.trainer_gbps = 8;  // 1e9 bytes/s: even one copy takes a second
@@ -610,6 +626,10 @@ TEST_F(PlanSimCli, FanoutSimPrintsEveryTopology) {
                            "direct", "tree", "chain", "all hold it", "not a measurement"}) {
     EXPECT_NE(run.output.find(line), std::string::npos) << line << " missing from:\n" << run.output;
   }
+  CliRun stored = RunCli("fanout-sim --replicas 16 --model-bytes 128M --store-and-forward");
+  ASSERT_EQ(stored.exit_code, 0) << stored.output;
+  EXPECT_NE(stored.output.find("relays store and forward each step"), std::string::npos)
+      << stored.output;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"fanout-sim --replicas 0", "--replicas=0: expected at least 1"},
       {"fanout-sim --trainer-gbps fast", "--trainer-gbps=fast: expected a number"},

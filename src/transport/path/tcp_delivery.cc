@@ -52,6 +52,9 @@ class SocketDelivery final : public StepDelivery {
                  const Deadline& deadline, bool* streaming) override {
     const wire::StepBegin& begin = pin.begin;
     const uint64_t slot_base = welcome_.slots_offset + uint64_t{begin.slot} * welcome_.slot_bytes;
+    // Tests: sleep:<ms> holds a session that pinned its step before it sends (a relay stalled or
+    // killed mid-serve).
+    (void)util::FailPoints::Check("publisher.before_send");
     if (request.delta) {
       const store::SlotDelta* delta = source_->DeltaOf(pin);
       if (delta != nullptr && delta->base_step >= 0 && delta->base_step == request.after_step &&

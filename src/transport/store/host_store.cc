@@ -73,6 +73,7 @@ class HostStore final : public VersionStore {
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
   Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                  void* cuda_stream, const util::Deadline& deadline) override;
+  Status PublishCopy(uint32_t slot, const DeltaBase* base) override;
   int fd() const override { return arena_->fd(); }
   const uint8_t* base() const override { return arena_->base(); }
   uint32_t digest_count() const override { return digest_count_; }
@@ -121,9 +122,10 @@ class HostStore final : public VersionStore {
   struct Job {
     HostStore* self;
     uint32_t slot;
-    uint64_t* digests;
+    uint64_t* digests;  // null: copy only (PublishCopy: a relay's digests are the trainer's)
     const DeltaBase* base;
   };
+  void Run(Job job);
   static void RunTask(void* context, uint32_t index);
   void EncodeTask(const Task& t, const Job& job, const uint8_t* written);
   void SummarizeDelta(uint32_t slot, const DeltaBase* base);
@@ -148,12 +150,21 @@ void HostStore::RunTask(void* context, uint32_t index) {
   const Task& t = job->self->tasks_[index];
   HostArena& arena = *job->self->arena_;
   uint8_t* dst = t.in_slot ? arena.slot(job->slot) + t.arena_offset : arena.base() + t.arena_offset;
-  uint64_t digest =
-      t.src != nullptr ? util::CopyAndHash64(dst, t.src, t.bytes) : util::Hash64(dst, t.bytes);
-  if (util::FailPoints::Check("publisher.corrupt_after_digest").action == util::FailAction::kFlip) {
-    dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
+  if (job->digests == nullptr) {
+    if (t.src != nullptr) std::memcpy(dst, t.src, t.bytes);
+    // Tests: a relay that corrupts what it serves (its children's verify must refuse it).
+    if (util::FailPoints::Check("relay.corrupt_served").action == util::FailAction::kFlip) {
+      dst[t.bytes / 2] ^= 0x01;
+    }
+  } else {
+    const uint64_t digest =
+        t.src != nullptr ? util::CopyAndHash64(dst, t.src, t.bytes) : util::Hash64(dst, t.bytes);
+    if (util::FailPoints::Check("publisher.corrupt_after_digest").action ==
+        util::FailAction::kFlip) {
+      dst[t.bytes / 2] ^= 0x01;  // the digest now describes bytes the arena no longer holds
+    }
+    job->digests[t.digest] = digest;
   }
-  job->digests[t.digest] = digest;
   if (job->base != nullptr && t.delta_room > 0) job->self->EncodeTask(t, *job, dst);
 }
 
@@ -274,14 +285,22 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
   return Status::Ok();
 }
 
+void HostStore::Run(Job job) {
+  // A base in the slot being written is no base (a store of one slot).
+  if (deltas_.empty() || (job.base != nullptr && job.base->slot == job.slot)) job.base = nullptr;
+  workers_->Run(static_cast<uint32_t>(tasks_.size()), &HostStore::RunTask, &job);
+  SummarizeDelta(job.slot, job.base);
+}
+
 Status HostStore::Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                           void* /*cuda_stream*/, const util::Deadline& /*deadline*/) {
-  // A base in the slot being written is no base (a store of one slot).
-  if (deltas_.empty() || (base != nullptr && base->slot == slot)) base = nullptr;
-  Job job{this, slot, digests.data(), base};
-  workers_->Run(static_cast<uint32_t>(tasks_.size()), &HostStore::RunTask, &job);
+  Run({this, slot, digests.data(), base});
   for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
-  SummarizeDelta(slot, base);
+  return Status::Ok();
+}
+
+Status HostStore::PublishCopy(uint32_t slot, const DeltaBase* base) {
+  Run({this, slot, nullptr, base});
   return Status::Ok();
 }
 

@@ -138,6 +138,13 @@ class VersionStore {
   // start after the work queued on it.
   virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                          void* cuda_stream, const util::Deadline& deadline) = 0;
+  // Relays (docs/relays.md): writes version `slot` as Publish does but copies without hashing —
+  // its digests are the trainer's, which the caller sets, so a relay never re-hashes and its
+  // children verify exactly what the trainer published. Deltas are encoded as in Publish. Only
+  // the host store has it.
+  virtual Status PublishCopy(uint32_t /*slot*/, const DeltaBase* /*base*/) {
+    return Status::NotSupported("this store cannot serve a relayed version (host arena only)");
+  }
   // The delta of version `slot` against the one before it; null for a store without delta room.
   virtual const SlotDelta* delta(uint32_t /*slot*/) const { return nullptr; }
   virtual int fd() const = 0;  // what subscribers on this host map

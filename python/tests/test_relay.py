@@ -1,0 +1,54 @@
+"""Relays from Python (docs/relays.md): a subscriber with serve_endpoint serves what it commits to
+other subscribers, under the trainer's lineage and digests; a chain holds the trainer's bytes at
+every level, and over tcp the leaf gets deltas through the relays."""
+
+import numpy as np
+import pytest
+
+import weightsync
+from conftest import assert_bit_exact, make_model, zeros_like_model
+from test_delta import change_some
+
+
+@pytest.mark.parametrize("link", ["tcp", "local"])
+def test_a_chain_of_relays_holds_the_trainers_bytes_at_every_level(link, tmp_path):
+    rng = np.random.default_rng(42)
+    model = make_model(seed=6, elements=20000)
+
+    def endpoint(name):
+        return "tcp://127.0.0.1:0" if link == "tcp" else f"local://relay-py-{name}-{tmp_path.name}"
+
+    with weightsync.Publisher(endpoint("trainer"), segment_bytes=16384,
+                              lineage="py-relay") as pub:
+        pub.register(model)
+        pub.publish(1)
+        first, second, leaf = (zeros_like_model(model) for _ in range(3))
+        with weightsync.Subscriber(pub.endpoint, serve_endpoint=endpoint("a"), timeout=30) as a, \
+                weightsync.Subscriber(a.serve_endpoint, serve_endpoint=endpoint("b"),
+                                      verify=True, timeout=30) as b, \
+                weightsync.Subscriber(b.serve_endpoint, verify=True, timeout=30) as sub:
+            assert a.serve_endpoint and b.serve_endpoint and sub.serve_endpoint == ""
+            for s, dst in ((a, first), (b, second), (sub, leaf)):
+                s.register(dst)
+            for step in range(1, 6):
+                if step > 1:
+                    change_some(model, rng, 0.01)
+                    pub.publish(step)
+                for relay in (a, b):
+                    stats = relay.update()
+                    assert (stats.step, stats.served_step) == (step, step), stats
+                    assert f"served_step={step}" in repr(stats)
+                stats = sub.update()
+                assert stats.step == step and stats.verified and stats.served_step == -1
+                assert stats.lineage == "py-relay"
+                if link == "tcp" and step > 1:
+                    assert stats.delta_base_step == step - 1, stats
+                    assert stats.received_bytes < stats.bytes // 4, stats
+                for dst in (first, second, leaf):
+                    assert_bit_exact(dst, model)
+
+
+def test_a_relay_of_several_publishers_is_refused_with_the_reason():
+    with pytest.raises(weightsync.InvalidArgument, match="serve_endpoint with 2 publishers"):
+        weightsync.Subscriber(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"],
+                              serve_endpoint="tcp://127.0.0.1:0")

@@ -1,0 +1,27 @@
+// What a relay (SubscriberOptions::serve_endpoint, docs/relays.md) needs of a Publisher beyond
+// its public interface: to serve under the trainer's session (so children tell versions apart
+// exactly as they would from the trainer) and to publish a received version with the trainer's
+// digests instead of hashing it again.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "weightsync/publisher.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync {
+
+struct PublisherRelayAccess {
+  // Takes the trainer's identity from its Welcome: session, lineage, the step it resumed from, and
+  // its digest segment size (so digests number the same segments). Only before the first
+  // publish: sessions read the identity with the layout.
+  static Status AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream);
+  // Publish(step) of a host store whose bytes are copied, not hashed; `digests` (the trainer's, of
+  // exactly these bytes, every one) are what subscribers verify against.
+  static Result<PublishStats> PublishGiven(Publisher& publisher, int64_t step,
+                                           std::span<const uint64_t> digests);
+};
+
+}  // namespace weightsync

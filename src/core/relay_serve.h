@@ -1,0 +1,68 @@
+// RelayServe: the serving side of a relay (SubscriberOptions::serve_endpoint, docs/relays.md).
+// After each update it commits, the subscriber hands the version to its RelayServe, which
+// publishes it to other subscribers from a host store of its own: under the trainer's lineage,
+// session and step numbers, with the trainer's digests (copied, never hashed again), so a child
+// tells versions apart and verifies exactly as it would against the trainer, and a relay that
+// corrupts what it serves is caught by its children's verify. Over tcp its children get deltas
+// against the previous version as from any publisher.
+//
+// This first form stores and forwards: a relay serves a step once it has committed it (a level of
+// a tree adds one model's transfer; cut-through, forwarding bucket b while b + 1 arrives, is the
+// next increment) and its store holds two copies of the model in host memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "weightsync/options.h"
+#include "weightsync/publisher.h"
+#include "weightsync/status.h"
+#include "wire/messages.h"
+
+namespace weightsync::core {
+
+class RelayServe {
+ public:
+  // Binds `options.serve_endpoint` now, so children can dial it (and read its port) before the
+  // first version arrives: they wait for it as for any publisher's first step.
+  static Result<std::unique_ptr<RelayServe>> Listen(const SubscriberOptions& options);
+  ~RelayServe();
+
+  // The endpoint children dial (for tcp://HOST:0, with the port bound).
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Whether the version `upstream` serves, landed in `destinations`, can be served as the trainer
+  // published it: every published tensor held whole under its name, with its dtype and shape, in
+  // host memory. FailedPrecondition naming what is missing otherwise (nothing has moved yet).
+  static Status CheckServable(const wire::Welcome& upstream,
+                              const std::vector<plan::Destination>& destinations);
+
+  // Serves `step` of `upstream`'s session from `destinations` with the trainer's `digests` (every
+  // one of the version's). A new session (a restarted trainer) makes a new serving publisher on
+  // the same endpoint: children connected to the old one see it go and dial again.
+  Result<PublishStats> Serve(const wire::Welcome& upstream,
+                             const std::vector<plan::Destination>& destinations, int64_t step,
+                             std::span<const uint64_t> digests);
+
+  // The step children are served now; -1 before the first.
+  int64_t served_step() const { return publisher_ ? publisher_->latest_step() : -1; }
+
+  // Stops serving; idempotent.
+  Status Close();
+
+ private:
+  explicit RelayServe(const SubscriberOptions& options);
+  Status Open(const wire::Welcome* upstream);
+
+  PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
+  std::string endpoint_;
+  std::unique_ptr<Publisher> publisher_;
+  bool adopted_ = false;  // publisher_ holds a session's identity and layout
+  uint64_t session_ = 0;  // the session whose versions publisher_ serves
+};
+
+}  // namespace weightsync::core

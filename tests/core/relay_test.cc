@@ -1,0 +1,404 @@
+// Relays (SubscriberOptions::serve_endpoint, docs/relays.md): subscribers that serve what they
+// committed to other subscribers, in one process over real tcp loopback and real shared memory.
+// Every level of a chain must hold the trainer's bytes exactly, under the trainer's lineage and
+// digests; a relay that corrupts, goes away, or cannot serve what it holds must never make a child
+// commit wrong bytes.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/publisher_relay.h"
+#include "core/relay_serve.h"
+#include "testing/sparse_trainer.h"
+#include "testing/test_util.h"
+#include "util/fail_point.h"
+#include "weightsync/ledger.h"
+
+namespace weightsync {
+namespace {
+
+using testing::SparseTrainer;
+using util::FailAction;
+using util::FailPoints;
+
+using Bytes = std::vector<std::vector<uint8_t>>;
+
+// (tcp: every hop over loopback tcp; else shared memory on this host, mode)
+class RelayChain : public ::testing::TestWithParam<std::tuple<bool, UpdateMode>> {
+ protected:
+  void SetUp() override { FailPoints::DisarmAll(); }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  bool tcp() const { return std::get<0>(GetParam()); }
+  std::string NewEndpoint(const std::string& stem) {
+    return tcp() ? std::string("tcp://127.0.0.1:0") : testing::UniqueEndpoint(stem);
+  }
+
+  void StartPublisher(const std::string& lineage = "relay-test") {
+    PublisherOptions o;
+    o.endpoint = endpoint_.empty() ? NewEndpoint("trainer") : endpoint_;
+    o.lineage = lineage;
+    o.segment_bytes = 4096;  // many segments even for a small model
+    o.timeout = std::chrono::milliseconds(5000);
+    ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
+    ASSERT_OK(publisher_->Register(trainer_.Tensors()));
+    endpoint_ = publisher_->endpoint();
+  }
+  void Publish(int64_t step, double fraction) {
+    if (step > 1) trainer_.Step(fraction);
+    auto r = publisher_->Publish(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  // A subscriber of `upstream` into `storage`; `serve`: it relays at a new endpoint.
+  std::unique_ptr<Subscriber> Connect(const std::string& upstream, Bytes& storage, bool serve,
+                                      bool verify = true) {
+    SubscriberOptions o;
+    o.endpoint = upstream;
+    o.mode = std::get<1>(GetParam());
+    o.verify = verify;
+    o.timeout = std::chrono::milliseconds(5000);
+    if (serve) o.serve_endpoint = NewEndpoint("relay");
+    return testing::NewSubscriber(o, trainer_.Views(storage));
+  }
+
+  SparseTrainer trainer_;
+  std::string endpoint_;
+  std::unique_ptr<Publisher> publisher_;
+};
+
+// trainer → relay → relay → leaf, 40 steps of 0% to 100% changed elements: every level holds the
+// trainer's bytes after every step, under its lineage; over tcp the leaf gets deltas through two
+// relays (each re-encodes against the version it served before, with the trainer's digests).
+TEST_P(RelayChain, ThreeLevelsHoldTheTrainersBytesEveryStep) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes first = trainer_.Poisoned(), second = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto r1 = Connect(endpoint_, first, /*serve=*/true, /*verify=*/false);
+  auto r2 = Connect(r1->serve_endpoint(), second, /*serve=*/true);
+  auto sub = Connect(r2->serve_endpoint(), leaf, /*serve=*/false);
+  EXPECT_TRUE(sub->serve_endpoint().empty());
+  const double fractions[] = {0.01, 0, 0.001, 0.03, 0.5, 1.0, 0.02, 0.01};
+  int64_t step = 1;
+  uint32_t leaf_delta_segments = 0;
+  for (int round = 0; round < 5; ++round) {
+    for (double fraction : fractions) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", fraction " + std::to_string(fraction));
+      if (step > 1) {
+        ASSERT_NO_FATAL_FAILURE(Publish(step, fraction));
+      }
+      for (Subscriber* relay : {r1.get(), r2.get()}) {
+        auto stats = relay->Update();
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        ASSERT_EQ(stats->step, step);
+        EXPECT_EQ(stats->served_step, step);
+      }
+      auto stats = sub->Update();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ASSERT_EQ(stats->step, step);
+      EXPECT_TRUE(stats->verified);
+      EXPECT_EQ(stats->served_step, -1);
+      EXPECT_EQ(stats->lineage.view(), "relay-test");
+      ASSERT_TRUE(trainer_.HeldBy(first));
+      ASSERT_TRUE(trainer_.HeldBy(second));
+      ASSERT_TRUE(trainer_.HeldBy(leaf));
+      if (tcp() && step > 1 && fraction > 0 && fraction <= 0.02) {
+        EXPECT_EQ(stats->delta_base_step, step - 1);
+        EXPECT_LT(stats->received_bytes, stats->bytes / 4);
+      }
+      leaf_delta_segments += stats->delta_segments;
+      ++step;
+    }
+  }
+  EXPECT_EQ(leaf_delta_segments > 0, tcp());
+  EXPECT_EQ(sub->committed_lineage(), "relay-test");
+}
+
+// A relay that corrupts what it serves (after the trainer's digests were taken) cannot make a
+// verifying child commit: Corruption, the child's staged weights as they were; the next step,
+// served intact, lands.
+TEST_P(RelayChain, ACorruptingRelayIsCaughtByTheChildsVerify) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  ASSERT_OK(relay->Update().status());
+  ASSERT_OK(sub->Update().status());
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 1.0));
+  FailPoints::Arm("relay.corrupt_served", FailAction::kFlip, 0, /*count=*/1);
+  ASSERT_OK(relay->Update().status());  // the relay's own weights are fine
+  EXPECT_EQ(FailPoints::Hits("relay.corrupt_served"), 1);
+  ASSERT_TRUE(trainer_.HeldBy(mid));
+  const Bytes before = leaf;
+  auto refused = sub->Update();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status();
+  EXPECT_EQ(sub->committed_step(), 1);
+  if (std::get<1>(GetParam()) == UpdateMode::kStaged) {
+    EXPECT_EQ(leaf, before);
+    EXPECT_TRUE(sub->weights_valid());
+  } else {
+    EXPECT_FALSE(sub->weights_valid());
+  }
+  ASSERT_NO_FATAL_FAILURE(Publish(3, 0.02));
+  ASSERT_OK(relay->Update().status());
+  auto healed = sub->Update();
+  ASSERT_TRUE(healed.ok()) << healed.status();
+  EXPECT_EQ(healed->step, 3);
+  EXPECT_EQ(healed->delta_base_step, -1);  // it holds no base the relay diffed against
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A relay that went away: its child's update fails within its deadline with nothing committed
+// (the old weights intact: nothing had moved), and the ledger returns to where it was.
+TEST_P(RelayChain, AClosedRelayFailsItsChildCleanly) {
+  const LedgerSnapshot baseline = ReadLedger();
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  ASSERT_OK(relay->Update().status());
+  ASSERT_OK(sub->Update().status());
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.5));
+  const std::string served_at = relay->serve_endpoint();
+  ASSERT_OK(relay->Close());
+  const Bytes before = leaf;
+  auto lost = sub->Update();
+  ASSERT_FALSE(lost.ok());
+  // Its handle saw the relay go and prepared once more: nobody serves the endpoint now.
+  EXPECT_EQ(lost.status().code(), StatusCode::kNotFound) << lost.status();
+  EXPECT_NE(lost.status().message().find(served_at), std::string::npos) << lost.status();
+  EXPECT_EQ(sub->committed_step(), 1);
+  EXPECT_EQ(leaf, before);
+  ASSERT_OK(sub->Close());
+  relay.reset();
+  sub.reset();
+  ASSERT_OK(publisher_->Close());
+  publisher_.reset();
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(baseline, &last)) << last.ToString();
+}
+
+// A replica that joins a relay late gets its latest version whole; a relay asleep (its handle to
+// the trainer released) still serves what it holds, from its own store.
+TEST_P(RelayChain, ALateJoinerGetsTheLatestAndASleepingRelayStillServes) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  Bytes mid = trainer_.Poisoned(), late = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  for (int64_t step = 1; step <= 5; ++step) {
+    ASSERT_NO_FATAL_FAILURE(Publish(step, 0.03));
+    ASSERT_OK(relay->Update().status());
+  }
+  ASSERT_OK(relay->Sleep());
+  auto sub = Connect(relay->serve_endpoint(), late, /*serve=*/false);
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 5);
+  EXPECT_EQ(stats->delta_base_step, -1);
+  ASSERT_TRUE(trainer_.HeldBy(late));
+}
+
+// The trainer restarts (a new session of its lineage, steps from 1 again) under a chain: the
+// relay follows it and serves the new session anew on the same endpoint; its child dials again
+// and takes the new session's step whole.
+TEST_P(RelayChain, ATrainerRestartFlowsDownTheChain) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+    ASSERT_OK(relay->Update().status());
+    ASSERT_OK(sub->Update().status());
+  }
+  const std::string served_at = relay->serve_endpoint();
+  ASSERT_OK(publisher_->Close());
+  publisher_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());  // same endpoint and lineage, a new session
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.5));   // a step number the chain already passed
+  auto followed = relay->Update();
+  ASSERT_TRUE(followed.ok()) << followed.status();
+  EXPECT_TRUE(followed->lineage_changed);
+  EXPECT_EQ(followed->served_step, 2);
+  EXPECT_EQ(relay->serve_endpoint(), served_at);
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 2);
+  EXPECT_TRUE(stats->lineage_changed);
+  EXPECT_EQ(stats->delta_base_step, -1);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A relay must hold the trainer's whole version to serve it: one that registered part of it is
+// refused before anything moves (its destinations untouched), naming the missing tensor.
+TEST_P(RelayChain, ARelayHoldingPartOfTheVersionIsRefusedBeforeAnythingMoves) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes mid = trainer_.Poisoned();
+  std::vector<NamedTensor> views = trainer_.Views(mid);
+  views.pop_back();  // the last published tensor is not held here
+  SubscriberOptions o;
+  o.endpoint = endpoint_;
+  o.mode = std::get<1>(GetParam());
+  o.policy = MatchPolicy::kSubset;
+  o.serve_endpoint = NewEndpoint("relay");
+  auto relay = testing::NewSubscriber(o, views);
+  auto refused = relay->Update();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("'empty' is not registered here"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(mid, trainer_.Poisoned());
+  EXPECT_EQ(relay->committed_step(), -1);
+}
+
+// A relay whose weights check found a difference rewrites its committed step: its store still
+// serves that step, intact, without a failed hand-over.
+TEST_P(RelayChain, RewritingTheCommittedStepKeepsServingIt) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  ASSERT_OK(relay->Update().status());
+  mid[0][7] ^= 0x10;  // something wrote over the relay's weights
+  ASSERT_EQ(relay->CheckWeights().status().code(), StatusCode::kCorruption);
+  testing::LogCapture logs;
+  auto rewritten = relay->Update();
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status();
+  EXPECT_EQ(rewritten->step, 1);
+  EXPECT_FALSE(rewritten->up_to_date);
+  EXPECT_EQ(rewritten->served_step, 1);
+  EXPECT_FALSE(logs.Contains("failed")) << ::testing::PrintToString(logs.Lines());
+  ASSERT_TRUE(trainer_.HeldBy(mid));
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  ASSERT_OK(sub->Update().status());
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// Every hop authenticates with the trainer's token: a child without it is refused by the relay,
+// one with it is served.
+TEST_P(RelayChain, EveryHopTakesTheTrainersToken) {
+  if (!tcp()) GTEST_SKIP() << "tokens are for tcp";
+  const std::string token = "relay-test-token-0123456789abcdef";
+  PublisherOptions po;
+  po.endpoint = "tcp://127.0.0.1:0";
+  po.token = token;
+  po.segment_bytes = 4096;
+  ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(po));
+  ASSERT_OK(publisher_->Register(trainer_.Tensors()));
+  ASSERT_OK(publisher_->Publish(1).status());
+  Bytes mid = trainer_.Poisoned(), stranger = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  SubscriberOptions o;
+  o.endpoint = publisher_->endpoint();
+  o.token = token;
+  o.mode = std::get<1>(GetParam());
+  o.serve_endpoint = "tcp://127.0.0.1:0";
+  auto relay = testing::NewSubscriber(o, trainer_.Views(mid));
+  ASSERT_OK(relay->Update().status());
+  SubscriberOptions child = o;
+  child.endpoint = relay->serve_endpoint();
+  child.serve_endpoint.clear();
+  child.token = "not-the-token-0123456789abcdefgh";
+  auto refused = testing::NewSubscriber(child, trainer_.Views(stranger))->Update();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status();
+  EXPECT_EQ(stranger, trainer_.Poisoned());
+  child.token = token;
+  auto served = testing::NewSubscriber(child, trainer_.Views(leaf))->Update();
+  ASSERT_TRUE(served.ok()) << served.status();
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, RelayChain,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(UpdateMode::kStaged,
+                                                              UpdateMode::kInPlace)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Tcp" : "Shm") +
+                                  (std::get<1>(info.param) == UpdateMode::kStaged ? "Staged"
+                                                                                  : "InPlace");
+                         });
+
+TEST(Relay, ServesOnePublisherOnly) {
+  SubscriberOptions o;
+  o.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
+  o.serve_endpoint = "tcp://127.0.0.1:0";
+  auto refused = Subscriber::Create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("serve_endpoint with 2 publishers"), std::string::npos)
+      << refused.status();
+}
+
+// What a relay can serve: the trainer's whole version, as published, from host memory. Each
+// refusal names the tensor and why.
+TEST(Relay, ServesOnlyTheWholeVersionAsPublishedFromHostMemory) {
+  wire::Welcome upstream;
+  upstream.tensors.push_back({{"w", DType::kBFloat16, {4, 8}, 64}});
+  upstream.tensors.push_back({{"b", DType::kFloat32, {8}, 32}});
+  std::vector<uint8_t> memory(96);
+  auto destinations = [&] {
+    std::vector<plan::Destination> d(2);
+    d[0].spec = {"w", DType::kBFloat16, {4, 8}, 64};
+    d[0].data = memory.data();
+    d[1].spec = {"b", DType::kFloat32, {8}, 32};
+    d[1].data = memory.data() + 64;
+    return d;
+  };
+  ASSERT_OK(core::RelayServe::CheckServable(upstream, destinations()));
+  auto refused = [&](const std::vector<plan::Destination>& d, const wire::Welcome& w,
+                     const std::string& why) {
+    Status s = core::RelayServe::CheckServable(w, d);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  };
+  std::vector<plan::Destination> d = destinations();
+  d.pop_back();
+  refused(d, upstream, "'b' is not registered here");
+  d = destinations();
+  d[1].spec = {"b", DType::kFloat16, {16}, 32};
+  refused(d, upstream, "'b' is float32[8] but registered here as float16[16]");
+  d = destinations();
+  d[0].device = {Device::Kind::kCUDA, 0};
+  refused(d, upstream, "'w' is held in CUDA memory here");
+  d = destinations();
+  d[0].regions.push_back({"w", {4, 8}, {0, 0}, {4, 8}, {0, 0}});
+  refused(d, upstream, "'w' is registered here as regions");
+  wire::Welcome sharded = upstream;
+  sharded.tensors[1].sharded = true;
+  refused(destinations(), sharded, "'b' is a region of a larger tensor");
+  wire::Welcome gpu_digests = upstream;
+  gpu_digests.digest_kind = wire::DigestKind::kGpu64;
+  refused(destinations(), gpu_digests, "digests on its GPU");
+}
+
+// The relay's publisher takes the trainer's identity only before it serves, and a version only
+// with every one of its digests.
+TEST(Relay, ItsPublisherTakesAnIdentityOnceAndAVersionWithAllItsDigests) {
+  PublisherOptions o;
+  o.endpoint = testing::UniqueEndpoint("relay-publisher");
+  ASSERT_OK_AND_ASSIGN(auto publisher, Publisher::Create(o));
+  std::vector<uint8_t> bytes(4096, 7);
+  ASSERT_OK(publisher->Register({{"w", TensorView{bytes.data(), DType::kUInt8, {4096}}}}));
+  wire::Welcome upstream;
+  upstream.session_id = 42;
+  upstream.lineage = "trainer";
+  upstream.segment_bytes = 1024;
+  ASSERT_OK(PublisherRelayAccess::AdoptIdentity(*publisher, upstream));
+  EXPECT_EQ(publisher->lineage(), "trainer");
+  const std::vector<uint64_t> digests = {1, 2, 3, 4};  // 4096 bytes in 1,024-byte segments
+  auto short_by_one = PublisherRelayAccess::PublishGiven(*publisher, 1, {digests.data(), 3});
+  EXPECT_EQ(short_by_one.status().code(), StatusCode::kInvalidArgument) << short_by_one.status();
+  EXPECT_EQ(publisher->latest_step(), -1);
+  ASSERT_OK(PublisherRelayAccess::PublishGiven(*publisher, 1, digests).status());
+  EXPECT_EQ(publisher->latest_step(), 1);
+  EXPECT_EQ(PublisherRelayAccess::AdoptIdentity(*publisher, upstream).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace weightsync
