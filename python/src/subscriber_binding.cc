@@ -355,8 +355,9 @@ void BindSubscriber(nb::module_& m) {
               "version.")
       .def_ro("check_seconds", &UpdateStats::check_seconds, "The weights check's wall time.")
       .def_ro("served_step", &UpdateStats::served_step,
-              "A relay (serve_endpoint): the step it serves after this update; -1: none (a\n"
-              "failure to serve is logged with its cause).")
+              "A relay (serve_endpoint): the step it serves after this update (-1 before it\n"
+              "serves any; after a failed hand-over, logged with its cause, the step it served\n"
+              "before).")
       .def_ro("serve_seconds", &UpdateStats::serve_seconds,
               "A relay: the time taken to hand the version to its store.")
       .def("__repr__", [](const UpdateStats& s) {

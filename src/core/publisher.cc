@@ -103,8 +103,12 @@ struct Publisher::Impl final : transport::VersionSource {
   bool frozen WS_GUARDED_BY(mu) = false;
 
   Status Freeze() WS_REQUIRES(mu);
+  // Publish; with `given` (a relay's, PublisherRelayAccess) the version's digests as its trainer
+  // published them: the store copies without hashing.
+  // `writer`: a relay's update deadline, which also bounds the wait for a slot's readers.
   Result<PublishStats> PublishVersion(int64_t step, void* cuda_stream,
-                                      std::span<const uint64_t> given);
+                                      const std::span<const uint64_t>* given,
+                                      const Deadline* writer = nullptr);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
       const Deadline& deadline, const std::function<bool()>& give_up) override;
   Result<util::UniqueFd> ExportAllocationFd(uint32_t index) override;
@@ -401,12 +405,12 @@ Status Publisher::BeginWrite() {
 }
 
 Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& options) {
-  return impl_->PublishVersion(step, options.cuda_stream, {});
+  return impl_->PublishVersion(step, options.cuda_stream, nullptr);
 }
 
-// Publish, or with `given` digests (a relay's, PublisherRelayAccess) a copy that is not hashed.
 Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_stream,
-                                                     std::span<const uint64_t> given) {
+                                                     const std::span<const uint64_t>* given,
+                                                     const Deadline* writer) {
   Impl& d = *this;
   auto start = std::chrono::steady_clock::now();
   util::MutexLock publish_lock(&d.publish_mu);
@@ -435,10 +439,17 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
     }
   }
   d.cv.NotifyAll();  // sessions waiting for the layout
+  if (given != nullptr && given->size() != d.store->digest_count()) {
+    return Status::InvalidArgument(
+        "relay ", d.bound_endpoint, ": step ", step, " comes with ", given->size(),
+        " digests from its publisher, but this relay's store cuts the version into ",
+        d.store->digest_count(), " segments of at most ", d.welcome.segment_bytes,
+        " bytes (a layout that differs from the publisher's: a bug)");
+  }
   // The latest version, whole in its slot while this one is written into another: the base its
   // deltas are encoded against (the store keeps none without delta room).
   const auto [base_slot, base_step] = d.versions.latest();
-  const uint32_t k = d.versions.TakeForWrite(step, &d.waited);
+  const uint32_t k = d.versions.TakeForWrite(step, &d.waited, writer);
   transport::store::DeltaBase base;
   if (base_slot >= 0 && static_cast<uint32_t>(base_slot) != k) {
     base = {static_cast<uint32_t>(base_slot), base_step,
@@ -446,15 +457,12 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
   }
   const transport::store::DeltaBase* delta_base = base.step >= 0 ? &base : nullptr;
   Status published;
-  if (given.empty()) {
+  if (given == nullptr) {
     published = d.store->Publish(k, d.versions.digests(k), delta_base, cuda_stream,
                                  Deadline(d.options.timeout));
-  } else if (given.size() != d.store->digest_count()) {
-    published = Status::InvalidArgument(given.size(), " digests given for a version of ",
-                                        d.store->digest_count());
   } else {
     published = d.store->PublishCopy(k, delta_base);
-    if (published.ok()) std::copy(given.begin(), given.end(), d.versions.digests(k).begin());
+    if (published.ok()) std::copy(given->begin(), given->end(), d.versions.digests(k).begin());
   }
   if (!published.ok()) {
     d.versions.WriteFailed(k);
@@ -541,20 +549,27 @@ Status PublisherRelayAccess::AdoptIdentity(Publisher& publisher, const wire::Wel
   Publisher::Impl& d = *publisher.impl_;
   util::MutexLock publish_lock(&d.publish_mu);
   util::MutexLock lock(&d.mu);
-  if (d.frozen) return Status::FailedPrecondition("a relay adopts an identity before serving");
+  if (d.frozen) {
+    return Status::FailedPrecondition("relay ", d.bound_endpoint, ": cannot take session ",
+                                      upstream.session_id, " of lineage '", upstream.lineage,
+                                      "' after it began serving (a new session needs a new "
+                                      "serving publisher)");
+  }
   d.welcome.session_id = upstream.session_id;
   d.welcome.lineage = upstream.lineage;
   d.welcome.resumed_from = upstream.resumed_from;
   d.options.lineage = upstream.lineage;
   d.options.resume_from_step = upstream.resumed_from;
   d.options.segment_bytes = upstream.segment_bytes;
+  WS_LOG(INFO, "relay") << d.bound_endpoint << " serves lineage '" << upstream.lineage
+                        << "' as its publisher does (its session, steps and digests)";
   return Status::Ok();
 }
 
 Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, int64_t step,
-                                                        std::span<const uint64_t> digests) {
-  if (digests.empty()) return Status::InvalidArgument("a relayed version needs its digests");
-  return publisher.impl_->PublishVersion(step, nullptr, digests);
+                                                        std::span<const uint64_t> digests,
+                                                        const util::Deadline& writer) {
+  return publisher.impl_->PublishVersion(step, nullptr, &digests, &writer);
 }
 
 }  // namespace weightsync

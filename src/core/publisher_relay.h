@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "util/deadline.h"
 #include "weightsync/publisher.h"
 #include "weightsync/status.h"
 #include "wire/messages.h"
@@ -19,9 +20,12 @@ struct PublisherRelayAccess {
   // publish: sessions read the identity with the layout.
   static Status AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream);
   // Publish(step) of a host store whose bytes are copied, not hashed; `digests` (the trainer's, of
-  // exactly these bytes, every one) are what subscribers verify against.
+  // exactly these bytes, every one) are what subscribers verify against. `writer`: the relay's
+  // update deadline (and its cancel), which ends the wait for a slot's readers as the publisher's
+  // timeout does (their reads revoked).
   static Result<PublishStats> PublishGiven(Publisher& publisher, int64_t step,
-                                           std::span<const uint64_t> digests);
+                                           std::span<const uint64_t> digests,
+                                           const util::Deadline& writer);
 };
 
 }  // namespace weightsync

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/publisher_relay.h"
+#include "util/fail_point.h"
 #include "util/logging.h"
 
 namespace weightsync::core {
@@ -78,42 +79,81 @@ Status RelayServe::CheckServable(const wire::Welcome& upstream,
   return Status::Ok();
 }
 
+// Whether the serving publisher still copies from `destinations`: the same tensors at the same
+// addresses as when it registered them (an engine that slept may have registered new memory).
+// No allocation: a steady step only compares.
+bool RelayServe::SameSources(const std::vector<plan::Destination>& destinations) const {
+  if (destinations.size() != destination_count_) return false;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const plan::Destination& d = destinations[order_[i]];
+    if (d.data != sources_[i] || d.spec.name != publisher_->manifest().tensors()[i].name) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Status RelayServe::Register(const wire::Welcome& upstream,
+                            const std::vector<plan::Destination>& destinations) {
+  WS_RETURN_IF_ERROR(CheckServable(upstream, destinations));
+  // The trainer's tensors in its manifest order, so that digest i names the same segment here.
+  std::unordered_map<std::string_view, uint32_t> by_name;
+  for (uint32_t i = 0; i < destinations.size(); ++i) by_name.emplace(destinations[i].spec.name, i);
+  std::vector<NamedTensor> tensors;
+  std::vector<uint32_t> order;
+  std::vector<const uint8_t*> sources;
+  for (const wire::TensorPlacement& p : upstream.tensors) {
+    const uint32_t at = by_name.find(p.spec.name)->second;  // CheckServable found every one
+    const plan::Destination& d = destinations[at];
+    tensors.push_back({p.spec.name, TensorView{d.data, d.spec.dtype, d.spec.shape, d.device}});
+    order.push_back(at);
+    sources.push_back(d.data);
+  }
+  WS_RETURN_IF_ERROR(publisher_->Register(tensors));
+  order_ = std::move(order);
+  sources_ = std::move(sources);
+  destination_count_ = destinations.size();
+  return Status::Ok();
+}
+
 Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
                                        const std::vector<plan::Destination>& destinations,
-                                       int64_t step, std::span<const uint64_t> digests) {
-  if (publisher_ && adopted_ && session_ != upstream.session_id) {
-    WS_LOG(INFO, "relay") << endpoint_ << ": the publisher's session changed (lineage '"
-                          << upstream.lineage << "'); serving it anew";
+                                       int64_t step, std::span<const uint64_t> digests, bool moved,
+                                       const util::Deadline& deadline) {
+  WS_FAIL_POINT_RETURN("relay.serve");
+  const bool registered = publisher_ && publisher_->manifest().size() > 0;
+  // A serving publisher serves one session, copying from the memory it registered; its store
+  // holds what it copied. Anything else needs a new one on the same endpoint (children dial
+  // again): a new session (a restarted trainer), destinations registered anew (after Sleep), or
+  // a step committed again (after a weights check found the destinations differ, the copy in the
+  // store may be of those bytes: it is taken again from the rewritten ones).
+  const char* why = nullptr;
+  if (adopted_ && session_ != upstream.session_id) {
+    why = "the publisher's session changed";
+  } else if (registered && !SameSources(destinations)) {
+    why = "its destinations were registered anew";
+  } else if (registered && moved && step <= publisher_->latest_step()) {
+    why = "it committed a step it serves again";
   }
-  if (!publisher_ || (adopted_ && session_ != upstream.session_id)) {
+  if (why != nullptr || !publisher_) {
+    if (why != nullptr) {
+      WS_LOG(INFO, "relay") << endpoint_ << ": " << why << " (lineage '" << upstream.lineage
+                            << "', step " << step << "); serving anew";
+    }
     WS_RETURN_IF_ERROR(Open(&upstream));
   } else if (!adopted_) {
     WS_RETURN_IF_ERROR(PublisherRelayAccess::AdoptIdentity(*publisher_, upstream));
     session_ = upstream.session_id;
     adopted_ = true;
   }
-  if (publisher_->manifest().size() == 0) {
-    WS_RETURN_IF_ERROR(CheckServable(upstream, destinations));
-    // The trainer's tensors in its manifest order, so that digest i names the same segment here.
-    std::unordered_map<std::string_view, const plan::Destination*> by_name;
-    for (const plan::Destination& d : destinations) by_name.emplace(d.spec.name, &d);
-    std::vector<NamedTensor> tensors;
-    tensors.reserve(upstream.tensors.size());
-    for (const wire::TensorPlacement& p : upstream.tensors) {
-      const plan::Destination& d = *by_name.find(p.spec.name)->second;  // checked above
-      tensors.push_back({p.spec.name, TensorView{d.data, d.spec.dtype, d.spec.shape, d.device}});
-    }
-    WS_RETURN_IF_ERROR(publisher_->Register(tensors));
-  }
+  if (publisher_->manifest().size() == 0) WS_RETURN_IF_ERROR(Register(upstream, destinations));
   if (step <= publisher_->latest_step()) {
-    // A step of this session already served, or an older one (a subscriber rewriting its
-    // destinations after a weights check or a registration change): the store still holds the
-    // newest version served, intact, and children keep getting it.
+    // Up to date: the step this relay committed and serves already.
     PublishStats same;
     same.step = publisher_->latest_step();
     return same;
   }
-  return PublisherRelayAccess::PublishGiven(*publisher_, step, digests);
+  return PublisherRelayAccess::PublishGiven(*publisher_, step, digests, deadline);
 }
 
 Status RelayServe::Close() {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "util/deadline.h"
 #include "weightsync/options.h"
 #include "weightsync/publisher.h"
 #include "weightsync/status.h"
@@ -42,11 +43,16 @@ class RelayServe {
                               const std::vector<plan::Destination>& destinations);
 
   // Serves `step` of `upstream`'s session from `destinations` with the trainer's `digests` (every
-  // one of the version's). A new session (a restarted trainer) makes a new serving publisher on
-  // the same endpoint: children connected to the old one see it go and dial again.
+  // one of the version's); `moved`: the update that committed it moved bytes (else it found the
+  // step committed already, and a step already served stays as it is). A new session (a
+  // restarted trainer), destinations registered anew, or a step committed again make a new serving
+  // publisher on the same endpoint: children connected to the old one see it go and dial again.
+  // `deadline`: the relay's update's (with its cancel): a child still reading the slot the version
+  // goes into is waited for no longer (its read revoked; it asks again).
   Result<PublishStats> Serve(const wire::Welcome& upstream,
                              const std::vector<plan::Destination>& destinations, int64_t step,
-                             std::span<const uint64_t> digests);
+                             std::span<const uint64_t> digests, bool moved,
+                             const util::Deadline& deadline);
 
   // The step children are served now; -1 before the first.
   int64_t served_step() const { return publisher_ ? publisher_->latest_step() : -1; }
@@ -57,12 +63,20 @@ class RelayServe {
  private:
   explicit RelayServe(const SubscriberOptions& options);
   Status Open(const wire::Welcome* upstream);
+  Status Register(const wire::Welcome& upstream,
+                  const std::vector<plan::Destination>& destinations);
+  bool SameSources(const std::vector<plan::Destination>& destinations) const;
 
   PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
   std::string endpoint_;
   std::unique_ptr<Publisher> publisher_;
   bool adopted_ = false;  // publisher_ holds a session's identity and layout
   uint64_t session_ = 0;  // the session whose versions publisher_ serves
+  // What publisher_ copies from, in the trainer's manifest order: each tensor's destination index
+  // and address when registered, and how many destinations there were.
+  std::vector<uint32_t> order_;
+  std::vector<const uint8_t*> sources_;
+  size_t destination_count_ = 0;
 };
 
 }  // namespace weightsync::core

@@ -113,7 +113,8 @@ struct Subscriber::Impl {
   // A relay (SubscriberOptions::serve_endpoint): serves each committed version to children.
   std::unique_ptr<core::RelayServe> relay WS_GUARDED_BY(update_mu);
   std::string serve_endpoint;  // as bound at Create; constant after
-  void ServeCommitted(UpdateStats* stats) WS_REQUIRES(update_mu);
+  void ServeCommitted(UpdateStats* stats, bool moved, const Deadline& deadline)
+      WS_REQUIRES(update_mu);
 
   std::atomic<bool> cancel{false};  // set by Cancel() and Close(), cleared when an update starts
   // Set by Close() before it waits for update_mu: an update that clears `cancel` after Close set
@@ -752,33 +753,36 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
       stats.lineage_changed = true;
     }
     WS_RETURN_IF_ERROR(MoveStep(run, step));
-    ServeCommitted(&stats);
   }
-  if (relay) stats.served_step = relay->served_step();
   // What the prepared handles hold, after the copy (a delta buffer may have grown in it), reported
   // by up-to-date updates too (no allocation).
   for (const Source* src : active) stats.staging_bytes += src->handle->staging_bytes();
   const auto t_end = Clock::now();
   if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));
+  // A relay serves what it committed once it is checked; an up-to-date update serves it too if an
+  // earlier hand-over failed.
+  ServeCommitted(&stats, /*moved=*/!stats.up_to_date, run.deadline);
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
 }
 
 // A relay hands the version it committed to its children. Its own update succeeded whatever
-// happens here: a failure is logged with its cause and UpdateStats::served_step says what is
-// served.
-void Subscriber::Impl::ServeCommitted(UpdateStats* stats) {
+// happens here: a failure is logged with its cause, UpdateStats::served_step says what the
+// children get, and the next update (up to date or not) hands it over again.
+void Subscriber::Impl::ServeCommitted(UpdateStats* stats, bool moved, const Deadline& deadline) {
   if (!relay) return;
   const Source& source = *active[0];
   const auto t0 = Clock::now();
-  Result<PublishStats> served = relay->Serve(*source.welcome, registered.destinations(),
-                                             stats->step, source.committed_digests);
+  Result<PublishStats> served =
+      relay->Serve(*source.welcome, registered.destinations(), stats->step,
+                   source.committed_digests, moved, deadline);
   stats->serve_seconds = Seconds(t0, Clock::now());
   if (!served.ok()) {
     WS_LOG(WARN, "relay") << serve_endpoint << ": serving step " << stats->step
                           << " failed: " << served.status();
   }
+  stats->served_step = relay->served_step();
 }
 
 Status Subscriber::Sleep() {

@@ -5,13 +5,19 @@
 // commit wrong bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/publisher_relay.h"
 #include "core/relay_serve.h"
+#include "testing/publisher_process.h"
 #include "testing/sparse_trainer.h"
 #include "testing/test_util.h"
 #include "util/fail_point.h"
@@ -62,6 +68,31 @@ class RelayChain : public ::testing::TestWithParam<std::tuple<bool, UpdateMode>>
     o.timeout = std::chrono::milliseconds(5000);
     if (serve) o.serve_endpoint = NewEndpoint("relay");
     return testing::NewSubscriber(o, trainer_.Views(storage));
+  }
+
+  // The trainer at step 1 and a verifying relay of it into `mid`; null after a fatal failure.
+  std::unique_ptr<Subscriber> RelayAtStepOne(Bytes& mid) {
+    StartPublisher();
+    if (HasFatalFailure()) return nullptr;
+    Publish(1, 0);
+    if (HasFatalFailure()) return nullptr;
+    return Connect(endpoint_, mid, /*serve=*/true);
+  }
+
+  // RelayAtStepOne and a child of the relay into `leaf`, both holding step 1; the child null
+  // after a failure.
+  std::pair<std::unique_ptr<Subscriber>, std::unique_ptr<Subscriber>> ChainAtStepOne(Bytes& mid,
+                                                                                     Bytes& leaf) {
+    auto relay = RelayAtStepOne(mid);
+    if (relay == nullptr) return {};
+    auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+    auto relayed = relay->Update();
+    auto received = relayed.ok() ? sub->Update() : relayed;
+    if (!received.ok()) {
+      ADD_FAILURE() << "step 1 through the relay: " << received.status();
+      sub.reset();
+    }
+    return {std::move(relay), std::move(sub)};
   }
 
   SparseTrainer trainer_;
@@ -120,13 +151,9 @@ TEST_P(RelayChain, ThreeLevelsHoldTheTrainersBytesEveryStep) {
 // verifying child commit: Corruption, the child's staged weights as they were; the next step,
 // served intact, lands.
 TEST_P(RelayChain, ACorruptingRelayIsCaughtByTheChildsVerify) {
-  ASSERT_NO_FATAL_FAILURE(StartPublisher());
-  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
   Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
-  auto relay = Connect(endpoint_, mid, /*serve=*/true);
-  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
-  ASSERT_OK(relay->Update().status());
-  ASSERT_OK(sub->Update().status());
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
   ASSERT_NO_FATAL_FAILURE(Publish(2, 1.0));
   FailPoints::Arm("relay.corrupt_served", FailAction::kFlip, 0, /*count=*/1);
   ASSERT_OK(relay->Update().status());  // the relay's own weights are fine
@@ -156,13 +183,9 @@ TEST_P(RelayChain, ACorruptingRelayIsCaughtByTheChildsVerify) {
 // (the old weights intact: nothing had moved), and the ledger returns to where it was.
 TEST_P(RelayChain, AClosedRelayFailsItsChildCleanly) {
   const LedgerSnapshot baseline = ReadLedger();
-  ASSERT_NO_FATAL_FAILURE(StartPublisher());
-  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
   Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
-  auto relay = Connect(endpoint_, mid, /*serve=*/true);
-  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
-  ASSERT_OK(relay->Update().status());
-  ASSERT_OK(sub->Update().status());
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
   ASSERT_NO_FATAL_FAILURE(Publish(2, 0.5));
   const std::string served_at = relay->serve_endpoint();
   ASSERT_OK(relay->Close());
@@ -231,6 +254,53 @@ TEST_P(RelayChain, ATrainerRestartFlowsDownTheChain) {
   EXPECT_TRUE(stats->lineage_changed);
   EXPECT_EQ(stats->delta_base_step, -1);
   ASSERT_TRUE(trainer_.HeldBy(leaf));
+  // Again, now with a step past the one served: still a new session all the way down.
+  ASSERT_OK(publisher_->Close());
+  publisher_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(10, 0.01));
+  ASSERT_OK(relay->Update().status());
+  stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 10);
+  EXPECT_TRUE(stats->lineage_changed);
+  EXPECT_EQ(stats->delta_base_step, -1);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A child stalled in the middle of reading an older version never holds its relay past the
+// relay's own update: closing the relay while its hand-over waits for that child's slot ends the
+// wait at once (the child's read revoked), not after the relay's timeout.
+TEST_P(RelayChain, AStalledChildNeverHoldsItsRelayPastItsOwnUpdate) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = RelayAtStepOne(mid);  // 5 s timeout, its serving publisher's too
+  ASSERT_NE(relay, nullptr);
+  ASSERT_OK(relay->Update().status());
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  ASSERT_OK(relay->Update().status());  // its store: step 1 and step 2
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  // Stalled with step 2 pinned: over tcp the relay's session sleeps before it sends (the bytes
+  // would otherwise sit in the socket at once), over shm the child sleeps before it copies.
+  const char* stall = tcp() ? "publisher.before_send" : "subscriber.before_copy";
+  FailPoints::Arm(stall, FailAction::kSleep, 4000, /*count=*/1);
+  auto stalled = std::async(std::launch::async, [&] { return sub->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits(stall));
+  ASSERT_NO_FATAL_FAILURE(Publish(3, 0.02));
+  ASSERT_OK(relay->Update().status());  // into step 1's slot, which nobody reads
+  ASSERT_NO_FATAL_FAILURE(Publish(4, 0.02));
+  // Step 4 needs the slot the child reads: the relay's update waits for it, until closed.
+  auto waiting = std::async(std::launch::async, [&] { return relay->Update(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // (Close itself then waits for the stalled session's fail-point sleep to end: a test artifact.)
+  auto closing = std::async(std::launch::async, [&] { return relay->Close(); });
+  ASSERT_EQ(waiting.wait_for(std::chrono::milliseconds(2500)), std::future_status::ready);
+  auto handed = waiting.get();
+  ASSERT_TRUE(handed.ok()) << handed.status();  // its own update committed step 4
+  EXPECT_EQ(handed->step, 4);
+  ASSERT_OK(closing.get());
+  auto revoked = stalled.get();
+  ASSERT_FALSE(revoked.ok());
+  EXPECT_EQ(sub->committed_step(), -1);
 }
 
 // A relay must hold the trainer's whole version to serve it: one that registered part of it is
@@ -256,13 +326,12 @@ TEST_P(RelayChain, ARelayHoldingPartOfTheVersionIsRefusedBeforeAnythingMoves) {
   EXPECT_EQ(relay->committed_step(), -1);
 }
 
-// A relay whose weights check found a difference rewrites its committed step: its store still
-// serves that step, intact, without a failed hand-over.
-TEST_P(RelayChain, RewritingTheCommittedStepKeepsServingIt) {
-  ASSERT_NO_FATAL_FAILURE(StartPublisher());
-  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+// A relay whose weights check found a difference rewrites its committed step, and takes the
+// copy it serves again from the rewritten bytes (a new serving publisher on the same endpoint).
+TEST_P(RelayChain, RewritingTheCommittedStepServesItAnewFromTheRewrittenBytes) {
   Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
-  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  auto relay = RelayAtStepOne(mid);
+  ASSERT_NE(relay, nullptr);
   ASSERT_OK(relay->Update().status());
   mid[0][7] ^= 0x10;  // something wrote over the relay's weights
   ASSERT_EQ(relay->CheckWeights().status().code(), StatusCode::kCorruption);
@@ -272,11 +341,144 @@ TEST_P(RelayChain, RewritingTheCommittedStepKeepsServingIt) {
   EXPECT_EQ(rewritten->step, 1);
   EXPECT_FALSE(rewritten->up_to_date);
   EXPECT_EQ(rewritten->served_step, 1);
+  EXPECT_TRUE(logs.Contains("it committed a step it serves again"))
+      << ::testing::PrintToString(logs.Lines());
   EXPECT_FALSE(logs.Contains("failed")) << ::testing::PrintToString(logs.Lines());
   ASSERT_TRUE(trainer_.HeldBy(mid));
   auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
   ASSERT_OK(sub->Update().status());
   ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A relay that slept and registered new memory for its weights (an engine that freed and
+// re-allocated them) serves from the new memory: the old is overwritten and its children still
+// get the trainer's bytes, verified.
+TEST_P(RelayChain, ARelayThatRegisteredNewMemoryServesFromIt) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  ASSERT_OK(relay->Sleep());
+  Bytes moved = mid;  // the engine's weights, now elsewhere
+  ASSERT_OK(relay->Register(trainer_.Views(moved)));
+  for (auto& t : mid) std::fill(t.begin(), t.end(), 0xEE);  // the old memory, reused
+  for (int64_t step = 2; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+    auto stats = relay->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->served_step, step);
+    ASSERT_TRUE(trainer_.HeldBy(moved));
+    auto child = sub->Update();
+    ASSERT_TRUE(child.ok()) << child.status();
+    EXPECT_TRUE(child->verified);
+    ASSERT_TRUE(trainer_.HeldBy(leaf));
+  }
+}
+
+// A hand-over that fails never fails the relay's own update (it committed): logged with its
+// cause, served_step says what children get, and the next update — up to date — hands it over.
+TEST_P(RelayChain, AFailedHandOverIsLoggedAndRetriedByTheNextUpdate) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = RelayAtStepOne(mid);
+  ASSERT_NE(relay, nullptr);
+  testing::LogCapture logs;
+  FailPoints::Arm("relay.serve", FailAction::kError, 0, /*count=*/1);
+  auto first = relay->Update();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(FailPoints::Hits("relay.serve"), 1);
+  EXPECT_EQ(first->step, 1);
+  EXPECT_EQ(first->served_step, -1);
+  EXPECT_TRUE(
+      logs.Contains("serving step 1 failed: internal: injected failure at fail point "
+                    "'relay.serve'"))
+      << ::testing::PrintToString(logs.Lines());
+  ASSERT_TRUE(trainer_.HeldBy(mid));
+  auto again = relay->Update();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->up_to_date);
+  EXPECT_EQ(again->served_step, 1);
+  // Up to date once more: the step it serves stays as it is, nothing handed over, nothing failed.
+  auto still = relay->Update();
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->served_step, 1);
+  const auto lines = logs.Lines();
+  EXPECT_EQ(
+      std::count_if(lines.begin(), lines.end(),
+                    [](const std::string& l) { return l.find("failed") != std::string::npos; }),
+      1)
+      << ::testing::PrintToString(lines);
+  auto sub = Connect(relay->serve_endpoint(), leaf, /*serve=*/false);
+  ASSERT_OK(sub->Update().status());
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A relay serves only what its own weights check passed: a step it received corrupted (it does
+// not verify; the trainer flipped a bit after hashing) fails its update with check_weights and is
+// never handed to children.
+TEST_P(RelayChain, ARelayNeverServesAStepItsWeightsCheckRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  FailPoints::Arm("publisher.corrupt_after_digest", FailAction::kFlip, 0, /*count=*/1);
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  EXPECT_EQ(FailPoints::Hits("publisher.corrupt_after_digest"), 1);
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true, /*verify=*/false);
+  UpdateOptions checked;
+  checked.check_weights = true;
+  auto refused = relay->Update(checked);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status();
+  SubscriberOptions o;
+  o.endpoint = relay->serve_endpoint();
+  o.verify = true;
+  o.timeout = std::chrono::milliseconds(300);
+  auto sub = testing::NewSubscriber(o, trainer_.Views(leaf));
+  auto nothing = sub->Update();
+  ASSERT_FALSE(nothing.ok());
+  EXPECT_EQ(nothing.status().code(), StatusCode::kTimeout) << nothing.status();  // no step served
+  EXPECT_EQ(leaf, trainer_.Poisoned());
+}
+
+// Tied weights (one memory, two names) and tensors the trainer Allocate()d in its store reach a
+// relay's children like any other, verified against the trainer's digests.
+TEST_P(RelayChain, TiedAndArenaAllocatedTensorsPassThroughARelay) {
+  PublisherOptions po;
+  po.endpoint = NewEndpoint("trainer");
+  po.segment_bytes = 4096;
+  ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(po));
+  std::vector<NamedTensor> tensors = trainer_.Tensors();
+  tensors.push_back(trainer_.Tied());
+  ASSERT_OK(publisher_->Register(tensors));
+  ASSERT_OK_AND_ASSIGN(TensorView arena,
+                       publisher_->Allocate("rope.cache", DType::kFloat32, {777}));
+  auto* cache = static_cast<uint8_t*>(arena.data);
+  auto views = [&](Bytes& storage, std::vector<uint8_t>& own_cache) {
+    std::vector<NamedTensor> v = trainer_.Views(storage);
+    v.push_back({"lm_head.weight", v[0].view});  // the same memory as layers.0.w
+    v.push_back({"rope.cache", TensorView{own_cache.data(), DType::kFloat32, {777}}});
+    return v;
+  };
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  std::vector<uint8_t> mid_cache(777 * 4), leaf_cache(777 * 4);
+  SubscriberOptions o;
+  o.mode = std::get<1>(GetParam());
+  o.verify = true;
+  o.endpoint = publisher_->endpoint();
+  o.serve_endpoint = NewEndpoint("relay");
+  auto relay = testing::NewSubscriber(o, views(mid, mid_cache));
+  o.endpoint = relay->serve_endpoint();
+  o.serve_endpoint.clear();
+  auto sub = testing::NewSubscriber(o, views(leaf, leaf_cache));
+  for (int64_t step = 1; step <= 3; ++step) {
+    if (step > 1) trainer_.Step(0.05);
+    ASSERT_OK(publisher_->BeginWrite());
+    for (int i = 0; i < 777 * 4; ++i) cache[i] = static_cast<uint8_t>(step * 31 + i);
+    ASSERT_OK(publisher_->Publish(step).status());
+    ASSERT_OK(relay->Update().status());
+    auto stats = sub->Update();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_TRUE(stats->verified);
+    ASSERT_TRUE(trainer_.HeldBy(leaf));
+    EXPECT_EQ(std::memcmp(leaf_cache.data(), cache, leaf_cache.size()), 0);
+  }
 }
 
 // Every hop authenticates with the trainer's token: a child without it is refused by the relay,
@@ -391,10 +593,12 @@ TEST(Relay, ItsPublisherTakesAnIdentityOnceAndAVersionWithAllItsDigests) {
   ASSERT_OK(PublisherRelayAccess::AdoptIdentity(*publisher, upstream));
   EXPECT_EQ(publisher->lineage(), "trainer");
   const std::vector<uint64_t> digests = {1, 2, 3, 4};  // 4096 bytes in 1,024-byte segments
-  auto short_by_one = PublisherRelayAccess::PublishGiven(*publisher, 1, {digests.data(), 3});
+  const util::Deadline within(std::chrono::seconds(5));
+  auto short_by_one =
+      PublisherRelayAccess::PublishGiven(*publisher, 1, {digests.data(), 3}, within);
   EXPECT_EQ(short_by_one.status().code(), StatusCode::kInvalidArgument) << short_by_one.status();
   EXPECT_EQ(publisher->latest_step(), -1);
-  ASSERT_OK(PublisherRelayAccess::PublishGiven(*publisher, 1, digests).status());
+  ASSERT_OK(PublisherRelayAccess::PublishGiven(*publisher, 1, digests, within).status());
   EXPECT_EQ(publisher->latest_step(), 1);
   EXPECT_EQ(PublisherRelayAccess::AdoptIdentity(*publisher, upstream).code(),
             StatusCode::kFailedPrecondition);

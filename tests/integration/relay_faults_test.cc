@@ -127,13 +127,20 @@ TEST(RelayFaults, TwentyUpdatesWithTheRelayKilledOrStalledAtDifferentPoints) {
       case 3:  // killed mid-serve: its session with the replica pinned the step, then sleeps
         ASSERT_NO_FATAL_FAILURE(relay.Update(step));
         ASSERT_EQ(relay.child().Command("arm publisher.before_send=sleep:10000*1"), "ok");
-        ASSERT_NO_FATAL_FAILURE(lose_relay(300, [&] { relay.Kill(); }));
+        ASSERT_NO_FATAL_FAILURE(lose_relay(300, [&] {
+          // Its session with the replica is asleep there now (the command loop still answers).
+          EXPECT_EQ(relay.child().Command("hits publisher.before_send"), "1");
+          relay.Kill();
+        }));
         ASSERT_NO_FATAL_FAILURE(restart());
         break;
       case 4: {  // stalled mid-serve (SIGSTOP): the replica gives up at its own deadline
         ASSERT_NO_FATAL_FAILURE(relay.Update(step));
         ASSERT_EQ(relay.child().Command("arm publisher.before_send=sleep:500*1"), "ok");
-        ASSERT_NO_FATAL_FAILURE(lose_relay(200, [&] { ASSERT_TRUE(relay.child().Stop()); }));
+        ASSERT_NO_FATAL_FAILURE(lose_relay(200, [&] {
+          EXPECT_EQ(relay.child().Command("hits publisher.before_send"), "1");
+          ASSERT_TRUE(relay.child().Stop());
+        }));
         // The trainer never waits for a stalled relay: it holds no pin of the trainer's.
         const auto p0 = Clock::now();
         ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));

@@ -15,6 +15,11 @@ CommandLoop::CommandLoop() {
     args >> spec;
     return Answer(util::FailPoints::ArmSpec(spec), "ok");
   });
+  On("hits", [](std::istream& args) {
+    std::string name;
+    args >> name;
+    return std::to_string(util::FailPoints::Hits(name));
+  });
 }
 
 void CommandLoop::On(const std::string& verb, Handler handler) {

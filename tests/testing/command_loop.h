@@ -4,6 +4,7 @@
 // registers a handler per verb; the loop reads, dispatches, answers and flushes. Every helper
 // also understands
 //   arm SPEC   → "ok" | "error <status>"    (fail points, $WEIGHTSYNC_FAILPOINTS syntax)
+//   hits NAME  → "<count>"                  (how often fail point NAME fired)
 //   quit       → "ok" | "<status>"          (the helper's Close(); exit code 0 if it succeeded)
 // and answers an unknown verb with "error unknown command 'VERB'". End of input exits 0.
 #pragma once

@@ -30,19 +30,26 @@ void VersionSlots::RevokeReaders(Version* v) {
 }
 
 template <typename Readers, typename Revoke, typename What>
-void VersionSlots::WaitForReaders(Readers readers, Revoke revoke, What what, WaitCost* cost) {
+void VersionSlots::WaitForReaders(Readers readers, Revoke revoke, What what, WaitCost* cost,
+                                  const util::Deadline* writer) {
   const auto start = std::chrono::steady_clock::now();
   util::Deadline deadline(timeout_);
   while (int left = readers()) {
-    if (deadline.expired()) {
+    if (deadline.expired() || (writer != nullptr && (writer->expired() || writer->cancelled()))) {
       // The trainer does not wait longer than its timeout for a slow or stalled subscriber: its
       // read is revoked. It gets a typed error at the end of its step instead of the digests, so
       // it never commits what it read while the trainer writes (staged: its old weights stay; in
       // place: they are marked invalid).
       cost->revoked += left;
       WS_LOG(WARN, "publisher") << who_ << " " << what() << ": revoked the read of " << left
-                                << " subscriber(s) still reading after " << timeout_.count()
-                                << " ms";
+                                << " subscriber(s) still reading after "
+                                << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count()
+                                << " ms"
+                                << (deadline.expired()
+                                        ? ""
+                                        : " (the writer's own deadline ended the wait)");
       revoke();
       break;
     }
@@ -51,7 +58,7 @@ void VersionSlots::WaitForReaders(Readers readers, Revoke revoke, What what, Wai
   cost->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-uint32_t VersionSlots::TakeForWrite(int64_t step, WaitCost* cost) {
+uint32_t VersionSlots::TakeForWrite(int64_t step, WaitCost* cost, const util::Deadline* writer) {
   util::MutexLock lock(&mu_);
   // One nobody reads that is not the latest (unless it is the only slot), else the oldest such
   // one. It is taken out of service at once: no new reader pins a version about to be overwritten.
@@ -75,7 +82,7 @@ uint32_t VersionSlots::TakeForWrite(int64_t step, WaitCost* cost) {
                    return "Publish(" + std::to_string(step) + "), to reuse the slot of step " +
                           std::to_string(replaced);
                  },
-                 cost);
+                 cost, writer);
   v.writing = true;
   return static_cast<uint32_t>(chosen);
 }

@@ -57,8 +57,10 @@ class VersionSlots {
   // ---- the trainer's side
   // Takes a slot to write step `step` into: one nobody reads that is not the latest (unless it is
   // the only one), else the oldest. It is out of service at once (no new reader pins it) and its
-  // readers are waited for, at most `timeout`; past it their pins are revoked.
-  uint32_t TakeForWrite(int64_t step, WaitCost* cost);
+  // readers are waited for, at most `timeout`; past it their pins are revoked. `writer` (a relay's
+  // update, docs/relays.md): its own deadline, expired or cancelled, ends the wait sooner, so a
+  // slow child never holds its relay past the relay's own deadline.
+  uint32_t TakeForWrite(int64_t step, WaitCost* cost, const util::Deadline* writer = nullptr);
   // Where Publish writes slot `slot`'s digests (only while it is taken for writing).
   std::span<uint64_t> digests(uint32_t slot) { return digests_[slot]; }
   // The slot now holds `step`, the latest version; with shared tensors the others hold none.
@@ -110,7 +112,8 @@ class VersionSlots {
   // Waits until readers() is 0, at most the timeout; past it revoke() ends their reads and
   // what() (only then: a write allocates nothing) names the wait in the log.
   template <typename Readers, typename Revoke, typename What>
-  void WaitForReaders(Readers readers, Revoke revoke, What what, WaitCost* cost) WS_REQUIRES(mu_);
+  void WaitForReaders(Readers readers, Revoke revoke, What what, WaitCost* cost,
+                      const util::Deadline* writer = nullptr) WS_REQUIRES(mu_);
 
   mutable util::Mutex mu_;
   util::CondVar cv_;

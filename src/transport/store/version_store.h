@@ -143,7 +143,8 @@ class VersionStore {
   // children verify exactly what the trainer published. Deltas are encoded as in Publish. Only
   // the host store has it.
   virtual Status PublishCopy(uint32_t /*slot*/, const DeltaBase* /*base*/) {
-    return Status::NotSupported("this store cannot serve a relayed version (host arena only)");
+    return Status::NotSupported(Describe(),
+                                ": cannot hold a relayed version (the host arena only)");
   }
   // The delta of version `slot` against the one before it; null for a store without delta room.
   virtual const SlotDelta* delta(uint32_t /*slot*/) const { return nullptr; }
