@@ -78,6 +78,17 @@ struct PublishStats {
   uint64_t changed_bytes = 0;
 };
 
+// One subscriber connected to a publisher now (Publisher::Members): which version it holds, by
+// what it said and what it was sent — the version tag an asynchronous RL scheduler needs.
+struct MemberInfo {
+  std::string peer;  // "10.0.0.7:51234" (tcp), "subscriber connection 3" (local)
+  // The step it holds, as its latest update request said (its committed step of this publisher's
+  // session; -1: none, or a version of another session).
+  int64_t held_step = -1;
+  int64_t sent_step = -1;       // the latest step it was sent whole (it may still be verifying)
+  int64_t receiving_step = -1;  // the step being sent to it now; -1: none
+};
+
 // Internal: how a relay (SubscriberOptions::serve_endpoint) serves a version it received under
 // the trainer's identity and digests (src/core/publisher_relay.h).
 struct PublisherRelayAccess;
@@ -108,6 +119,9 @@ class Publisher {
   const std::string& endpoint() const;
   // PublisherOptions::lineage, or the random one chosen at Create when none was given.
   const std::string& lineage() const;
+  // The subscribers connected now, in the order they connected (a relay is one of them; its own
+  // children are its Subscriber::ServedMembers()).
+  std::vector<MemberInfo> Members() const;
   // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
   Status Close();
 

@@ -15,6 +15,7 @@
 
 #include "weightsync/manifest.h"
 #include "weightsync/options.h"
+#include "weightsync/publisher.h"
 #include "weightsync/status.h"
 #include "weightsync/tensor_view.h"
 #include "weightsync/update_stats.h"
@@ -84,6 +85,8 @@ class Subscriber {
   // A relay's endpoint as bound (SubscriberOptions::serve_endpoint; for tcp://HOST:0 with its
   // port); empty when this subscriber serves nothing.
   std::string serve_endpoint() const;
+  // A relay's children connected now (Publisher::Members of what it serves); empty otherwise.
+  std::vector<MemberInfo> ServedMembers() const;
   // The lineage of the committed version (of the first publisher, with several); empty before
   // the first successful update.
   std::string committed_lineage() const;

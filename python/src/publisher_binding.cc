@@ -1,6 +1,7 @@
 // weightsync.Publisher: translation of weightsync::Publisher.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <memory>
 #include <string>
@@ -141,6 +142,23 @@ DeltaMode DeltaModeArg(const std::string& delta) {
 }  // namespace
 
 void BindPublisher(nb::module_& m) {
+  nb::class_<MemberInfo>(
+      m, "MemberInfo", "One subscriber connected to a publisher (Publisher.members()), read-only.")
+      .def_ro("peer", &MemberInfo::peer,
+              "'10.0.0.7:51234' (tcp) or 'subscriber connection 3' (local).")
+      .def_ro("held_step", &MemberInfo::held_step,
+              "The step it holds, as its latest update request said (-1: none of this\n"
+              "publisher's session).")
+      .def_ro("sent_step", &MemberInfo::sent_step,
+              "The latest step it was sent whole (it may still be verifying it).")
+      .def_ro("receiving_step", &MemberInfo::receiving_step,
+              "The step being sent to it now; -1: none.")
+      .def("__repr__", [](const MemberInfo& m) {
+        return "MemberInfo(peer='" + m.peer + "', held_step=" + std::to_string(m.held_step) +
+               ", sent_step=" + std::to_string(m.sent_step) +
+               ", receiving_step=" + std::to_string(m.receiving_step) + ")";
+      });
+
   nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")
       .def_ro("step", &PublishStats::step)
       .def_ro("bytes_copied", &PublishStats::bytes_copied,
@@ -357,6 +375,10 @@ void BindPublisher(nb::module_& m) {
       .def_prop_ro(
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")
+      .def(
+          "members", [](PyPublisher& self) { return self.publisher->Members(); },
+          "The subscribers connected now (a relay among them), in the order they connected:\n"
+          "which step each holds, was sent, or is receiving (docs/relays.md).")
       .def_prop_ro(
           "endpoint", [](PyPublisher& self) { return self.endpoint(); },
           "The endpoint subscribers connect to: for 'tcp://HOST:0', with the port bound.")

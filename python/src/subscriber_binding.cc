@@ -6,6 +6,7 @@
 // KeyboardInterrupt leaves behind, including an update that committed before it could cancel.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -679,6 +680,9 @@ void BindSubscriber(nb::module_& m) {
           [](PySubscriber& self) { return Utf8Out(self.subscriber->committed_lineage()); },
           "The publisher's lineage of the committed version ('' before the first update).")
       .def_prop_ro("endpoint", [](PySubscriber& self) { return self.endpoint; })
+      .def(
+          "served_members", [](PySubscriber& self) { return self.subscriber->ServedMembers(); },
+          "A relay's children connected now (as Publisher.members()); [] otherwise.")
       .def_prop_ro(
           "serve_endpoint", [](PySubscriber& self) { return self.subscriber->serve_endpoint(); },
           "A relay's endpoint as bound (tcp://HOST:0 with its port); '' when it serves nothing.")

@@ -52,3 +52,28 @@ def test_a_relay_of_several_publishers_is_refused_with_the_reason():
     with pytest.raises(weightsync.InvalidArgument, match="serve_endpoint with 2 publishers"):
         weightsync.Subscriber(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"],
                               serve_endpoint="tcp://127.0.0.1:0")
+
+
+def test_membership_says_which_step_each_subscriber_holds_at_each_level():
+    model = make_model(seed=7, elements=5000)
+    with weightsync.Publisher("tcp://127.0.0.1:0") as pub:
+        pub.register(model)
+        pub.publish(1)
+        mid, leaf = zeros_like_model(model), zeros_like_model(model)
+        with weightsync.Subscriber(pub.endpoint, serve_endpoint="tcp://127.0.0.1:0") as relay, \
+                weightsync.Subscriber(relay.serve_endpoint, verify=True) as sub:
+            relay.register(mid)
+            sub.register(leaf)
+            assert pub.members() == [] and relay.served_members() == []
+            relay.update()
+            sub.update()
+            pub.publish(2)
+            relay.update()
+            sub.update()
+            [r] = pub.members()
+            assert (r.held_step, r.sent_step, r.receiving_step) == (1, 2, -1), r
+            [c] = relay.served_members()
+            assert (c.held_step, c.sent_step) == (1, 2), c
+            assert "sent_step=2" in repr(c)
+            assert sub.served_members() == []
+            assert_bit_exact(leaf, model)

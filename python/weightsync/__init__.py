@@ -34,6 +34,7 @@ from ._errors import (
 from ._manifest import PublishedTensor
 from ._weightsync import (
     CudaStatus,
+    MemberInfo,
     Publisher,
     PublishStats,
     Received,
@@ -49,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CudaStatus",
+    "MemberInfo",
     "Publisher",
     "PublishStats",
     "PublishedTensor",

@@ -102,6 +102,40 @@ struct Publisher::Impl final : transport::VersionSource {
   bool closed WS_GUARDED_BY(mu) = false;
   bool frozen WS_GUARDED_BY(mu) = false;
 
+  // Membership (Publisher::Members): the sessions serving steps now, in the order they joined.
+  mutable util::Mutex members_mu;
+  std::vector<std::pair<uint64_t, MemberInfo>> members WS_GUARDED_BY(members_mu);
+  uint64_t next_member WS_GUARDED_BY(members_mu) = 1;
+  MemberInfo* FindMember(uint64_t id) WS_REQUIRES(members_mu) {
+    for (auto& [key, info] : members) {
+      if (key == id) return &info;
+    }
+    return nullptr;
+  }
+  uint64_t Join(const std::string& peer) override {
+    util::MutexLock lock(&members_mu);
+    members.push_back({next_member, MemberInfo{peer}});
+    return next_member++;
+  }
+  void Requested(uint64_t member, int64_t held, int64_t sending) override {
+    util::MutexLock lock(&members_mu);
+    if (MemberInfo* m = FindMember(member); m != nullptr) {
+      m->held_step = held;
+      m->receiving_step = sending;
+    }
+  }
+  void Sent(uint64_t member, int64_t step) override {
+    util::MutexLock lock(&members_mu);
+    if (MemberInfo* m = FindMember(member); m != nullptr) {
+      m->sent_step = step;
+      m->receiving_step = -1;
+    }
+  }
+  void Left(uint64_t member) override {
+    util::MutexLock lock(&members_mu);
+    std::erase_if(members, [&](const auto& m) { return m.first == member; });
+  }
+
   Status Freeze() WS_REQUIRES(mu);
   // Publish; with `given` (a relay's, PublisherRelayAccess) the version's digests as its trainer
   // published them: the store copies without hashing.
@@ -517,6 +551,14 @@ const Manifest& Publisher::manifest() const { return impl_->manifest; }
 const std::string& Publisher::endpoint() const { return impl_->bound_endpoint; }
 
 const std::string& Publisher::lineage() const { return impl_->welcome.lineage; }
+
+std::vector<MemberInfo> Publisher::Members() const {
+  util::MutexLock lock(&impl_->members_mu);
+  std::vector<MemberInfo> out;
+  out.reserve(impl_->members.size());
+  for (const auto& [id, info] : impl_->members) out.push_back(info);
+  return out;
+}
 
 Status Publisher::Close() {
   Impl& d = *impl_;

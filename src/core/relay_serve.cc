@@ -36,7 +36,11 @@ Status RelayServe::Open(const wire::Welcome* upstream) {
   if (publisher_) WS_RETURN_IF_ERROR(Close());
   PublisherOptions options = serving_;
   if (!endpoint_.empty()) options.endpoint = endpoint_;  // the port bound first, kept
-  WS_ASSIGN_OR_RETURN(publisher_, Publisher::Create(options));
+  WS_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> created, Publisher::Create(options));
+  {
+    util::MutexLock lock(&swap_mu_);
+    publisher_ = std::move(created);
+  }
   endpoint_ = publisher_->endpoint();
   adopted_ = false;
   if (upstream == nullptr) return Status::Ok();
@@ -156,10 +160,18 @@ Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
   return PublisherRelayAccess::PublishGiven(*publisher_, step, digests, deadline);
 }
 
+std::vector<MemberInfo> RelayServe::Members() const {
+  util::MutexLock lock(&swap_mu_);
+  return publisher_ ? publisher_->Members() : std::vector<MemberInfo>();
+}
+
 Status RelayServe::Close() {
   if (!publisher_) return Status::Ok();
   Status s = publisher_->Close();
-  publisher_.reset();
+  {
+    util::MutexLock lock(&swap_mu_);
+    publisher_.reset();
+  }
   adopted_ = false;
   return s;
 }

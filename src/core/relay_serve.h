@@ -19,6 +19,7 @@
 
 #include "plan/plan.h"
 #include "util/deadline.h"
+#include "util/mutex.h"
 #include "weightsync/options.h"
 #include "weightsync/publisher.h"
 #include "weightsync/status.h"
@@ -57,6 +58,9 @@ class RelayServe {
   // The step children are served now; -1 before the first.
   int64_t served_step() const { return publisher_ ? publisher_->latest_step() : -1; }
 
+  // Its children connected now (Publisher::Members); any thread.
+  std::vector<MemberInfo> Members() const;
+
   // Stops serving; idempotent.
   Status Close();
 
@@ -69,6 +73,9 @@ class RelayServe {
 
   PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
   std::string endpoint_;
+  // Replaced (Open, Close) by the thread that updates, under `swap_mu_`, which Members() takes
+  // from any thread; read without it by the updating thread.
+  mutable util::Mutex swap_mu_;
   std::unique_ptr<Publisher> publisher_;
   bool adopted_ = false;  // publisher_ holds a session's identity and layout
   uint64_t session_ = 0;  // the session whose versions publisher_ serves

@@ -113,6 +113,8 @@ struct Subscriber::Impl {
   // A relay (SubscriberOptions::serve_endpoint): serves each committed version to children.
   std::unique_ptr<core::RelayServe> relay WS_GUARDED_BY(update_mu);
   std::string serve_endpoint;  // as bound at Create; constant after
+  core::RelayServe* serving =
+      nullptr;  // `relay`, for ServedMembers(): set at Create, then constant
   void ServeCommitted(UpdateStats* stats, bool moved, const Deadline& deadline)
       WS_REQUIRES(update_mu);
 
@@ -260,6 +262,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
       }
       WS_ASSIGN_OR_RETURN(impl->relay, core::RelayServe::Listen(options));
       impl->serve_endpoint = impl->relay->endpoint();
+      impl->serving = impl->relay.get();
     }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
@@ -822,6 +825,10 @@ int64_t Subscriber::committed_step() const {
   return impl_->committed.load(std::memory_order_relaxed);
 }
 std::string Subscriber::serve_endpoint() const { return impl_->serve_endpoint; }
+std::vector<MemberInfo> Subscriber::ServedMembers() const {
+  // The relay lives from Create to destruction; it swaps its serving publisher under its own lock.
+  return impl_->serving != nullptr ? impl_->serving->Members() : std::vector<MemberInfo>();
+}
 bool Subscriber::weights_valid() const { return impl_->valid.load(std::memory_order_relaxed); }
 std::string Subscriber::committed_lineage() const {
   util::MutexLock lock(&impl_->lineage_mu);

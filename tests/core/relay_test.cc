@@ -268,6 +268,42 @@ TEST_P(RelayChain, ATrainerRestartFlowsDownTheChain) {
   ASSERT_TRUE(trainer_.HeldBy(leaf));
 }
 
+// Membership at each level: the trainer lists the relay, the relay its child, each with the step
+// it holds (by its latest request), was sent, or is receiving; a child that leaves is dropped.
+TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_TRUE(sub->ServedMembers().empty());  // not a relay
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  ASSERT_OK(relay->Update().status());
+  ASSERT_OK(sub->Update().status());
+  ASSERT_NO_FATAL_FAILURE(Publish(3, 0.02));
+  ASSERT_OK(relay->Update().status());  // the child has not asked for step 3 yet
+  std::vector<MemberInfo> direct = publisher_->Members();
+  ASSERT_EQ(direct.size(), 1u);       // the relay
+  EXPECT_EQ(direct[0].held_step, 2);  // what its request for step 3 said it held
+  EXPECT_EQ(direct[0].sent_step, 3);
+  EXPECT_EQ(direct[0].receiving_step, -1);
+  EXPECT_EQ(direct[0].peer.empty(), false);  // 127.0.0.1:PORT (tcp), "subscriber connection N"
+  std::vector<MemberInfo> served = relay->ServedMembers();
+  ASSERT_EQ(served.size(), 1u);  // the child
+  EXPECT_EQ(served[0].held_step, 1);
+  EXPECT_EQ(served[0].sent_step, 2);
+  ASSERT_OK(sub->Update().status());
+  served = relay->ServedMembers();
+  ASSERT_EQ(served.size(), 1u);
+  EXPECT_EQ(served[0].held_step, 2);
+  EXPECT_EQ(served[0].sent_step, 3);
+  ASSERT_OK(sub->Close());
+  // The relay's session notices the child leave on its own thread.
+  for (int i = 0; i < 300 && !relay->ServedMembers().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(relay->ServedMembers().empty());
+  EXPECT_EQ(publisher_->Members().size(), 1u);
+}
+
 // A child stalled in the middle of reading an older version never holds its relay past the
 // relay's own update: closing the relay while its hand-over waits for that child's slot ends the
 // wait at once (the child's read revoked), not after the relay's timeout.

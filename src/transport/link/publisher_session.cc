@@ -44,6 +44,12 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
   };
   wire::UpdateRequest request;
   wire::StepEnd end;
+  // This session in the publisher's membership for as long as it serves steps.
+  struct Member {
+    VersionSource* source;
+    uint64_t id;
+    ~Member() { source->Left(id); }
+  } member{config.source, config.source->Join(config.peer)};
   while (!config.stopping->load(std::memory_order_acquire)) {
     // Idle between updates: wait for the next request without a deadline, but wake to notice
     // the server stopping.
@@ -65,6 +71,8 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
                                      ? config.source->AcquireWhole(request, wait, give_up)
                                      : config.source->Acquire(request, wait, give_up));
     const wire::StepBegin& begin = pin.begin;
+    config.source->Requested(member.id, request.after_step,
+                             begin.step == request.after_step ? -1 : begin.step);
     Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
                        Deadline(config.timeout));
     if (begin.step == request.after_step) {  // up to date: nothing pinned
@@ -82,6 +90,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     // A revoked read ends the session with an error frame instead of the step's end.
     WS_RETURN_IF_ERROR(unpinned);
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
+    config.source->Sent(member.id, begin.step);
   }
   return Status::Ok();
 }

@@ -65,6 +65,13 @@ class VersionSource {
   // (host memory, or its CUDA device's): what the TCP server sends from (on the socket, or by
   // NCCL), the version being the tensors themselves. Null where there is none.
   virtual const uint8_t* TensorBytes(uint32_t /*tensor*/) const { return nullptr; }
+  // Membership (Publisher::Members): a session joins once its subscriber is prepared (after the
+  // Welcome), reports each request (the step it holds and the one being sent) and each step sent
+  // whole, and leaves when it ends. `member` is Join's answer.
+  virtual uint64_t Join(const std::string& /*peer*/) { return 0; }
+  virtual void Requested(uint64_t /*member*/, int64_t /*held*/, int64_t /*sending*/) {}
+  virtual void Sent(uint64_t /*member*/, int64_t /*step*/) {}
+  virtual void Left(uint64_t /*member*/) {}
   // Whether the version is the registered tensors (a ring or zero-copy publisher's: TensorBytes
   // answers), which a tcp session sends from, rather than a slot of the store.
   virtual bool VersionIsTensors() const { return false; }
