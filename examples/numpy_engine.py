@@ -5,6 +5,8 @@
 --style register (default): the engine's arrays are registered once and updated in place.
 --style receive: the engine loads weights through its own loader from (name, array) pairs, as
   inference engines with a load_weights(iterable) hook do; the Subscriber owns those arrays.
+--serve ENDPOINT: this engine is also a relay (docs/relays.md): every version it commits is served
+  there to other engines, which take --endpoint ENDPOINT instead of the trainer's.
 """
 
 import argparse
@@ -28,12 +30,18 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="stop after this step")
     ap.add_argument("--style", choices=["register", "receive"], default="register")
     ap.add_argument("--verify", action="store_true", help="check xxHash3 digests")
+    ap.add_argument("--serve", default="", help="relay what it commits at this endpoint")
+    ap.add_argument("--linger", type=float, default=0.0,
+                    help="seconds to stay up after the last step (a relay's children catch up)")
     args = ap.parse_args()
 
     model = build_model()
     x = np.ones(64, np.float32)
     addresses = {n: a.ctypes.data for n, a in model.items()}
-    with weightsync.Subscriber(args.endpoint, timeout=30, verify=args.verify) as sub:
+    with weightsync.Subscriber(args.endpoint, timeout=30, verify=args.verify,
+                               serve_endpoint=args.serve) as sub:
+        if sub.serve_endpoint:
+            print(f"engine:  relaying at {sub.serve_endpoint}", flush=True)
         if args.style == "register":
             sub.register(model)
         else:
@@ -55,6 +63,7 @@ def main():
             assert int(model["step_counter"]) == step
             print(f"engine:  at step {step:3d} fingerprint {fingerprint(model)} "
                   f"argmax {int(np.argmax(logits))}", flush=True)
+        time.sleep(args.linger)
     assert all(model[n].ctypes.data == a for n, a in addresses.items()), "addresses moved"
     print("engine:  done; weights updated in place, addresses unchanged", flush=True)
 

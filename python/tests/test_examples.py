@@ -36,6 +36,41 @@ def test_numpy_example(endpoint, style):
     assert "at step   4" in out
 
 
+def test_numpy_engines_in_a_chain_of_relays(endpoint):
+    # trainer -> engine (a relay) -> engine: the second engine dials the first, not the trainer.
+    relay_at = endpoint + "-relay"
+    common = ["--steps", "4"]
+    env = dict(os.environ)
+    procs = []
+
+    def start(args):
+        p = subprocess.Popen([sys.executable, *args], cwd=EXAMPLES, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(p)
+        return p
+
+    try:
+        trainer = start(["numpy_trainer.py", "--endpoint", endpoint, *common, "--interval", "0.05",
+                         "--linger", "2"])
+        relay = start(["numpy_engine.py", "--endpoint", endpoint, "--serve", relay_at, *common,
+                       "--linger", "3"])
+        first = relay.stdout.readline()  # bound at start, before it holds anything
+        assert first.startswith(f"engine:  relaying at {relay_at}"), first
+        leaf = subprocess.run([sys.executable, "numpy_engine.py", "--endpoint", relay_at,
+                               "--verify", *common], cwd=EXAMPLES, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=120)
+        assert leaf.returncode == 0, leaf.stdout
+        assert "at step   4" in leaf.stdout and "addresses unchanged" in leaf.stdout, leaf.stdout
+        out, _ = relay.communicate(timeout=60)
+        assert relay.returncode == 0, first + out
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 @pytest.mark.slow
 def test_torch_example(endpoint):
     pytest.importorskip("torch")

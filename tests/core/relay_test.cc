@@ -410,6 +410,29 @@ TEST_P(RelayChain, ARelayThatRegisteredNewMemoryServesFromIt) {
   }
 }
 
+// A relay that offers a step older than the one its child holds (hostile, or confused) is refused
+// as a trainer would be: a protocol error, nothing committed, the child's weights as they were.
+TEST_P(RelayChain, ARelayOfferingAnOlderStepIsRefused) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.5));
+  ASSERT_OK(relay->Update().status());
+  const Bytes before = leaf;
+  // Only the relay's session acquires a step now: the child's request to it.
+  FailPoints::Arm("publisher.offer_older_step", FailAction::kFlip, 0, /*count=*/1);
+  auto refused = sub->Update();
+  EXPECT_EQ(FailPoints::Hits("publisher.offer_older_step"), 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kProtocolError) << refused.status();
+  EXPECT_EQ(sub->committed_step(), 1);
+  EXPECT_EQ(leaf, before);
+  auto healed = sub->Update();
+  ASSERT_TRUE(healed.ok()) << healed.status();
+  EXPECT_EQ(healed->step, 2);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
 // A hand-over that fails never fails the relay's own update (it committed): logged with its
 // cause, served_step says what children get, and the next update — up to date — hands it over.
 TEST_P(RelayChain, AFailedHandOverIsLoggedAndRetriedByTheNextUpdate) {
