@@ -251,13 +251,13 @@ MUTANTS = [
     Mutant("relay-serve-before-check", "a relay serves a step before its weights check passed",
            "src/core/subscriber.cc",
            [("  if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));\n",
-             "  ServeCommitted(&stats, !stats.up_to_date, run.deadline);\n"
+             "  ServeCommitted(&stats, !stats.up_to_date, Deadline(options.timeout, &cancel));\n"
              "  if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));\n")],
            "core_relay_test", "*ARelayNeverServesAStepItsWeightsCheckRefused*"),
     Mutant("relay-retry", "an up-to-date update does not hand over a step a failed hand-over left",
            "src/core/subscriber.cc",
-           [("  ServeCommitted(&stats, /*moved=*/!stats.up_to_date, run.deadline);",
-             "  if (!stats.up_to_date) ServeCommitted(&stats, true, run.deadline);")],
+           [("  ServeCommitted(&stats, /*moved=*/!stats.up_to_date, Deadline(options.timeout, &cancel));",
+             "  if (!stats.up_to_date) ServeCommitted(&stats, true, Deadline(options.timeout, &cancel));")],
            "core_relay_test", "*AFailedHandOverIsLoggedAndRetried*"),
     Mutant("relay-writer-deadline", "a relay's hand-over waits for a stalled child past its own update",
            "src/transport/store/version_slots.cc",

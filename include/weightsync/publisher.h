@@ -78,12 +78,14 @@ struct PublishStats {
   uint64_t changed_bytes = 0;
 };
 
-// One subscriber connected to a publisher now (Publisher::Members): which version it holds, by
-// what it said and what it was sent — the version tag an asynchronous RL scheduler needs.
+// One subscriber of a publisher (Publisher::Members): prepared (past the Welcome) and still
+// connected; which version it holds, by what it said and what it was sent — the version tag an
+// asynchronous RL scheduler needs.
 struct MemberInfo {
   std::string peer;  // "10.0.0.7:51234" (tcp), "subscriber connection 3" (local)
   // The step it holds, as its latest update request said (its committed step of this publisher's
-  // session; -1: none, or a version of another session).
+  // session; -1: none, a version of another session, or weights it no longer vouches for after a
+  // weights check found differences or its registration changed).
   int64_t held_step = -1;
   int64_t sent_step = -1;       // the latest step it was sent whole (it may still be verifying)
   int64_t receiving_step = -1;  // the step being sent to it now; -1: none
@@ -119,8 +121,8 @@ class Publisher {
   const std::string& endpoint() const;
   // PublisherOptions::lineage, or the random one chosen at Create when none was given.
   const std::string& lineage() const;
-  // The subscribers connected now, in the order they connected (a relay is one of them; its own
-  // children are its Subscriber::ServedMembers()).
+  // The subscribers prepared and connected now, in the order they joined (a relay is one of them;
+  // its own children are its Subscriber::ServedMembers()). Any thread.
   std::vector<MemberInfo> Members() const;
   // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
   Status Close();

@@ -67,7 +67,8 @@ struct UpdateStats {
   double check_seconds = 0;
   // A relay (SubscriberOptions::serve_endpoint): the step it serves its children after this update
   // (-1 before it serves any; after a failed hand-over, logged with its cause, the step it served
-  // before), and the time taken to hand the version over (the copy into its store).
+  // before, or -1 when the failure came while it replaced its serving publisher), and the time
+  // taken to hand the version over (the copy into its store).
   int64_t served_step = -1;
   double serve_seconds = 0;
 };

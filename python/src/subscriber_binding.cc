@@ -358,7 +358,7 @@ void BindSubscriber(nb::module_& m) {
       .def_ro("served_step", &UpdateStats::served_step,
               "A relay (serve_endpoint): the step it serves after this update (-1 before it\n"
               "serves any; after a failed hand-over, logged with its cause, the step it served\n"
-              "before).")
+              "before, or -1 when it failed while replacing its serving publisher).")
       .def_ro("serve_seconds", &UpdateStats::serve_seconds,
               "A relay: the time taken to hand the version to its store.")
       .def("__repr__", [](const UpdateStats& s) {

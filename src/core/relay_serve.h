@@ -73,8 +73,8 @@ class RelayServe {
 
   PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
   std::string endpoint_;
-  // Replaced (Open, Close) by the thread that updates, under `swap_mu_`, which Members() takes
-  // from any thread; read without it by the updating thread.
+  // Replaced (Open, Close) under the subscriber's update lock and `swap_mu_`; read without
+  // `swap_mu_` under the update lock, with it by Members() from any thread.
   mutable util::Mutex swap_mu_;
   std::unique_ptr<Publisher> publisher_;
   bool adopted_ = false;  // publisher_ holds a session's identity and layout

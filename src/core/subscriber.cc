@@ -764,7 +764,9 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   if (update.check_weights) WS_RETURN_IF_ERROR(CheckAfterCommit(run.deadline, &stats));
   // A relay serves what it committed once it is checked; an up-to-date update serves it too if an
   // earlier hand-over failed.
-  ServeCommitted(&stats, /*moved=*/!stats.up_to_date, run.deadline);
+  // Its own budget, as a publisher's wait for readers (a relay that waited long for its step does
+  // not cut off a child that just began reading), ended at once by Cancel() or Close().
+  ServeCommitted(&stats, /*moved=*/!stats.up_to_date, Deadline(options.timeout, &cancel));
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;

@@ -23,6 +23,9 @@
 #include "util/fail_point.h"
 #include "weightsync/ledger.h"
 
+// Counts host heap allocations (g_new_calls) to show a steady relay update makes none.
+#include "testing/count_new.inc"
+
 namespace weightsync {
 namespace {
 
@@ -290,7 +293,17 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   ASSERT_EQ(served.size(), 1u);  // the child
   EXPECT_EQ(served[0].held_step, 1);
   EXPECT_EQ(served[0].sent_step, 2);
-  ASSERT_OK(sub->Update().status());
+  // While step 3 is on its way to the child (held up where the link sends it): receiving.
+  const char* stall = tcp() ? "publisher.before_send" : "subscriber.before_copy";
+  FailPoints::Arm(stall, FailAction::kSleep, 1000, /*count=*/1);
+  Subscriber* child = sub.get();  // (a structured binding cannot be captured before C++20's)
+  auto receiving = std::async(std::launch::async, [child] { return child->Update(); });
+  ASSERT_TRUE(testing::WaitForFailPointHits(stall));
+  served = relay->ServedMembers();
+  ASSERT_EQ(served.size(), 1u);
+  EXPECT_EQ(served[0].held_step, 2);
+  EXPECT_EQ(served[0].receiving_step, 3);
+  ASSERT_OK(receiving.get().status());
   served = relay->ServedMembers();
   ASSERT_EQ(served.size(), 1u);
   EXPECT_EQ(served[0].held_step, 2);
@@ -328,12 +341,16 @@ TEST_P(RelayChain, AStalledChildNeverHoldsItsRelayPastItsOwnUpdate) {
   auto waiting = std::async(std::launch::async, [&] { return relay->Update(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // (Close itself then waits for the stalled session's fail-point sleep to end: a test artifact.)
+  testing::LogCapture logs;
   auto closing = std::async(std::launch::async, [&] { return relay->Close(); });
   ASSERT_EQ(waiting.wait_for(std::chrono::milliseconds(2500)), std::future_status::ready);
   auto handed = waiting.get();
   ASSERT_TRUE(handed.ok()) << handed.status();  // its own update committed step 4
   EXPECT_EQ(handed->step, 4);
   ASSERT_OK(closing.get());
+  EXPECT_TRUE(logs.Contains("revoked the read of 1 subscriber(s)") &&
+              logs.Contains("the writer was cancelled: a relay closing"))
+      << ::testing::PrintToString(logs.Lines());
   auto revoked = stalled.get();
   ASSERT_FALSE(revoked.ok());
   EXPECT_EQ(sub->committed_step(), -1);
@@ -408,6 +425,32 @@ TEST_P(RelayChain, ARelayThatRegisteredNewMemoryServesFromIt) {
     EXPECT_TRUE(child->verified);
     ASSERT_TRUE(trainer_.HeldBy(leaf));
   }
+}
+
+// A relay's steady update allocates nothing on the host: the update, the check that its
+// destinations are the memory it registered, and the hand-over into its store (sized at the
+// first); an up-to-date update neither.
+TEST_P(RelayChain, ASteadyRelayUpdateAllocatesNothing) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  const int64_t at_start = g_new_calls.load();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  for (int64_t step = 2; step <= 3; ++step) {  // warm: every lazily sized scratch is sized
+    ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+    ASSERT_OK(relay->Update().status());
+    ASSERT_OK(sub->Update().status());
+  }
+  EXPECT_GT(g_new_calls.load(), at_start) << "operator new is not counted: the zeros prove nothing";
+  ASSERT_NO_FATAL_FAILURE(Publish(4, 0.02));
+  const int64_t before = g_new_calls.load();
+  auto stats = relay->Update();
+  const int64_t in_update = g_new_calls.load() - before;
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->served_step, 4);
+  EXPECT_EQ(in_update, 0);
+  const int64_t again_before = g_new_calls.load();
+  ASSERT_OK(relay->Update().status());  // up to date
+  EXPECT_EQ(g_new_calls.load() - again_before, 0);
 }
 
 // A relay that offers a step older than the one its child holds (hostile, or confused) is refused

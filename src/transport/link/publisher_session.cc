@@ -64,6 +64,8 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     }
     if (header.type != wire::FrameType::kUpdateRequest) return delivery.Unexpected(header.type);
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
+    // What it holds, as it says, even while it waits for a step to be published.
+    config.source->Requested(member.id, request.after_step, -1);
     // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
     // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
     const util::Deadline wait = PeerWaitDeadline(request.wait_ms);
@@ -89,8 +91,10 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step));
     // A revoked read ends the session with an error frame instead of the step's end.
     WS_RETURN_IF_ERROR(unpinned);
-    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
+    // Counted as sent before the subscriber can have it (a failed send ends the session, and with
+    // it the member), so Members() never lags an update that returned.
     config.source->Sent(member.id, begin.step);
+    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
   }
   return Status::Ok();
 }

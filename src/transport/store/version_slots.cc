@@ -47,9 +47,11 @@ void VersionSlots::WaitForReaders(Readers readers, Revoke revoke, What what, Wai
                                        std::chrono::steady_clock::now() - start)
                                        .count()
                                 << " ms"
-                                << (deadline.expired()
-                                        ? ""
-                                        : " (the writer's own deadline ended the wait)");
+                                << (deadline.expired()    ? ""
+                                    : writer->cancelled() ? " (the writer was cancelled: a relay "
+                                                            "closing)"
+                                                          : " (the writer's own deadline ended "
+                                                            "the wait)");
       revoke();
       break;
     }
