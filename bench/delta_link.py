@@ -22,7 +22,6 @@ happens.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import pathlib
@@ -34,9 +33,10 @@ import time
 
 import numpy as np
 
+from netns_roles import TENSOR_MIB, digest, model_shapes, send
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOKEN = "delta-link-bench-token-0123456789abcdef"
-TENSOR_MIB = 8
 
 
 def parse(argv=None):
@@ -49,23 +49,6 @@ def parse(argv=None):
     p.add_argument("--role", choices=["trainer", "engines"], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def model_shapes(mib):
-    elements = TENSOR_MIB * (1 << 20) // 2
-    return {f"layers.{i}.weight": elements for i in range(max(1, mib // TENSOR_MIB))}
-
-
-def digest(tensors):
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        h.update(tensors[name].view(np.uint8))
-    return h.hexdigest()
-
-
-def send(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def trainer(args):

@@ -33,7 +33,6 @@ whatever happens (finally and atexit), each step bounded by --step-timeout.
 
 import argparse
 import atexit
-import hashlib
 import json
 import os
 import pathlib
@@ -49,9 +48,10 @@ import time
 
 import numpy as np
 
+from netns_roles import TENSOR_MIB, digest, model_shapes, send
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOKEN = "relay-fanout-bench-token-0123456789abcdef"
-TENSOR_MIB = 8
 PORT = 29611
 TRAINER_ADDR = "10.77.0.1"
 
@@ -69,23 +69,6 @@ def parse(argv=None):
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--serve", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def model_shapes(mib):
-    elements = TENSOR_MIB * (1 << 20) // 2
-    return {f"layers.{i}.weight": elements for i in range(max(1, mib // TENSOR_MIB))}
-
-
-def digest(tensors):
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        h.update(tensors[name].view(np.uint8))
-    return h.hexdigest()
-
-
-def send(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def trainer(args):
