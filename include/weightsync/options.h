@@ -61,6 +61,12 @@ struct PublisherOptions {
   int copy_threads = 0;
   // Accepted connections at once; further ones are refused with a logged reason.
   int max_connections = 64;
+  // Relay topology (docs/relays.md): how many subscribers this publisher serves directly. A
+  // subscriber past the bound is redirected, in answer to its Hello, to the direct subscriber that
+  // relays (SubscriberOptions::serve_endpoint) with the fewest subscribers below it, and dials
+  // that relay instead (which may send it on by its own bound). With no relay to send it to, it is
+  // served directly anyway: joining is never refused. 0: no bound.
+  int max_direct = 0;
   // How long Publish() waits for readers to release a slot, and BeginWrite() for readers of
   // arena-allocated tensors, before revoking those reads (the subscribers get a Timeout at the end
   // of their step and commit nothing); and the deadline of any single control-frame read or
@@ -184,6 +190,14 @@ struct SubscriberOptions {
   // relay keeps two copies of the model in host memory (its own store, so Sleep() and the next
   // update never pull bytes from under a child). Empty: not a relay.
   std::string serve_endpoint;
+  // A relay's own bound on direct children (PublisherOptions::max_direct of the publisher it
+  // serves through); children past it are redirected further down. 0: no bound.
+  int serve_max_direct = 0;
+  // The endpoint a relay is announced by (in its Hello to its publisher, which redirects
+  // newcomers there): where other hosts reach serve_endpoint. Empty: serve_endpoint as bound,
+  // unless it binds a wildcard address (tcp://0.0.0.0:P, tcp://[::]:P), which is then not
+  // announced (the relay serves only those who dial it themselves).
+  std::string serve_announce;
 };
 
 }  // namespace weightsync

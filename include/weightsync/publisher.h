@@ -89,6 +89,11 @@ struct MemberInfo {
   int64_t held_step = -1;
   int64_t sent_step = -1;       // the latest step it was sent whole (it may still be verifying)
   int64_t receiving_step = -1;  // the step being sent to it now; -1: none
+  // A relay: the endpoint it serves on, as it announced itself (SubscriberOptions::serve_endpoint,
+  // serve_announce); empty for a leaf.
+  std::string serves;
+  // How many subscribers it serves, its children and theirs, as its latest request said.
+  int64_t below = 0;
 };
 
 // Internal: how a relay (SubscriberOptions::serve_endpoint) serves a version it received under

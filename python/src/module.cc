@@ -115,6 +115,7 @@ NB_MODULE(_weightsync, m) {
         publisher["delta"] = DeltaModeName(p.delta);
         publisher["token"] = p.token;
         publisher["token_file"] = p.token_file;
+        publisher["max_direct"] = p.max_direct;
         subscriber["mode"] = ModeName(s.mode);
         subscriber["policy"] = PolicyName(s.policy);
         subscriber["timeout"] = Seconds(s.timeout);
@@ -127,6 +128,8 @@ NB_MODULE(_weightsync, m) {
         subscriber["token"] = s.token;
         subscriber["token_file"] = s.token_file;
         subscriber["serve_endpoint"] = s.serve_endpoint;
+        subscriber["serve_max_direct"] = s.serve_max_direct;
+        subscriber["serve_announce"] = s.serve_announce;
         nb::dict out;
         out["Publisher"] = publisher;
         out["Subscriber"] = subscriber;

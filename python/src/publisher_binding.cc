@@ -153,10 +153,17 @@ void BindPublisher(nb::module_& m) {
               "The latest step it was sent whole (it may still be verifying it).")
       .def_ro("receiving_step", &MemberInfo::receiving_step,
               "The step being sent to it now; -1: none.")
+      .def_ro("serves", &MemberInfo::serves,
+              "A relay: the endpoint it serves on, as it announced itself (its serve_endpoint,\n"
+              "or serve_announce); '' for a leaf (docs/relays.md).")
+      .def_ro("below", &MemberInfo::below,
+              "How many subscribers it serves, its children and theirs, as its latest request\n"
+              "said (0 for a leaf).")
       .def("__repr__", [](const MemberInfo& m) {
         return "MemberInfo(peer='" + m.peer + "', held_step=" + std::to_string(m.held_step) +
                ", sent_step=" + std::to_string(m.sent_step) +
-               ", receiving_step=" + std::to_string(m.receiving_step) + ")";
+               ", receiving_step=" + std::to_string(m.receiving_step) + ", serves='" + m.serves +
+               "', below=" + std::to_string(m.below) + ")";
       });
 
   nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")
@@ -210,8 +217,9 @@ void BindPublisher(nb::module_& m) {
           [](PyPublisher* self, nb::handle endpoint, int slots, double timeout,
              uint64_t segment_bytes, int copy_threads, int max_connections, nb::handle lineage,
              int64_t resume_from_step, bool zero_copy, int ring_buckets, uint64_t ring_bucket_bytes,
-             nb::handle token, nb::handle token_file, const std::string& delta) {
+             nb::handle token, nb::handle token_file, const std::string& delta, int max_direct) {
             PublisherOptions o;
+            o.max_direct = max_direct;
             o.delta = DeltaModeArg(delta);
             o.token = Utf8Arg(token, "token");
             o.token_file = Utf8Arg(token_file, "token_file");
@@ -247,12 +255,13 @@ void BindPublisher(nb::module_& m) {
           "ring_bucket_bytes"_a = kPublisherDefaults.ring_bucket_bytes,
           "token"_a = kPublisherDefaults.token, "token_file"_a = kPublisherDefaults.token_file,
           "delta"_a = DeltaModeName(kPublisherDefaults.delta),
+          "max_direct"_a = kPublisherDefaults.max_direct,
           nb::sig("def __init__(self, endpoint: str, slots: int = 2, timeout: float = 10.0, "
                   "segment_bytes: int = 0, copy_threads: int = 0, max_connections: int = "
                   "64, lineage: str = '', resume_from_step: int = -1, zero_copy: bool = False, "
                   "ring_buckets: int = 0, ring_bucket_bytes: int = 0, token: str = '', "
                   "token_file: str = '', delta: typing.Literal['auto', 'off', 'always'] = "
-                  "'auto') -> None"),
+                  "'auto', max_direct: int = 0) -> None"),
           "Binds `endpoint` ('local://NAME') and starts serving. `timeout` (seconds) bounds a\n"
           "publish() waiting for a free slot and every control-frame read or write.\n"
           "lineage: the line of versions this trainer continues (e.g. its run name; '' = a new\n"
@@ -275,7 +284,10 @@ void BindPublisher(nb::module_& m) {
           "subscriber holding that version receives only them; 'off' never; 'always' every\n"
           "segment on any endpoint. token / token_file (tcp): the shared secret, or a 0600\n"
           "file holding it; '' for both: $WEIGHTSYNC_TOKEN_FILE or $WEIGHTSYNC_TOKEN. Required\n"
-          "to listen beyond loopback (docs/security.md).")
+          "to listen beyond loopback (docs/security.md). max_direct (docs/relays.md): how many\n"
+          "subscribers this publisher serves directly; one past the bound is redirected to the\n"
+          "direct subscriber relaying (serve_endpoint) with the fewest below it, or served\n"
+          "directly when none relays (joining is never refused). 0: no bound.")
       .def(
           "register",
           [](PyPublisher& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

@@ -1,12 +1,13 @@
 """Relays from Python (docs/relays.md): a subscriber with serve_endpoint serves what it commits to
 other subscribers, under the trainer's lineage and digests; a chain holds the trainer's bytes at
-every level, and over tcp the leaf gets deltas through the relays."""
+every level, and over tcp the leaf gets deltas through the relays; replicas that all dial the
+trainer past its max_direct are redirected into a tree of relays."""
 
 import numpy as np
 import pytest
 
 import weightsync
-from conftest import assert_bit_exact, make_model, zeros_like_model
+from conftest import assert_bit_exact, bump, make_model, zeros_like_model
 from test_delta import change_some
 
 
@@ -77,3 +78,60 @@ def test_membership_says_which_step_each_subscriber_holds_at_each_level():
             assert "sent_step=2" in repr(c)
             assert sub.served_members() == []
             assert_bit_exact(leaf, model)
+
+
+def test_replicas_past_the_publishers_bound_arrange_themselves_into_a_chain(tmp_path):
+    # max_direct=1 and relays of one child each: three replicas that all dial the trainer's
+    # endpoint are redirected down the line, first -> second -> third.
+    model = make_model(seed=8, elements=5000)
+    with weightsync.Publisher(f"local://topology-py-trainer-{tmp_path.name}", max_direct=1,
+                              segment_bytes=16384, lineage="py-topology") as pub:
+        pub.register(model)
+        pub.publish(1)
+        replicas = []
+        try:
+            for i in range(3):
+                dst = zeros_like_model(model)
+                s = weightsync.Subscriber(
+                    pub.endpoint, serve_endpoint=f"local://topology-py-{i}-{tmp_path.name}",
+                    serve_max_direct=1, verify=True, timeout=30)
+                replicas.append((s, dst))
+                s.register(dst)
+                stats = s.update()  # its place in the chain is decided at its first Hello
+                assert (stats.step, stats.served_step) == (1, 1) and stats.verified, stats
+                assert_bit_exact(dst, model)
+            bump(model)
+            pub.publish(2)
+            for s, _ in replicas:  # parents before their children
+                stats = s.update()
+                assert (stats.step, stats.served_step) == (2, 2) and stats.verified, stats
+            for _, dst in replicas:
+                assert_bit_exact(dst, model)
+            (first, _), (second, _), (third, _) = replicas
+            [direct] = pub.members()
+            assert direct.serves == first.serve_endpoint, direct
+            [child] = first.served_members()
+            assert child.serves == second.serve_endpoint, child
+            assert child.below == 1, child  # third, as second's request for step 2 said
+            # `below` is as of each relay's latest request: first asked for step 2 before second
+            # said it serves third, so the publisher counts third from first's next request on.
+            assert direct.below == 1, direct
+            stats = first.update()
+            assert stats.up_to_date and stats.step == 2, stats
+            [direct] = pub.members()
+            assert direct.below == 2, direct
+            assert f"serves='{first.serve_endpoint}'" in repr(direct) and "below=2" in repr(direct)
+            [grandchild] = second.served_members()
+            assert grandchild.serves == third.serve_endpoint, grandchild
+            assert grandchild.below == 0
+            assert third.served_members() == []
+        finally:
+            for s, _ in reversed(replicas):
+                s.close()
+
+
+def test_relay_topology_options_without_serve_endpoint_are_refused_with_the_reason():
+    with pytest.raises(weightsync.InvalidArgument, match="serve_endpoint"):
+        weightsync.Subscriber("tcp://127.0.0.1:1", serve_max_direct=2)
+    with pytest.raises(weightsync.InvalidArgument, match="serve_endpoint"):
+        weightsync.Subscriber("tcp://127.0.0.1:1", serve_announce="tcp://10.0.0.7:7000")

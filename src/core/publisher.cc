@@ -102,38 +102,81 @@ struct Publisher::Impl final : transport::VersionSource {
   bool closed WS_GUARDED_BY(mu) = false;
   bool frozen WS_GUARDED_BY(mu) = false;
 
-  // Membership (Publisher::Members): the sessions serving steps now, in the order they joined.
+  // Membership (Publisher::Members): the sessions admitted, in the order they came; listed once
+  // ready. `redirected`: newcomers sent to this relay since it last said how many it serves.
+  struct Member {
+    uint64_t id = 0;
+    MemberInfo info;
+    bool ready = false;
+    int64_t redirected = 0;
+  };
   mutable util::Mutex members_mu;
-  std::vector<std::pair<uint64_t, MemberInfo>> members WS_GUARDED_BY(members_mu);
+  std::vector<Member> members WS_GUARDED_BY(members_mu);
   uint64_t next_member WS_GUARDED_BY(members_mu) = 1;
-  MemberInfo* FindMember(uint64_t id) WS_REQUIRES(members_mu) {
-    for (auto& [key, info] : members) {
-      if (key == id) return &info;
+  bool said_no_relay WS_GUARDED_BY(members_mu) = false;
+  Member* FindMember(uint64_t id) WS_REQUIRES(members_mu) {
+    for (Member& m : members) {
+      if (m.id == id) return &m;
     }
     return nullptr;
   }
-  uint64_t Join(const std::string& peer) override {
-    util::MutexLock lock(&members_mu);
-    members.push_back({next_member, MemberInfo{peer}});
-    return next_member++;
+  // The relay a newcomer past max_direct goes to: the one with the fewest below it, never the
+  // one it just lost (hello.avoid) nor itself (a relay re-attaching); null when there is none.
+  Member* RelayFor(const wire::Hello& hello) WS_REQUIRES(members_mu) {
+    Member* best = nullptr;
+    for (Member& m : members) {
+      if (m.info.serves.empty() || m.info.serves == hello.avoid || m.info.serves == hello.serves) {
+        continue;
+      }
+      if (best == nullptr || m.info.below + m.redirected < best->info.below + best->redirected) {
+        best = &m;
+      }
+    }
+    return best;
   }
-  void Requested(uint64_t member, int64_t held, int64_t sending) override {
+  std::string Admit(const std::string& peer, const wire::Hello& hello, uint64_t* member) override {
     util::MutexLock lock(&members_mu);
-    if (MemberInfo* m = FindMember(member); m != nullptr) {
-      m->held_step = held;
-      m->receiving_step = sending;
+    if (options.max_direct > 0 && members.size() >= static_cast<size_t>(options.max_direct)) {
+      if (Member* relay = RelayFor(hello); relay != nullptr) {
+        ++relay->redirected;
+        return relay->info.serves;
+      }
+      if (!said_no_relay) {
+        said_no_relay = true;
+        WS_LOG(INFO, "topology") << "past max_direct=" << options.max_direct
+                                 << " with no relay to redirect to: " << peer
+                                 << " is served directly (said once)";
+      }
+    }
+    Member m{next_member++, MemberInfo{peer}};
+    m.info.serves = hello.serves;
+    members.push_back(std::move(m));
+    *member = members.back().id;
+    return {};
+  }
+  void Ready(uint64_t member) override {
+    util::MutexLock lock(&members_mu);
+    if (Member* m = FindMember(member); m != nullptr) m->ready = true;
+  }
+  void Requested(uint64_t member, int64_t held, int64_t sending, uint32_t below) override {
+    util::MutexLock lock(&members_mu);
+    if (Member* m = FindMember(member); m != nullptr) {
+      m->info.held_step = held;
+      m->info.receiving_step = sending;
+      m->info.below = below;
+      m->redirected = 0;
     }
   }
   void Sent(uint64_t member, int64_t step) override {
     util::MutexLock lock(&members_mu);
-    if (MemberInfo* m = FindMember(member); m != nullptr) {
-      m->sent_step = step;
-      m->receiving_step = -1;
+    if (Member* m = FindMember(member); m != nullptr) {
+      m->info.sent_step = step;
+      m->info.receiving_step = -1;
     }
   }
   void Left(uint64_t member) override {
     util::MutexLock lock(&members_mu);
-    std::erase_if(members, [&](const auto& m) { return m.first == member; });
+    std::erase_if(members, [&](const Member& m) { return m.id == member; });
   }
 
   Status Freeze() WS_REQUIRES(mu);
@@ -198,6 +241,10 @@ Result<std::unique_ptr<Publisher>> Publisher::Create(const PublisherOptions& opt
   }
   if (options.max_connections < 1) {
     return Status::InvalidArgument("PublisherOptions.max_connections must be ≥ 1");
+  }
+  if (options.max_direct < 0) {
+    return Status::InvalidArgument("PublisherOptions.max_direct must be ≥ 0 (0: no bound), got ",
+                                   options.max_direct);
   }
   if (options.resume_from_step < -1) {
     return Status::InvalidArgument("PublisherOptions.resume_from_step = ", options.resume_from_step,
@@ -556,7 +603,9 @@ std::vector<MemberInfo> Publisher::Members() const {
   util::MutexLock lock(&impl_->members_mu);
   std::vector<MemberInfo> out;
   out.reserve(impl_->members.size());
-  for (const auto& [id, info] : impl_->members) out.push_back(info);
+  for (const Impl::Member& m : impl_->members) {
+    if (m.ready) out.push_back(m.info);
+  }
   return out;
 }
 
@@ -585,6 +634,16 @@ Status Publisher::Close() {
     store->reset();
   }
   return result;
+}
+
+uint32_t PublisherRelayAccess::Below(const Publisher& publisher) {
+  const Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock lock(&d.members_mu);
+  uint64_t below = 0;
+  for (const Publisher::Impl::Member& m : d.members) {
+    if (m.ready) below += 1 + static_cast<uint64_t>(m.info.below);
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>(below, UINT32_MAX));
 }
 
 Status PublisherRelayAccess::AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream) {

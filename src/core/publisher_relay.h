@@ -26,6 +26,9 @@ struct PublisherRelayAccess {
   static Result<PublishStats> PublishGiven(Publisher& publisher, int64_t step,
                                            std::span<const uint64_t> digests,
                                            const util::Deadline& writer);
+  // How many subscribers it serves, its members and everyone they said they serve (the relay's
+  // UpdateRequest::below). Allocates nothing: a relay's steady update asks it every time.
+  static uint32_t Below(const Publisher& publisher);
 };
 
 }  // namespace weightsync

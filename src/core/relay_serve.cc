@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/publisher_relay.h"
+#include "transport/link/endpoint.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 
@@ -17,6 +18,7 @@ RelayServe::RelayServe(const SubscriberOptions& options) {
   serving_.token_file = options.token_file;
   serving_.timeout = options.timeout;
   serving_.copy_threads = options.copy_threads;
+  serving_.max_direct = options.serve_max_direct;
 }
 
 RelayServe::~RelayServe() {
@@ -158,6 +160,37 @@ Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
     return same;
   }
   return PublisherRelayAccess::PublishGiven(*publisher_, step, digests, deadline);
+}
+
+uint32_t RelayServe::Below() const {
+  return publisher_ ? PublisherRelayAccess::Below(*publisher_) : 0;
+}
+
+Result<std::string> RelayServe::Announced(const SubscriberOptions& options,
+                                          const std::string& bound) {
+  if (!options.serve_announce.empty()) {
+    if (options.serve_announce.size() > wire::kMaxEndpointBytes) {
+      return Status::InvalidArgument("SubscriberOptions.serve_announce is ",
+                                     options.serve_announce.size(), " bytes, more than ",
+                                     wire::kMaxEndpointBytes);
+    }
+    WS_RETURN_IF_ERROR(transport::link::ParseEndpoint(options.serve_announce)
+                           .status()
+                           .WithContext("SubscriberOptions.serve_announce"));
+    return options.serve_announce;
+  }
+  WS_ASSIGN_OR_RETURN(transport::link::Endpoint endpoint, transport::link::ParseEndpoint(bound));
+  const bool wildcard =
+      endpoint.kind == transport::link::Endpoint::Kind::kTcp &&
+      (endpoint.host == "0.0.0.0" || endpoint.host == "::" || endpoint.host == "[::]");
+  if (wildcard) {
+    WS_LOG(INFO, "relay") << bound
+                          << " binds a wildcard address: not announced to the publisher (set "
+                             "serve_announce to the address children reach it by)";
+    return std::string();
+  }
+  if (bound.size() > wire::kMaxEndpointBytes) return std::string();
+  return bound;
 }
 
 std::vector<MemberInfo> RelayServe::Members() const {

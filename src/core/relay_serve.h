@@ -36,6 +36,10 @@ class RelayServe {
 
   // The endpoint children dial (for tcp://HOST:0, with the port bound).
   const std::string& endpoint() const { return endpoint_; }
+  // The endpoint the relay is announced by to its publisher (SubscriberOptions::serve_announce,
+  // else `bound` unless it binds a wildcard address; then empty: not announced).
+  // InvalidArgument for a serve_announce that is no endpoint.
+  static Result<std::string> Announced(const SubscriberOptions& options, const std::string& bound);
 
   // Whether the version `upstream` serves, landed in `destinations`, can be served as the trainer
   // published it: every published tensor held whole under its name, with its dtype and shape, in
@@ -60,6 +64,8 @@ class RelayServe {
 
   // Its children connected now (Publisher::Members); any thread.
   std::vector<MemberInfo> Members() const;
+  // How many subscribers it serves, children and theirs; under the subscriber's update lock.
+  uint32_t Below() const;
 
   // Stops serving; idempotent.
   Status Close();

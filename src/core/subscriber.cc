@@ -68,6 +68,9 @@ struct Source {
   // Whose version this source last delivered into a committed update: its session and lineage.
   uint64_t committed_session = 0;
   std::string committed_lineage;
+  // A relay this source's handle lost a step through (dead or stalled): its next Hello asks the
+  // publisher not to redirect it there again (docs/relays.md). Kept until another is lost.
+  std::string avoid;
   // The publisher's digests of the committed version (for CheckWeights): copied at each commit
   // (the capacity kept, so a steady update allocates nothing), kept across Sleep() — a handle
   // prepared again for the same session and step serves the same version.
@@ -113,6 +116,9 @@ struct Subscriber::Impl {
   // A relay (SubscriberOptions::serve_endpoint): serves each committed version to children.
   std::unique_ptr<core::RelayServe> relay WS_GUARDED_BY(update_mu);
   std::string serve_endpoint;  // as bound at Create; constant after
+  // The endpoint it is announced by in its Hello (SubscriberOptions::serve_announce); empty: not
+  // announced. Constant after Create.
+  std::string announce;
   core::RelayServe* serving =
       nullptr;  // `relay`, for ServedMembers(): set at Create, then constant
   void ServeCommitted(UpdateStats* stats, bool moved, const Deadline& deadline)
@@ -136,6 +142,12 @@ struct Subscriber::Impl {
   std::string committed_lineage WS_GUARDED_BY(lineage_mu);  // the first active source's
 
   Status ReleaseHandles(std::string_view why) WS_REQUIRES(update_mu);
+  // A step failed: each source reached through a relay asks not to be sent to that relay again.
+  void AvoidRelays() WS_REQUIRES(update_mu) {
+    for (Source& source : sources) {
+      if (source.handle && !source.handle->relay().empty()) source.avoid = source.handle->relay();
+    }
+  }
   plan::ConvertOptions Convert() const {
     return {options.convert_dtypes, options.fp8_scale_suffix, options.convert_on_publisher_gpu};
   }
@@ -235,6 +247,17 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
   if (options.timeout.count() <= 0) {
     return Status::InvalidArgument("SubscriberOptions.timeout must be > 0 ms");
   }
+  if (options.serve_max_direct < 0) {
+    return Status::InvalidArgument(
+        "SubscriberOptions.serve_max_direct must be ≥ 0 (0: no bound), got ",
+        options.serve_max_direct);
+  }
+  if (options.serve_endpoint.empty() &&
+      (options.serve_max_direct != 0 || !options.serve_announce.empty())) {
+    return Status::InvalidArgument(
+        "SubscriberOptions.serve_max_direct and serve_announce need serve_endpoint (they shape "
+        "how a relay serves)");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   {
@@ -263,6 +286,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
       WS_ASSIGN_OR_RETURN(impl->relay, core::RelayServe::Listen(options));
       impl->serve_endpoint = impl->relay->endpoint();
       impl->serving = impl->relay.get();
+      WS_ASSIGN_OR_RETURN(impl->announce,
+                          core::RelayServe::Announced(options, impl->serve_endpoint));
     }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
@@ -346,6 +371,7 @@ Status Subscriber::Impl::ReleaseHandles(std::string_view why) {
 Status Subscriber::Impl::Prepare(const Deadline& deadline, bool for_verify) {
   for (Source& source : sources) {
     WS_ASSIGN_OR_RETURN(source.handle, transport::NewTransferHandle(source.endpoint, options));
+    source.handle->set_hello(announce, source.avoid);
   }
   // Every manifest first: whether a region schedule is needed depends on all of them.
   for (Source& source : sources) {
@@ -502,6 +528,7 @@ Result<int64_t> Subscriber::Impl::BeginStep(std::optional<int64_t> step, int64_t
                  : std::span<const uint64_t>();
   };
   Source& lead = *active[0];
+  if (relay) lead.handle->set_below(relay->Below());  // a relay serves one publisher's versions
   Result<int64_t> got = lead.handle->BeginStep(step, after, deadline, base(lead));
   if (!got.ok() || active.size() == 1) return got;
   if (*got == after) return got;  // up to date: nothing pinned anywhere
@@ -585,6 +612,7 @@ Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
 // in the destinations (in place, or a failed commit) mark the weights invalid.
 Status Subscriber::Impl::Fail(const UpdateRun& run, const Status& s) {
   if (run.touched_destinations) valid.store(false, std::memory_order_relaxed);
+  AvoidRelays();
   (void)ReleaseHandles("update failed");
   Status out = s.WithContext("update to step " + run.step_text + " from " + sources_text);
   if (!run.touched_destinations) return out;
@@ -651,6 +679,7 @@ Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
     }
     WS_LOG(INFO, "subscriber") << sources_text << " went away since the last update ("
                                << step.status() << "); preparing again";
+    AvoidRelays();
     (void)ReleaseHandles("publisher went away");
   }
 }

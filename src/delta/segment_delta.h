@@ -88,6 +88,9 @@ class SegmentEncoder {
   // other sizes return nullopt too.
   std::optional<Encoded> Encode(std::span<const uint8_t> base, std::span<const uint8_t> next,
                                 uint32_t element_bytes, std::span<uint8_t> out);
+  // Sizes the scratch for an `out` of up to `out_bytes` (the index never outgrows `out`): Encode
+  // then allocates nothing.
+  void Reserve(uint64_t out_bytes) { index_.reserve(out_bytes); }
 
  private:
   MaskKernel kernel_;

@@ -10,8 +10,11 @@ using util::Deadline;
 using util::LedgerAdd;
 using util::LedgerItem;
 
+// How long dialing a relay we were redirected to may take (see Connect).
+constexpr std::chrono::milliseconds kRelayDialBound{1000};
+
 TransferHandle::TransferHandle(const link::Endpoint& endpoint, const SubscriberOptions& options)
-    : options_(options), link_(link::NewLink(endpoint, options)) {}
+    : options_(options), home_(endpoint), link_(link::NewLink(endpoint, options)) {}
 
 TransferHandle::~TransferHandle() {
   if (Status s = Release(); !s.ok()) WS_LOG(WARN, "subscriber") << "handle cleanup: " << s;
@@ -22,7 +25,48 @@ Result<const wire::Welcome*> TransferHandle::Connect(const Deadline& deadline) {
     counted_ = true;
     LedgerAdd(LedgerItem::kHandles, 1);
   }
-  return link_->Connect(deadline);
+  for (int hops = 0;; ++hops) {
+    Result<const wire::Welcome*> welcome = link_->Connect(deadline);
+    if (welcome.ok() && *welcome != nullptr) return welcome;
+    std::string next;
+    if (welcome.ok()) {
+      next = link_->redirect();
+    } else if (!relay_.empty() && !deadline.expired() && !deadline.cancelled()) {
+      // A relay we were sent to that cannot take us (dead, stopped, gone): back to the endpoint
+      // we were made for, which sends us elsewhere.
+      WS_LOG(INFO, "topology") << "relay " << relay_ << " did not answer (" << welcome.status()
+                               << "); asking " << home_.ToString() << " again, avoiding it";
+      avoid_ = relay_;
+    } else {
+      return welcome.status();
+    }
+    if (hops >= wire::kMaxRedirects) {
+      return Status::ProtocolError(link_->peer(), ": ", hops + 1,
+                                   " redirects in a row (a loop of relays?); the last to '",
+                                   next.empty() ? home_.ToString() : next, "'");
+    }
+    link::Endpoint endpoint = home_;
+    if (!next.empty()) {
+      Result<link::Endpoint> parsed = link::ParseEndpoint(next);
+      if (!parsed.ok()) {
+        return parsed.status().WithContext(link_->peer() + " redirected to '" + next + "'");
+      }
+      endpoint = std::move(*parsed);
+    }
+    WS_RETURN_IF_ERROR(link_->Release());
+    relay_ = next;
+    link_ = link::NewLink(endpoint, options_);
+    link_->set_hello(serves_, avoid_);
+    // A live relay accepts at once; one that died since the publisher listed it is given up on
+    // soon (and avoided), not at the end of the update's deadline.
+    if (!relay_.empty()) link_->set_dial_bound(kRelayDialBound);
+  }
+}
+
+void TransferHandle::set_hello(std::string serves, std::string avoid) {
+  serves_ = std::move(serves);
+  avoid_ = std::move(avoid);
+  link_->set_hello(serves_, avoid_);
 }
 
 Status TransferHandle::Prepare(const std::vector<plan::Destination>& destinations,

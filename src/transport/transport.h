@@ -54,7 +54,17 @@ class TransferHandle {
   // Connects and handshakes; returns the publisher's manifest and layout, valid while the handle
   // lives. Lets a subscriber with several publishers decide which one delivers which tensor
   // before any of them is prepared. Prepare() connects first when this was not called.
+  // A publisher past its max_direct redirects it to a relay (docs/relays.md): it dials that one
+  // instead, at most wire::kMaxRedirects in a row; a relay it was sent to that does not answer
+  // sends it back to the endpoint it was made for, saying to avoid that relay.
   Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
+  // Topology, before Connect: the endpoint this subscriber serves as a relay (empty: a leaf) and
+  // a relay it lost a step through, which it asks not to be sent to again (empty: none).
+  void set_hello(std::string serves, std::string avoid);
+  // Before each BeginStep: how many subscribers this one serves (its subtree).
+  void set_below(uint32_t below) { link_->set_below(below); }
+  // The relay this handle was redirected to and connected to; empty: the endpoint it was made for.
+  const std::string& relay() const { return relay_; }
   // Connects (if needed), matches manifests into a plan, chooses the data path, checks what this
   // machine needs for it, tells the publisher what to send, prepares the path. Logs one line.
   Status Prepare(const std::vector<plan::Destination>& destinations, const PrepareOptions& options,
@@ -98,6 +108,10 @@ class TransferHandle {
 
  private:
   SubscriberOptions options_;
+  link::Endpoint home_;  // the endpoint the handle was made for
+  std::string serves_;
+  std::string avoid_;
+  std::string relay_;
   std::unique_ptr<link::Link> link_;
   std::unique_ptr<path::DataPath> path_;
   path::DestinationCheck check_;  // made at the first CheckDestinations

@@ -16,6 +16,12 @@ class Deadline {
       : at_(Clock::now() + budget), cancel_(cancel) {}
   static Deadline At(Clock::time_point at) { return Deadline(at); }
   Clock::time_point at() const { return at_; }
+  // This deadline, or `budget` from now if that comes first; the same cancel.
+  Deadline Sooner(std::chrono::milliseconds budget) const {
+    Deadline d = *this;
+    d.at_ = std::min(at_, Clock::now() + budget);
+    return d;
+  }
   bool expired() const { return Clock::now() >= at_; }
   // Acquire pairs with the release store in Subscriber::Cancel().
   bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_acquire); }

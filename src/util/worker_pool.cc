@@ -1,12 +1,20 @@
 #include "util/worker_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "util/ledger.h"
 #include "util/logging.h"
 #include "util/thread.h"
 
 namespace weightsync::util {
+namespace {
+
+thread_local uint32_t t_slot = 0;  // WorkerPool::Slot()
+
+}  // namespace
+
+uint32_t WorkerPool::Slot() { return t_slot; }
 
 int DefaultThreads() {
   unsigned hw = std::thread::hardware_concurrency();
@@ -23,7 +31,8 @@ WorkerPool::WorkerPool(int threads) {
   workers_.reserve(threads - 1);
   for (int i = 0; i < threads - 1; ++i) {
     std::thread t;
-    if (Status s = StartThread(&t, "copy worker", [this] { WorkerLoop(); }); !s.ok()) {
+    const auto slot = static_cast<uint32_t>(i + 1);
+    if (Status s = StartThread(&t, "copy worker", [this, slot] { WorkerLoop(slot); }); !s.ok()) {
       // Fewer workers is slower, not wrong: the caller of Run always works too.
       WS_LOG(WARN, "pool") << s << "; continuing with " << workers_.size() + 1 << " of " << threads
                            << " threads";
@@ -54,7 +63,8 @@ void WorkerPool::Drain() {
   }
 }
 
-void WorkerPool::WorkerLoop() {
+void WorkerPool::WorkerLoop(uint32_t slot) {
+  t_slot = slot;
   uint64_t seen = 0;
   MutexLock lock(&mu_);
   while (true) {
@@ -71,6 +81,11 @@ void WorkerPool::WorkerLoop() {
 
 void WorkerPool::Run(uint32_t count, TaskFn fn, void* context) {
   if (count == 0) return;
+  // The caller is slot 0 for this job (it may itself be another pool's worker: restored after).
+  struct CallerSlot {
+    uint32_t saved = std::exchange(t_slot, 0);
+    ~CallerSlot() { t_slot = saved; }
+  } caller;
   if (workers_.empty() || count == 1) {
     for (uint32_t i = 0; i < count; ++i) fn(context, i);
     return;

@@ -23,12 +23,17 @@ class WorkerPool {
   // Runs fn(context, i) for i in [0, count); returns when all are done.
   void Run(uint32_t count, TaskFn fn, void* context);
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Which of the pool's threads calls this, inside a task: 0 for the caller of Run, 1..size()-1
+  // for the workers (0 outside any task). Lets a job keep scratch per thread, sized before the
+  // first Run, instead of thread_local scratch that grows whenever a thread first meets a large
+  // task (which depends on scheduling).
+  static uint32_t Slot();
 
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
  private:
-  void WorkerLoop();
+  void WorkerLoop(uint32_t slot);
   void Drain();
 
   Mutex mu_;

@@ -79,6 +79,8 @@ std::string_view FrameTypeName(FrameType type) {
       return "ring_bucket_done";
     case FrameType::kDeltaBegin:
       return "delta_begin";
+    case FrameType::kRedirect:
+      return "redirect";
   }
   return "unknown";
 }
@@ -98,7 +100,7 @@ void EncodeHeader(FrameType type, std::span<const uint8_t> payload,
 uint32_t MaxPayloadOf(FrameType type) {
   switch (type) {
     case FrameType::kHello:
-      return kHelloBytes;
+      return kMaxHelloBytes;
     case FrameType::kWelcome:
       return kMaxPayloadBytes;  // up to kMaxTensors placements: the format's limit bounds it
     case FrameType::kUpdateRequest:
@@ -130,6 +132,8 @@ uint32_t MaxPayloadOf(FrameType type) {
       return kRingBucketBytes;
     case FrameType::kDeltaBegin:
       return kMaxDeltaBeginBytes;
+    case FrameType::kRedirect:
+      return kMaxRedirectBytes;
   }
   return 0;
 }

@@ -26,7 +26,7 @@ inline constexpr uint32_t kMagic = 0x4E595357u;
 // regions, Select names byte ranges; 3: Welcome carries the publisher's lineage, UpdateRequest the
 // subscriber's wait (2: nccl steps are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv).
 // The header check refuses a peer of another version at once.
-inline constexpr uint16_t kProtocolVersion = 9;
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 
@@ -56,9 +56,11 @@ enum class FrameType : uint16_t {
   // TCP, a step a subscriber asked to receive as a delta (UpdateRequest::delta): publisher →
   // subscriber after step_begin, before the step's bytes (DeltaBegin).
   kDeltaBegin = 17,
+  // Publisher → subscriber, answering a Hello instead of a Welcome: dial this relay (Redirect).
+  kRedirect = 18,
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 17;
+inline constexpr uint16_t kMaxFrameType = 18;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

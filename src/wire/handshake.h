@@ -63,8 +63,8 @@ inline constexpr uint32_t kAuthOkBytes = kMacBytes;
 // for any of them (a publisher's "connection cap reached", "authentication failed"). Until then a
 // header claiming more is refused from the header alone, so a stranger cannot make us reserve a
 // full-size frame buffer (kMaxPayloadBytes) with 24 bytes. The Error frame sets the bound.
-inline constexpr uint32_t kMaxHandshakePayloadBytes =
-    std::max({kHelloBytes, kChallengeBytes, kAuthBytes, kAuthOkBytes, kMaxErrorBytes});
+inline constexpr uint32_t kMaxHandshakePayloadBytes = std::max(
+    {kMaxHelloBytes, kMaxRedirectBytes, kChallengeBytes, kAuthBytes, kAuthOkBytes, kMaxErrorBytes});
 
 // The byte ranges of the publisher's tensors the subscriber's plan reads: a whole tensor, or the
 // part of one a sharded subscriber wants (regions). The publisher streams exactly these bytes, in

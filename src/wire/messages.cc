@@ -18,6 +18,7 @@ namespace {
 
 // The `what` of each message's Reader, the prefix of every decode error.
 constexpr std::string_view kHelloWhat = "hello";
+constexpr std::string_view kRedirectWhat = "redirect";
 constexpr std::string_view kWelcomeWhat = "welcome";
 constexpr std::string_view kUpdateRequestWhat = "update_request";
 constexpr std::string_view kStepBeginWhat = "step_begin";
@@ -248,7 +249,7 @@ Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlace
 
 }  // namespace
 
-// ---- Hello: u16 protocol_version, u8 role, u32 pid, u64 wait_ms ----
+// ---- Hello: u16 protocol_version, u8 role, u32 pid, u64 wait_ms, string serves, string avoid ----
 
 void Encode(const Hello& m, std::vector<uint8_t>* out) {
   Writer w(out);
@@ -256,12 +257,36 @@ void Encode(const Hello& m, std::vector<uint8_t>* out) {
   w.U8(static_cast<uint8_t>(m.role));
   w.U32(m.pid);
   w.U64(m.wait_ms);
+  w.String(m.serves);
+  w.String(m.avoid);
 }
+
+namespace {
+
+// An endpoint text a peer names (Hello::serves/avoid, Redirect): bounded printable ASCII, so it is
+// safe to log and to dial (link::ParseEndpoint checks its form).
+Result<std::string> EndpointText(Reader& r, std::string_view what, std::string_view field,
+                                 bool may_be_empty) {
+  WS_ASSIGN_OR_RETURN(std::string text, r.String(field, kMaxEndpointBytes));
+  if (text.empty() && !may_be_empty) return Status::ProtocolError(what, ": ", field, " is empty");
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<uint8_t>(text[i]);
+    if (c <= 0x20 || c > 0x7e) {
+      return Status::ProtocolError(what, ": ", field, " byte ", i, " is ", unsigned{c},
+                                   ", expected printable ASCII");
+    }
+  }
+  return text;
+}
+
+}  // namespace
 
 Status Decode(std::span<const uint8_t> payload, Hello* m) {
   Reader r(payload, kHelloWhat);
   // A different protocol_version is decoded, not rejected: the publisher answers it with an
   // Error frame that names both versions, which is more useful to the peer than a dropped socket.
+  // (Another version's frame header is refused first, naming both, so a payload that gets here
+  // has this version's fields.)
   WS_ASSIGN_OR_RETURN(m->protocol_version, r.U16("protocol_version"));
   WS_ASSIGN_OR_RETURN(uint8_t role, r.U8("role"));
   if (role != static_cast<uint8_t>(Role::kSubscriber)) {
@@ -271,6 +296,21 @@ Status Decode(std::span<const uint8_t> payload, Hello* m) {
   m->role = static_cast<Role>(role);
   WS_ASSIGN_OR_RETURN(m->pid, r.U32("pid"));
   WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
+  WS_ASSIGN_OR_RETURN(m->serves, EndpointText(r, kHelloWhat, "serves", true));
+  WS_ASSIGN_OR_RETURN(m->avoid, EndpointText(r, kHelloWhat, "avoid", true));
+  return r.ExpectEnd();
+}
+
+// ---- Redirect: string endpoint ----
+
+void Encode(const Redirect& m, std::vector<uint8_t>* out) {
+  Writer w(out);
+  w.String(m.endpoint);
+}
+
+Status Decode(std::span<const uint8_t> payload, Redirect* m) {
+  Reader r(payload, kRedirectWhat);
+  WS_ASSIGN_OR_RETURN(m->endpoint, EndpointText(r, kRedirectWhat, "endpoint", false));
   return r.ExpectEnd();
 }
 
@@ -436,7 +476,7 @@ Status Decode(std::span<const uint8_t> payload, Welcome* m) {
   return r.ExpectEnd();
 }
 
-// ---- UpdateRequest: i64 step, i64 after_step, u64 wait_ms, u8 delta ----
+// ---- UpdateRequest: i64 step, i64 after_step, u64 wait_ms, u8 delta, u32 below ----
 // Step values carry meaning only against the publisher's state (latest, held versions), so the
 // receiver validates them, not the decoder.
 
@@ -446,6 +486,7 @@ void Encode(const UpdateRequest& m, std::vector<uint8_t>* out) {
   w.I64(m.after_step);
   w.U64(m.wait_ms);
   w.U8(m.delta ? 1 : 0);
+  w.U32(m.below);
 }
 
 Status Decode(std::span<const uint8_t> payload, UpdateRequest* m) {
@@ -462,6 +503,7 @@ Status Decode(std::span<const uint8_t> payload, UpdateRequest* m) {
                                  ", expected a committed step to apply it to");
   }
   m->delta = delta == 1;
+  WS_ASSIGN_OR_RETURN(m->below, r.U32("below"));
   return r.ExpectEnd();
 }
 

@@ -25,8 +25,26 @@ struct Hello {
   // How long the subscriber waits for the publisher's layout (its first Publish): the publisher
   // waits that long, not for a timeout of its own (see UpdateRequest::wait_ms).
   uint64_t wait_ms = 0;
+  // Topology (docs/relays.md). `serves`: the endpoint this subscriber serves its children on (a
+  // relay, SubscriberOptions::serve_endpoint), where a publisher past its max_direct may send
+  // newcomers; empty for a leaf. `avoid`: a relay endpoint this subscriber just lost a step
+  // through (dead or stalled), which the publisher must not send it to again. Each is empty or
+  // an endpoint text of ≤ kMaxEndpointBytes printable ASCII.
+  std::string serves;
+  std::string avoid;
 };
-inline constexpr uint32_t kHelloBytes = 2 + 1 + 4 + 8;  // its encoded payload, always
+inline constexpr uint32_t kMaxEndpointBytes = 256;
+// The largest encoded Hello: the fixed fields, then two u16-length strings.
+inline constexpr uint32_t kMaxHelloBytes = 2 + 1 + 4 + 8 + 2 * (2 + kMaxEndpointBytes);
+
+// Publisher → subscriber, answering its Hello instead of a Welcome: this publisher serves as many
+// subscribers directly as it may (PublisherOptions::max_direct); dial the relay at `endpoint`
+// (with the same token) instead. The subscriber follows at most kMaxRedirects in a row.
+struct Redirect {
+  std::string endpoint;  // 1..kMaxEndpointBytes printable ASCII
+};
+inline constexpr uint32_t kMaxRedirectBytes = 2 + kMaxEndpointBytes;
+inline constexpr int kMaxRedirects = 8;
 
 // Where each published tensor lies in the arena.
 enum class Region : uint8_t {
@@ -138,8 +156,12 @@ struct UpdateRequest {
   // a delta against them (tcp, docs/deltas.md): the publisher answers the step's bytes with a
   // DeltaBegin first. Encoded as one byte, 0 or 1.
   bool delta = false;
+  // How many subscribers this one serves, its own children and theirs (a relay's subtree; 0 for
+  // a leaf), as of this request: the publisher balances redirects by it and reports it in its
+  // membership (MemberInfo::below).
+  uint32_t below = 0;
 };
-inline constexpr uint32_t kUpdateRequestBytes = 8 + 8 + 8 + 1;  // its encoded payload, always
+inline constexpr uint32_t kUpdateRequestBytes = 8 + 8 + 8 + 1 + 4;  // its encoded payload, always
 // The longest wait a publisher honours for one step (a day): bounds a pinned slot.
 inline constexpr uint64_t kMaxWaitMs = 24ull * 3600 * 1000;
 
@@ -213,6 +235,7 @@ inline constexpr uint32_t kMaxErrorMessageBytes = 4096;
 inline constexpr uint32_t kMaxErrorBytes = 1 + 2 + kMaxErrorMessageBytes;
 
 void Encode(const Hello& m, std::vector<uint8_t>* out);
+void Encode(const Redirect& m, std::vector<uint8_t>* out);
 void Encode(const Welcome& m, std::vector<uint8_t>* out);
 void Encode(const UpdateRequest& m, std::vector<uint8_t>* out);
 void Encode(const StepBegin& m, std::vector<uint8_t>* out);
@@ -224,6 +247,7 @@ void Encode(const DeltaBegin& m, std::vector<uint8_t>* out);
 void Encode(const ErrorMessage& m, std::vector<uint8_t>* out);
 
 Status Decode(std::span<const uint8_t> payload, Hello* m);
+Status Decode(std::span<const uint8_t> payload, Redirect* m);
 Status Decode(std::span<const uint8_t> payload, Welcome* m);
 Status Decode(std::span<const uint8_t> payload, UpdateRequest* m);
 Status Decode(std::span<const uint8_t> payload, StepBegin* m);

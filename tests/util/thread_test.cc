@@ -73,4 +73,35 @@ TEST(WorkerPool, RefusedWorkersDegradeToTheCallingThreadAndStillRunEveryIndex) {
 }
 
 }  // namespace
+// Each task knows which of the pool's threads runs it (per-thread scratch sized up front, e.g. the
+// host store's delta encoders): a slot below size(), the caller's 0, and a caller that is itself a
+// worker of another pool gets its own slot back afterwards.
+TEST(WorkerPool, EachTaskSeesTheSlotOfTheThreadRunningIt) {
+  WorkerPool outer(2), inner(3);
+  struct Seen {
+    WorkerPool* inner;
+    std::atomic<uint32_t> bad{0};
+    std::atomic<uint32_t> restored_wrong{0};
+  } seen{&inner};
+  outer.Run(
+      64,
+      [](void* context, uint32_t index) {
+        auto* s = static_cast<Seen*>(context);
+        const uint32_t mine = WorkerPool::Slot();
+        if (mine >= 2) s->bad.fetch_add(1);
+        if (index % 16 != 0) return;  // one nested job at a time: Run has one caller at a time
+        s->inner->Run(
+            8,
+            [](void* c, uint32_t) {
+              if (WorkerPool::Slot() >= 3) static_cast<Seen*>(c)->bad.fetch_add(1);
+            },
+            s);
+        if (WorkerPool::Slot() != mine) s->restored_wrong.fetch_add(1);
+      },
+      &seen);
+  EXPECT_EQ(seen.bad.load(), 0u);
+  EXPECT_EQ(seen.restored_wrong.load(), 0u);
+  EXPECT_EQ(WorkerPool::Slot(), 0u);
+}
+
 }  // namespace weightsync::util

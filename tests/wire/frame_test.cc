@@ -49,8 +49,8 @@ std::vector<FrameType> AllTypes() {
 TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
-  // "WSYN" as bytes, then version 9, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 9, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  // "WSYN" as bytes, then version 10, type 6, length 3, reserved 0.
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 10, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
@@ -134,9 +134,10 @@ TEST(WireFrameTest, BadVersionRejected) {
   // 1: the protocol before nccl moved steps with broadcasts; 2: before versions carried a
   // lineage; 3: before tensors could be regions of global tensors; 4: before zero-copy
   // allocations could be cuMem chunks; 5: before ring publishers; 6: before GPU rings; 7: before
-  // zero-copy and GPU ring publishers served over tcp; 8: before delta updates (their peers must
-  // be refused).
-  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0x100, 0xFFFF}) {
+  // zero-copy and GPU ring publishers served over tcp; 8: before delta updates; 9: before relay
+  // topology (hello's serves/avoid, update_request's below, redirect) — their peers must be
+  // refused.
+  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,
@@ -221,7 +222,11 @@ TEST(WireFrameTest, TheBoundsAreTheEncodedSizesOfTheLargestMessages) {
     Encode(message, &out);
     return out.size();
   };
-  EXPECT_EQ(size_of(Hello{}), MaxPayloadOf(FrameType::kHello));
+  EXPECT_EQ(size_of(Hello{0, Role::kSubscriber, 0, 0, std::string(kMaxEndpointBytes, 's'),
+                          std::string(kMaxEndpointBytes, 'a')}),
+            MaxPayloadOf(FrameType::kHello));
+  EXPECT_EQ(size_of(Redirect{std::string(kMaxEndpointBytes, 'r')}),
+            MaxPayloadOf(FrameType::kRedirect));
   EXPECT_EQ(size_of(UpdateRequest{}), MaxPayloadOf(FrameType::kUpdateRequest));
   EXPECT_EQ(size_of(StepBegin{}), MaxPayloadOf(FrameType::kStepBegin));
   EXPECT_EQ(size_of(CopyDone{}), MaxPayloadOf(FrameType::kCopyDone));

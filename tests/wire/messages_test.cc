@@ -267,16 +267,57 @@ TEST(WireHelloTest, RoundTrip) {
   h.role = Role::kSubscriber;
   h.pid = 0xFEDCBA98u;
   h.wait_ms = 0x0102;
+  h.serves = "tcp://r:1";
+  h.avoid = "";
   const std::vector<uint8_t> bytes = EncodeOf(h);
-  EXPECT_EQ(bytes, (std::vector<uint8_t>{1, 0, 1, 0x98, 0xBA, 0xDC, 0xFE, 2, 1, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(bytes,
+            (std::vector<uint8_t>{1, 0, 1, 0x98, 0xBA, 0xDC, 0xFE, 2,   1,   0,   0,   0,   0, 0,
+                                  0, 9, 0, 't',  'c',  'p',  ':',  '/', '/', 'r', ':', '1', 0, 0}));
   Hello out;
   ASSERT_OK(Decode(bytes, &out));
   EXPECT_EQ(out.protocol_version, 1);
   EXPECT_EQ(out.role, Role::kSubscriber);
   EXPECT_EQ(out.pid, 0xFEDCBA98u);
   EXPECT_EQ(out.wait_ms, 0x0102u);
+  EXPECT_EQ(out.serves, "tcp://r:1");
+  EXPECT_EQ(out.avoid, "");
   ExpectEveryPrefixRejected<Hello>(bytes);
   ExpectTrailingByteRejected<Hello>(bytes);
+}
+
+// The endpoints a peer names are bounded printable ASCII: safe to log, and never a way to make
+// the other side allocate much.
+TEST(WireHelloTest, EndpointsAreBoundedPrintableText) {
+  Hello h{uint16_t{10}, Role::kSubscriber, 1, 2, std::string(kMaxEndpointBytes, 's'), "x"};
+  Hello out;
+  ASSERT_OK(Decode(EncodeOf(h), &out));
+  h.serves.push_back('s');
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(h), &out), {"serves"}));
+  h.serves = "local://a";
+  h.avoid = "tcp://a\n:1";
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(h), &out),
+                              {"hello: avoid byte 7 is 10, expected printable ASCII"}));
+  h.avoid = "tcp://a b:1";
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(h), &out), {"avoid byte 7 is 32"}));
+}
+
+// ---- Redirect ----
+
+TEST(WireRedirectTest, RoundTripAndStrictness) {
+  const std::vector<uint8_t> bytes = EncodeOf(Redirect{"local://relay-1"});
+  EXPECT_EQ(bytes.size(), 2u + 15);
+  Redirect out;
+  ASSERT_OK(Decode(bytes, &out));
+  EXPECT_EQ(out.endpoint, "local://relay-1");
+  ExpectEveryPrefixRejected<Redirect>(bytes);
+  ExpectTrailingByteRejected<Redirect>(bytes);
+  // A redirect names somewhere to go.
+  EXPECT_TRUE(
+      IsProtocolError(Decode(EncodeOf(Redirect{""}), &out), {"redirect: endpoint is empty"}));
+  EXPECT_TRUE(IsProtocolError(
+      Decode(EncodeOf(Redirect{std::string(kMaxEndpointBytes + 1, 'r')}), &out), {"endpoint"}));
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(Redirect{std::string("local://\x7f")}), &out),
+                              {"redirect: endpoint byte 8 is 127"}));
 }
 
 TEST(WireHelloTest, OtherProtocolVersionDecodes) {
@@ -799,15 +840,17 @@ TEST(WireUpdateRequestTest, RoundTripAndStrictness) {
        {std::pair<int64_t, int64_t>{-1, -1}, {0, -1}, {INT64_MAX, 7}, {INT64_MIN, INT64_MIN}}) {
     for (const bool delta : {false, true}) {
       if (delta && after < 0) continue;
-      UpdateRequest in{step, after, static_cast<uint64_t>(after) * 3, delta};
+      UpdateRequest in{step, after, static_cast<uint64_t>(after) * 3, delta,
+                       static_cast<uint32_t>(step)};
       const std::vector<uint8_t> bytes = EncodeOf(in);
-      EXPECT_EQ(bytes.size(), 25u);
+      EXPECT_EQ(bytes.size(), 29u);
       UpdateRequest out;
       ASSERT_OK(Decode(bytes, &out));
       EXPECT_EQ(out.step, step);
       EXPECT_EQ(out.after_step, after);
       EXPECT_EQ(out.wait_ms, static_cast<uint64_t>(after) * 3);
       EXPECT_EQ(out.delta, delta);
+      EXPECT_EQ(out.below, static_cast<uint32_t>(step));
       ExpectEveryPrefixRejected<UpdateRequest>(bytes);
       ExpectTrailingByteRejected<UpdateRequest>(bytes);
     }
@@ -816,7 +859,7 @@ TEST(WireUpdateRequestTest, RoundTripAndStrictness) {
   EXPECT_TRUE(IsProtocolError(Decode(std::vector<uint8_t>(12), &out),
                               {"update_request: truncated reading after_step"}));
   std::vector<uint8_t> bytes = EncodeOf(UpdateRequest{5, 4, 100, true});
-  bytes.back() = 2;
+  bytes[24] = 2;
   EXPECT_TRUE(IsProtocolError(Decode(bytes, &out), {"update_request: delta 2, expected 0 or 1"}));
   // A delta needs a committed step to apply to.
   bytes = EncodeOf(UpdateRequest{5, 4, 100, true});
@@ -1044,8 +1087,10 @@ TEST(WireErrorMessageTest, ToStatusNeverReportsSuccess) {
 // ---- hostile input for every message ----
 
 TEST(WireFuzzTest, RandomPayloadsNeverCrash) {
-  FuzzDecode<Hello>(1, {EncodeOf(Hello{1, Role::kSubscriber, 7})}, 10000, 16);
-  FuzzDecode<UpdateRequest>(2, {EncodeOf(UpdateRequest{3, 2, 0, true})}, 10000, 25);
+  FuzzDecode<Hello>(1, {EncodeOf(Hello{1, Role::kSubscriber, 7, 9, "local://r", "tcp://a:1"})},
+                    10000, 40);
+  FuzzDecode<Redirect>(12, {EncodeOf(Redirect{"tcp://10.0.0.2:5000"})}, 10000, 24);
+  FuzzDecode<UpdateRequest>(2, {EncodeOf(UpdateRequest{3, 2, 0, true, 4})}, 10000, 29);
   FuzzDecode<DeltaBegin>(8, {EncodeOf(DeltaBegin{3, 2, 9, {0, 4}})}, 10000, 64);
   FuzzDecode<StepBegin>(3, {EncodeOf(StepBegin{3, 1})}, 10000, 24);
   FuzzDecode<CopyDone>(4, {EncodeOf(CopyDone{3})}, 10000, 16);

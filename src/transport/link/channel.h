@@ -50,6 +50,8 @@ class Channel {
   Result<wire::FrameHeader> Receive(const util::Deadline& deadline,
                                     util::UniqueFd* received_fd = nullptr);
   std::span<const uint8_t> payload() const { return {recv_buffer_.data(), payload_size_}; }
+  // The error for a frame `got` where `expected` was due: the peer's own, if it sent an Error.
+  Status UnexpectedFrame(wire::FrameType expected, const wire::FrameHeader& got);
 
   // Receives a frame that must be of `type` and decodes it into `message`. A kError frame from
   // the peer is returned as its Status.
@@ -83,7 +85,6 @@ class Channel {
  private:
   Status ReadExact(uint8_t* dst, size_t n, const util::Deadline& deadline,
                    util::UniqueFd* received_fd, bool first);
-  Status UnexpectedFrame(wire::FrameType expected, const wire::FrameHeader& got);
 
   util::UniqueFd fd_;
   std::string peer_;

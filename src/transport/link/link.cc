@@ -61,7 +61,8 @@ Link::~Link() {
 
 Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   if (connected_) return &welcome_;
-  WS_ASSIGN_OR_RETURN(channel_, Open(deadline));
+  WS_ASSIGN_OR_RETURN(channel_,
+                      Open(dial_bound_.count() > 0 ? deadline.Sooner(dial_bound_) : deadline));
   // Each step waits twice for the publisher's answer (StepBegin, StepEnd; a ring also for each
   // bucket's announcement), which comes once the publisher's session thread wakes (48-229 us on
   // the H200 machine): spinning through that wait spares the step this thread's own wake-up too
@@ -70,10 +71,21 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   channel_->set_reply_spin(kReplySpin);
   LedgerAdd(LedgerItem::kConnections, 1);
   counted_ = true;
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello, SubscriberHello(deadline), deadline));
+  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello,
+                                    SubscriberHello(deadline, serves_, avoid_), deadline));
   const bool fd_expected = kind_ == LinkKind::kUnix;
-  WS_RETURN_IF_ERROR(channel_->ReceiveExpect(wire::FrameType::kWelcome, &welcome_, deadline,
-                                             fd_expected ? &store_fd_ : nullptr));
+  WS_ASSIGN_OR_RETURN(wire::FrameHeader header,
+                      channel_->Receive(deadline, fd_expected ? &store_fd_ : nullptr));
+  if (header.type == wire::FrameType::kRedirect) {
+    wire::Redirect redirect;
+    WS_RETURN_IF_ERROR(wire::Decode(channel_->payload(), &redirect).WithContext(peer_));
+    redirect_ = std::move(redirect.endpoint);
+    return nullptr;
+  }
+  if (header.type != wire::FrameType::kWelcome) {
+    return channel_->UnexpectedFrame(wire::FrameType::kWelcome, header);
+  }
+  WS_RETURN_IF_ERROR(wire::Decode(channel_->payload(), &welcome_).WithContext(peer_));
   // A zero-copy publisher's memory travels as CUDA IPC handles in the Welcome instead.
   if (fd_expected && !store_fd_.valid() && welcome_.arena_kind != wire::ArenaKind::kCudaIpc) {
     return Status::ProtocolError(peer_, ": welcome frame carried no arena fd");
@@ -187,7 +199,7 @@ Status Link::Select(const plan::Plan& /*plan*/, const Deadline& /*deadline*/) {
 
 Result<int64_t> Link::BeginStep(std::optional<int64_t> step, int64_t after_step,
                                 const Deadline& deadline, bool delta) {
-  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline, delta);
+  return RequestStep(*channel_, peer_, step, after_step, &begin_, deadline, delta, below_);
 }
 
 Result<std::span<const uint64_t>> Link::EndStep(uint32_t digest_count, const Deadline& deadline) {

@@ -8,6 +8,7 @@
 // call leaves the link unusable; its owner releases it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,7 +43,20 @@ class Link {
 
   // Connects (authenticating over tcp), says Hello and receives the Welcome, validated
   // (plan::ValidateLayout). Returns it, valid until Release(); a second call returns it again.
+  // A publisher that answers with a redirect instead (PublisherOptions::max_direct): returns null,
+  // and redirect() names the relay to dial; the link is then done.
   Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
+  const std::string& redirect() const { return redirect_; }
+  // Topology (docs/relays.md): what the Hello says — the endpoint this subscriber serves as a
+  // relay, the relay it just lost — and, in each request, how many subscribers it serves.
+  void set_hello(std::string serves, std::string avoid) {
+    serves_ = std::move(serves);
+    avoid_ = std::move(avoid);
+  }
+  void set_below(uint32_t below) { below_ = below; }
+  // Bounds reaching the peer (not the handshake after): a relay we were redirected to is up and
+  // accepting, or is given up on within this, not at the end of the update's deadline.
+  void set_dial_bound(std::chrono::milliseconds bound) { dial_bound_ = bound; }
   const wire::Welcome& welcome() const { return welcome_; }
   // The fd of the publisher's store that came with the Welcome (Unix links); invalid otherwise.
   util::UniqueFd TakeStoreFd() { return std::move(store_fd_); }
@@ -92,6 +106,11 @@ class Link {
   std::vector<util::UniqueFd> allocation_fds_;
   wire::StepBegin begin_;
   wire::StepEnd end_;
+  std::string serves_;
+  std::string avoid_;
+  std::string redirect_;
+  uint32_t below_ = 0;
+  std::chrono::milliseconds dial_bound_{0};  // 0: none
 };
 
 // Room in this process's fd table for `count` more fds while it lives: a zero-copy publisher's

@@ -20,8 +20,7 @@ Status StepDelivery::Unexpected(wire::FrameType type) {
   return Status::ProtocolError("expected update_request, got ", wire::FrameTypeName(type));
 }
 
-Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch,
-                                                          const SessionConfig& config) {
+Result<Admitted> ReceiveHello(Channel& ch, const SessionConfig& config) {
   auto give_up = [&] {
     return config.stopping->load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke();
   };
@@ -34,22 +33,31 @@ Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch,
     return Status::FailedPrecondition("subscriber speaks protocol version ", hello.protocol_version,
                                       ", publisher speaks ", wire::kProtocolVersion);
   }
-  return config.source->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up);
+  Admitted admitted;
+  uint64_t id = 0;
+  const std::string relay = config.source->Admit(config.peer, hello, &id);
+  if (!relay.empty()) {
+    WS_RETURN_IF_ERROR(
+        ch.Send(wire::FrameType::kRedirect, wire::Redirect{relay}, Deadline(config.timeout)));
+    WS_LOG(DEBUG, "topology") << config.peer << " redirected to relay " << relay;
+    return admitted;
+  }
+  admitted.member = Membership(config.source, id);
+  WS_ASSIGN_OR_RETURN(auto layout,
+                      config.source->WaitLayout(PeerWaitDeadline(hello.wait_ms), give_up));
+  admitted.welcome = layout.first;
+  admitted.store_fd = layout.second;
+  return admitted;
 }
 
 Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome& welcome,
-                  StepDelivery& delivery, bool* streaming) {
+                  StepDelivery& delivery, bool* streaming, uint64_t member) {
   auto give_up = [&] {
     return config.stopping->load(std::memory_order_acquire) || ch.PeerHungUpOrSpoke();
   };
   wire::UpdateRequest request;
   wire::StepEnd end;
-  // This session in the publisher's membership for as long as it serves steps.
-  struct Member {
-    VersionSource* source;
-    uint64_t id;
-    ~Member() { source->Left(id); }
-  } member{config.source, config.source->Join(config.peer)};
+  config.source->Ready(member);
   while (!config.stopping->load(std::memory_order_acquire)) {
     // Idle between updates: wait for the next request without a deadline, but wake to notice
     // the server stopping.
@@ -65,7 +73,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     if (header.type != wire::FrameType::kUpdateRequest) return delivery.Unexpected(header.type);
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));
     // What it holds, as it says, even while it waits for a step to be published.
-    config.source->Requested(member.id, request.after_step, -1);
+    config.source->Requested(member, request.after_step, -1, request.below);
     // Waiting for the step is bounded by the subscriber's wait, not ours; once a version is
     // pinned for it, our deadline bounds its delivery (a stalled reader loses the version).
     const util::Deadline wait = PeerWaitDeadline(request.wait_ms);
@@ -73,8 +81,8 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
                                      ? config.source->AcquireWhole(request, wait, give_up)
                                      : config.source->Acquire(request, wait, give_up));
     const wire::StepBegin& begin = pin.begin;
-    config.source->Requested(member.id, request.after_step,
-                             begin.step == request.after_step ? -1 : begin.step);
+    config.source->Requested(member, request.after_step,
+                             begin.step == request.after_step ? -1 : begin.step, request.below);
     Status s = ch.Send(wire::FrameType::kStepBegin, AsOffered(begin, request, welcome.slot_count),
                        Deadline(config.timeout));
     if (begin.step == request.after_step) {  // up to date: nothing pinned
@@ -93,7 +101,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
     WS_RETURN_IF_ERROR(unpinned);
     // Counted as sent before the subscriber can have it (a failed send ends the session, and with
     // it the member), so Members() never lags an update that returned.
-    config.source->Sent(member.id, begin.step);
+    config.source->Sent(member, begin.step);
     WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kStepEnd, end, Deadline(config.timeout)));
   }
   return Status::Ok();

@@ -66,16 +66,54 @@ class StepDelivery {
   virtual Status Unexpected(wire::FrameType type);
 };
 
-// Receives the subscriber's Hello (its protocol version and how long it waits), then waits for the
-// layout (the first Publish) that long: the Welcome and the store's fd to send.
-Result<std::pair<const wire::Welcome*, int>> ReceiveHello(Channel& ch, const SessionConfig& config);
+// A session's place in the publisher's membership (VersionSource::Admit), from its Hello until the
+// session ends.
+class Membership {
+ public:
+  Membership() = default;
+  Membership(VersionSource* source, uint64_t id) : source_(source), id_(id) {}
+  Membership(Membership&& other) noexcept
+      : source_(std::exchange(other.source_, nullptr)), id_(other.id_) {}
+  Membership& operator=(Membership&& other) noexcept {
+    if (this != &other) {
+      Leave();
+      source_ = std::exchange(other.source_, nullptr);
+      id_ = other.id_;
+    }
+    return *this;
+  }
+  ~Membership() { Leave(); }
+  uint64_t id() const { return id_; }
+
+ private:
+  void Leave() {
+    if (source_ != nullptr) source_->Left(std::exchange(id_, 0));
+    source_ = nullptr;
+  }
+  VersionSource* source_ = nullptr;
+  uint64_t id_ = 0;
+};
+
+// What answering a Hello gave: the Welcome and the store's fd to send, and the session's
+// membership; or, `welcome` null, nothing: the subscriber was redirected and the session is over.
+struct Admitted {
+  const wire::Welcome* welcome = nullptr;
+  int store_fd = -1;
+  Membership member;
+};
+
+// Receives the subscriber's Hello (its protocol version, how long it waits, whether it relays),
+// and either redirects it to a relay (a redirect frame; Admitted::welcome null) or admits it and
+// waits for the layout (the first Publish) as long as it waits.
+Result<Admitted> ReceiveHello(Channel& ch, const SessionConfig& config);
 
 // Serves steps until the subscriber leaves, breaks the protocol or the server stops. Waiting for
 // a step and delivering it are bounded by the subscriber's wait (UpdateRequest::wait_ms; except a
 // delivery BoundedByPublisher), so a live subscriber is never dropped because a wait of the
 // publisher's own ran out; a pin the publisher revoked meanwhile ends the session with its error.
+// `member`: the session's Membership id, listed as ready from here.
 Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome& welcome,
-                  StepDelivery& delivery, bool* streaming);
+                  StepDelivery& delivery, bool* streaming, uint64_t member);
 
 // Ends a session with what `s` says: logged (a departed peer quietly), and — unless the peer left
 // or a step's bytes were streaming — an error frame telling the subscriber why.

@@ -6,17 +6,21 @@
 
 namespace weightsync::transport::link {
 
-wire::Hello SubscriberHello(const util::Deadline& deadline) {
-  return wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber,
+wire::Hello SubscriberHello(const util::Deadline& deadline, const std::string& serves,
+                            const std::string& avoid) {
+  return wire::Hello{wire::kProtocolVersion,
+                     wire::Role::kSubscriber,
                      static_cast<uint32_t>(::getpid()),
-                     static_cast<uint64_t>(deadline.RemainingMs())};
+                     static_cast<uint64_t>(deadline.RemainingMs()),
+                     serves,
+                     avoid};
 }
 
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
                             std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
-                            const util::Deadline& deadline, bool delta) {
+                            const util::Deadline& deadline, bool delta, uint32_t below) {
   wire::UpdateRequest req{step.value_or(-1), after_step,
-                          static_cast<uint64_t>(deadline.RemainingMs()), delta};
+                          static_cast<uint64_t>(deadline.RemainingMs()), delta, below};
   WS_RETURN_IF_ERROR(channel.Send(wire::FrameType::kUpdateRequest, req, deadline));
   WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kStepBegin, begin, deadline));
   if (begin->step == after_step) return begin->step;  // up to date; the publisher pinned nothing

@@ -15,16 +15,19 @@
 
 namespace weightsync::transport::link {
 
-// The subscriber's Hello: this protocol version, its pid, and how long it waits for the
-// publisher's layout (the time left of `deadline`).
-wire::Hello SubscriberHello(const util::Deadline& deadline);
+// The subscriber's Hello: this protocol version, its pid, how long it waits for the publisher's
+// layout (the time left of `deadline`), the endpoint it serves as a relay and the relay it just
+// lost (wire::Hello::serves, avoid; empty: none).
+wire::Hello SubscriberHello(const util::Deadline& deadline, const std::string& serves,
+                            const std::string& avoid);
 
 // Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
 // offered; `after_step` means up to date. `delta`: the subscriber can apply a delta against
-// `after_step` (UpdateRequest::delta; a DeltaBegin precedes the step's bytes).
+// `after_step` (UpdateRequest::delta; a DeltaBegin precedes the step's bytes). `below`: how many
+// subscribers this one serves (UpdateRequest::below).
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,
                             std::optional<int64_t> step, int64_t after_step, wire::StepBegin* begin,
-                            const util::Deadline& deadline, bool delta = false);
+                            const util::Deadline& deadline, bool delta, uint32_t below);
 
 // Receives the StepEnd of `step` into `end`; it must carry exactly `digest_count` digests.
 Result<std::span<const uint64_t>> ReceiveStepEnd(transport::link::Channel& channel,

@@ -16,8 +16,9 @@ namespace {
 using util::Deadline;
 
 Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
-  WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
-  const wire::Welcome& welcome = *layout.first;
+  WS_ASSIGN_OR_RETURN(Admitted admitted, ReceiveHello(ch, config));
+  if (admitted.welcome == nullptr) return Status::Ok();  // redirected
+  const wire::Welcome& welcome = *admitted.welcome;
   WS_RETURN_IF_ERROR(CheckServableOverTcp(welcome));
   WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, welcome, Deadline(config.timeout)));
   wire::Select select;
@@ -37,8 +38,8 @@ Status Serve(Channel& ch, const SessionConfig& config, bool* streaming) {
   // How the bytes go is the path table's publisher end (transport/path_table.h), handed in.
   if (config.deliver == nullptr) return Status::Internal("tcp session without a delivery");
   WS_ASSIGN_OR_RETURN(std::unique_ptr<StepDelivery> delivery,
-                      config.deliver(ch, config, welcome, layout.second, select));
-  return ServeSteps(ch, config, welcome, *delivery, streaming);
+                      config.deliver(ch, config, welcome, admitted.store_fd, select));
+  return ServeSteps(ch, config, welcome, *delivery, streaming, admitted.member.id());
 }
 
 }  // namespace

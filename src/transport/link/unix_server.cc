@@ -224,12 +224,14 @@ void UnixServer::Serve(int fd, int id) {
                              source_, &stopping_};
   bool streaming = false;
   Status s = [&]() -> Status {
-    WS_ASSIGN_OR_RETURN(auto layout, ReceiveHello(ch, config));
-    WS_RETURN_IF_ERROR(ch.Send(wire::FrameType::kWelcome, *layout.first, Deadline(options_.timeout),
-                               layout.second));
-    WS_RETURN_IF_ERROR(SendAllocationFds(ch, *layout.first));
-    CopyDoneDelivery delivery(source_, *layout.first);
-    return ServeSteps(ch, config, *layout.first, delivery, &streaming);
+    WS_ASSIGN_OR_RETURN(Admitted admitted, ReceiveHello(ch, config));
+    if (admitted.welcome == nullptr) return Status::Ok();  // redirected
+    const wire::Welcome& welcome = *admitted.welcome;
+    WS_RETURN_IF_ERROR(
+        ch.Send(wire::FrameType::kWelcome, welcome, Deadline(options_.timeout), admitted.store_fd));
+    WS_RETURN_IF_ERROR(SendAllocationFds(ch, welcome));
+    CopyDoneDelivery delivery(source_, welcome);
+    return ServeSteps(ch, config, welcome, delivery, &streaming, admitted.member.id());
   }();
   EndSession(ch, config, s, streaming, "shm");
 }

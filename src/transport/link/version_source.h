@@ -65,11 +65,21 @@ class VersionSource {
   // (host memory, or its CUDA device's): what the TCP server sends from (on the socket, or by
   // NCCL), the version being the tensors themselves. Null where there is none.
   virtual const uint8_t* TensorBytes(uint32_t /*tensor*/) const { return nullptr; }
-  // Membership (Publisher::Members): a session joins once its subscriber is prepared (after the
-  // Welcome), reports each request (the step it holds and the one being sent) and each step sent
-  // whole, and leaves when it ends. `member` is Join's answer.
-  virtual uint64_t Join(const std::string& /*peer*/) { return 0; }
-  virtual void Requested(uint64_t /*member*/, int64_t /*held*/, int64_t /*sending*/) {}
+  // Membership and topology (Publisher::Members, docs/relays.md). At each Hello the source either
+  // admits the session as a member (*member set, empty answer) or answers the relay endpoint the
+  // subscriber is redirected to (PublisherOptions::max_direct; hello.serves and hello.avoid say
+  // who is a relay and which one the subscriber just lost). An admitted member counts against
+  // the bound from then on, is listed once Ready (prepared: after the Welcome), reports each
+  // request (the step it holds, the one being sent, how many subscribers it serves) and each
+  // step sent whole, and leaves when its session ends.
+  virtual std::string Admit(const std::string& /*peer*/, const wire::Hello& /*hello*/,
+                            uint64_t* member) {
+    *member = 0;
+    return {};
+  }
+  virtual void Ready(uint64_t /*member*/) {}
+  virtual void Requested(uint64_t /*member*/, int64_t /*held*/, int64_t /*sending*/,
+                         uint32_t /*below*/) {}
   virtual void Sent(uint64_t /*member*/, int64_t /*step*/) {}
   virtual void Left(uint64_t /*member*/) {}
   // Whether the version is the registered tensors (a ring or zero-copy publisher's: TensorBytes

@@ -7,6 +7,7 @@
 // segment is still in cache, and a tcp session sends the delta to subscribers holding that base.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -102,6 +103,7 @@ class HostStore final : public VersionStore {
     for (DeltaArea& area : delta_areas_) result.Update(area.Unmap());
     delta_areas_.clear();
     deltas_.clear();
+    encoders_.clear();
     return result;
   }
 
@@ -143,6 +145,7 @@ class HostStore final : public VersionStore {
   std::vector<DeltaArea> delta_areas_;
   std::vector<SlotDelta> deltas_;
   std::vector<uint64_t> changed_bytes_;
+  std::vector<delta::SegmentEncoder> encoders_;  // one per pool thread (WorkerPool::Slot)
 };
 
 void HostStore::RunTask(void* context, uint32_t index) {
@@ -169,9 +172,8 @@ void HostStore::RunTask(void* context, uint32_t index) {
 }
 
 void HostStore::EncodeTask(const Task& t, const Job& job, const uint8_t* written) {
-  // One encoder per worker thread: its index scratch grows at the first Publishes, then a step
-  // allocates nothing.
-  thread_local delta::SegmentEncoder encoder;
+  // One encoder per pool thread, sized when the delta areas were made: a step allocates nothing.
+  delta::SegmentEncoder& encoder = encoders_[util::WorkerPool::Slot()];
   const uint8_t* before = arena_->slot(job.base->slot) + t.arena_offset;
   SlotDelta& d = deltas_[job.slot];
   const auto encoded = encoder.Encode({before, t.bytes}, {written, t.bytes}, t.element_bytes,
@@ -281,6 +283,10 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
       deltas_.push_back(std::move(d));
     }
     changed_bytes_.assign(digest_count_, 0);
+    uint64_t largest_room = 0;
+    for (const Task& t : tasks_) largest_room = std::max(largest_room, t.delta_room);
+    encoders_.assign(static_cast<size_t>(workers_->size()), delta::SegmentEncoder());
+    for (delta::SegmentEncoder& encoder : encoders_) encoder.Reserve(largest_room);
   }
   return Status::Ok();
 }

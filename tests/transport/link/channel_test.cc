@@ -52,8 +52,13 @@ struct Pair {
 
 TEST(WireHandshakeBound, SizesMatchTheEncodings) {
   std::vector<uint8_t> out;
-  Encode(Hello{kProtocolVersion, Role::kSubscriber, 1}, &out);
-  EXPECT_EQ(out.size(), kHelloBytes);
+  Encode(Hello{kProtocolVersion, Role::kSubscriber, 1, 2, std::string(kMaxEndpointBytes, 's'),
+               std::string(kMaxEndpointBytes, 'a')},
+         &out);
+  EXPECT_EQ(out.size(), kMaxHelloBytes);
+  out.clear();
+  Encode(Redirect{std::string(kMaxEndpointBytes, 'r')}, &out);
+  EXPECT_EQ(out.size(), kMaxRedirectBytes);
   out.clear();
   Encode(Challenge{kProtocolVersion, 1, Nonce{}, true}, &out);
   EXPECT_EQ(out.size(), kChallengeBytes);

@@ -198,7 +198,7 @@ TEST_F(HostileClient, CorruptChecksumAndBadPayloads) {
     req.push_back(0x42);
     SendRaw(fd.get(), Frame(3, req));
     std::string answer = Answer(std::move(fd));
-    EXPECT_NE(answer.find("frame header (update_request): payload length 26 exceeds limit 25"),
+    EXPECT_NE(answer.find("frame header (update_request): payload length 30 exceeds limit 29"),
               std::string::npos)
         << answer;
   }
@@ -234,7 +234,7 @@ TEST_F(HostileClientPatientPublisher, HelloClaimingTheFrameLimitIsRefusedAtTheHe
   ASSERT_OK(wire::Decode(ch.payload(), &err));
   EXPECT_EQ(err.code, StatusCode::kProtocolError) << err.message;
   const std::string limit = "frame header (hello): payload length " + std::to_string(claimed) +
-                            " exceeds limit " + std::to_string(wire::kHelloBytes);
+                            " exceeds limit " + std::to_string(wire::kMaxHelloBytes);
   EXPECT_NE(err.message.find(limit), std::string::npos) << err.message;
   ASSERT_STATUS_IS(kPeerLost, ch.Receive(deadline));  // and the connection is closed
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2))

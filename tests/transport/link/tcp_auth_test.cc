@@ -410,7 +410,7 @@ TEST(TcpNoToken, AHelloClaimingTheFrameLimitIsRefusedAtTheHeaderAfterAuthenticat
   ASSERT_OK(wire::Decode(ch.payload(), &err));
   EXPECT_EQ(err.code, StatusCode::kProtocolError) << err.message;
   EXPECT_NE(err.message.find("frame header (hello): payload length " + std::to_string(claimed) +
-                             " exceeds limit " + std::to_string(wire::kHelloBytes)),
+                             " exceeds limit " + std::to_string(wire::kMaxHelloBytes)),
             std::string::npos)
       << err.message;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2))

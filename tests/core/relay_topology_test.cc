@@ -1,0 +1,390 @@
+// Relay topology (PublisherOptions::max_direct, SubscriberOptions::serve_max_direct,
+// docs/relays.md): a publisher past its bound redirects newcomers to a relay, each relay bounds
+// its own children the same way, so replicas that all dial the trainer's endpoint arrange
+// themselves into a tree of bounded fan-out. In one process over real tcp loopback and real shared
+// memory; a fake publisher (a Unix socket that answers every Hello with a redirect) plays the
+// hostile cases.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/relay_serve.h"
+#include "testing/sparse_trainer.h"
+#include "testing/test_util.h"
+#include "transport/link/channel.h"
+#include "transport/link/endpoint.h"
+#include "util/fail_point.h"
+#include "wire/frame.h"
+#include "wire/messages.h"
+
+namespace weightsync {
+namespace {
+
+using testing::SparseTrainer;
+using util::FailAction;
+using util::FailPoints;
+using Bytes = std::vector<std::vector<uint8_t>>;
+
+// One replica: its weights and its subscriber.
+struct Replica {
+  Bytes weights;
+  std::unique_ptr<Subscriber> sub;
+};
+
+// (tcp: every hop over loopback tcp; else shared memory on this host)
+class RelayTopology : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { FailPoints::DisarmAll(); }
+  void TearDown() override { FailPoints::DisarmAll(); }
+
+  bool tcp() const { return GetParam(); }
+  std::string NewEndpoint(const std::string& stem) {
+    return tcp() ? std::string("tcp://127.0.0.1:0") : testing::UniqueEndpoint(stem);
+  }
+  void StartPublisher(int max_direct) {
+    PublisherOptions o;
+    o.endpoint = NewEndpoint("trainer");
+    o.lineage = "topology-test";
+    o.segment_bytes = 4096;
+    o.timeout = std::chrono::milliseconds(5000);
+    o.max_direct = max_direct;
+    ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
+    ASSERT_OK(publisher_->Register(trainer_.Tensors()));
+  }
+  void Publish(int64_t step, double fraction) {
+    if (step > 1) trainer_.Step(fraction);
+    auto r = publisher_->Publish(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  // A replica that dials the trainer's endpoint; `serve`: it relays, with at most `fan_out`
+  // children of its own; `announce`: SubscriberOptions::serve_announce.
+  Replica& AddReplica(bool serve, int fan_out = 0, const std::string& announce = "") {
+    replicas_.push_back(std::make_unique<Replica>());
+    Replica& r = *replicas_.back();
+    r.weights = trainer_.Poisoned();
+    SubscriberOptions o;
+    o.endpoint = publisher_->endpoint();
+    o.verify = true;
+    o.timeout = std::chrono::milliseconds(5000);
+    if (serve) {
+      o.serve_endpoint = NewEndpoint("relay");
+      o.serve_max_direct = fan_out;
+      o.serve_announce = announce;
+    }
+    r.sub = testing::NewSubscriber(o, trainer_.Views(r.weights));
+    return r;
+  }
+  // Updates every replica in the order they came (parents before their children) to `step`.
+  void UpdateAll(int64_t step) {
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      SCOPED_TRACE("replica " + std::to_string(i));
+      auto stats = replicas_[i]->sub->Update();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ASSERT_EQ(stats->step, step);
+      ASSERT_TRUE(stats->verified);
+      ASSERT_TRUE(trainer_.HeldBy(replicas_[i]->weights));
+    }
+  }
+  // Which replica serves on `endpoint`; -1 for none.
+  int ServedBy(const std::string& endpoint) const {
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      if (replicas_[i]->sub->serve_endpoint() == endpoint) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  SparseTrainer trainer_;
+  std::unique_ptr<Publisher> publisher_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+};
+
+// Seven relaying replicas dial the trainer, which serves two directly; each relay serves two.
+// They arrange themselves into a tree of depth 3 in which nobody has more than two children,
+// every replica holds the trainer's bytes after every step, and each level's membership says how
+// many it serves below.
+TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  for (int i = 0; i < 7; ++i) {
+    SCOPED_TRACE("joining replica " + std::to_string(i));
+    Replica& r = AddReplica(/*serve=*/true, /*fan_out=*/2);
+    auto stats = r.sub->Update();  // its place in the tree is decided at its first Hello
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_TRUE(trainer_.HeldBy(r.weights));
+  }
+  for (int64_t step = 2; step <= 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+    ASSERT_NO_FATAL_FAILURE(UpdateAll(step));
+  }
+  // The fan-out bound holds at every node, and every replica has exactly one parent.
+  const std::vector<MemberInfo> direct = publisher_->Members();
+  ASSERT_EQ(direct.size(), 2u);
+  std::vector<int> parent(replicas_.size(), -2);
+  for (const MemberInfo& m : direct) {
+    const int child = ServedBy(m.serves);
+    ASSERT_GE(child, 0) << m.serves;
+    parent[child] = -1;
+  }
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const std::vector<MemberInfo> children = replicas_[i]->sub->ServedMembers();
+    EXPECT_LE(children.size(), 2u) << "replica " << i;
+    for (const MemberInfo& m : children) {
+      const int child = ServedBy(m.serves);
+      ASSERT_GE(child, 0) << m.serves;
+      EXPECT_EQ(parent[child], -2) << "replica " << child << " has two parents";
+      parent[child] = static_cast<int>(i);
+      EXPECT_EQ(m.held_step, 3);  // what its request for step 4 said
+      EXPECT_EQ(m.sent_step, 4);
+    }
+  }
+  int deepest = 0;
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    ASSERT_NE(parent[i], -2) << "replica " << i << " is nobody's child";
+    int depth = 1;
+    for (int p = parent[i]; p >= 0; p = parent[p]) ++depth;
+    deepest = std::max(deepest, depth);
+  }
+  EXPECT_EQ(deepest, 3);
+  // Newcomers were spread over both direct relays, not piled onto the first.
+  EXPECT_EQ(replicas_[0]->sub->ServedMembers().size(), 2u);
+  EXPECT_EQ(replicas_[1]->sub->ServedMembers().size(), 2u);
+  // Each direct relay says how many it serves: the other five between them.
+  EXPECT_EQ(direct[0].below + direct[1].below, 5);
+  EXPECT_GE(direct[0].below, 2);
+  EXPECT_GE(direct[1].below, 2);
+}
+
+// Joining is never refused: past the bound with no relay to send it to, a newcomer is served by the
+// publisher itself.
+TEST_P(RelayTopology, WithNoRelayToSendItToANewcomerIsServedDirectly) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/1));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  AddReplica(/*serve=*/false);
+  AddReplica(/*serve=*/false);
+  ASSERT_NO_FATAL_FAILURE(UpdateAll(1));
+  EXPECT_EQ(publisher_->Members().size(), 2u);
+}
+
+// A relay is never sent to the endpoint it announces itself by (a relay re-attaching, or two
+// replicas configured with one address): it is served directly instead of by "itself".
+TEST_P(RelayTopology, ARelayIsNeverRedirectedToTheEndpointItAnnounces) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/1));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& first = AddReplica(/*serve=*/true);
+  ASSERT_NO_FATAL_FAILURE(UpdateAll(1));
+  Replica& second = AddReplica(/*serve=*/true, /*fan_out=*/0, first.sub->serve_endpoint());
+  auto stats = second.sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(trainer_.HeldBy(second.weights));
+  EXPECT_EQ(publisher_->Members().size(), 2u);
+  EXPECT_TRUE(first.sub->ServedMembers().empty());
+}
+
+// The child of a relay that went away dials the trainer's endpoint again at its next update and
+// is served (directly: the publisher has room again), bit-exact, in that same update.
+TEST_P(RelayTopology, AChildOfARelayThatWentAwayReattachesAndCatchesUp) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/1));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& relay = AddReplica(/*serve=*/true);
+  Replica& leaf = AddReplica(/*serve=*/false);
+  ASSERT_NO_FATAL_FAILURE(UpdateAll(1));
+  ASSERT_EQ(relay.sub->ServedMembers().size(), 1u);  // the leaf went through the relay
+  ASSERT_OK(relay.sub->Close());
+  for (int i = 0; i < 300 && !publisher_->Members().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  auto stats = leaf.sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 2);
+  EXPECT_TRUE(trainer_.HeldBy(leaf.weights));
+  ASSERT_EQ(publisher_->Members().size(), 1u);
+  EXPECT_TRUE(publisher_->Members()[0].serves.empty());  // the leaf, directly
+}
+
+// A replica that lost a step through a relay (here: the relay served corrupted bytes, refused by
+// the replica's verify) asks not to be sent there again: its next update goes to the other relay,
+// although the one it lost serves fewer.
+TEST_P(RelayTopology, AReplicaIsNotSentBackToTheRelayItLostAStepThrough) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& good = AddReplica(/*serve=*/true);
+  Replica& bad = AddReplica(/*serve=*/true);
+  ASSERT_OK(good.sub->Update().status());
+  // Only the second relay's hand-over of step 1 is corrupted.
+  FailPoints::Arm("relay.corrupt_served", FailAction::kFlip, 0, /*count=*/1);
+  ASSERT_OK(bad.sub->Update().status());
+  ASSERT_EQ(FailPoints::Hits("relay.corrupt_served"), 1);
+  // A first leaf goes to the first relay (a tie), so the second one serves fewer from here on.
+  ASSERT_OK(AddReplica(/*serve=*/false).sub->Update().status());
+  ASSERT_EQ(good.sub->ServedMembers().size(), 1u);
+  Replica& leaf = AddReplica(/*serve=*/false);
+  const std::vector<uint64_t> poisoned = testing::Digests(trainer_.Views(leaf.weights));
+  ASSERT_STATUS_IS(kCorruption, leaf.sub->Update());
+  EXPECT_EQ(testing::Digests(trainer_.Views(leaf.weights)), poisoned);  // staged: untouched
+  // Both relays report what they serve now: the bad one nobody, the good one the first leaf.
+  for (int i = 0; i < 300 && !bad.sub->ServedMembers().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(bad.sub->ServedMembers().empty());
+  ASSERT_OK(bad.sub->Update().status());
+  ASSERT_OK(good.sub->Update().status());
+  auto stats = leaf.sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(trainer_.HeldBy(leaf.weights));
+  EXPECT_TRUE(bad.sub->ServedMembers().empty());
+  EXPECT_EQ(good.sub->ServedMembers().size(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, RelayTopology, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "tcp" : "shm"; });
+
+// A "publisher" on a Unix socket that answers every Hello with a redirect to `target` (itself by
+// default) and records what each Hello said.
+class RedirectingPublisher {
+ public:
+  explicit RedirectingPublisher(std::string target = "") {
+    endpoint_ = testing::UniqueEndpoint("redirecting");
+    auto parsed = transport::link::ParseEndpoint(endpoint_);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_OK(transport::link::EnsureSocketDir(*parsed));
+    path_ = parsed->socket_path;
+    target_ = target.empty() ? endpoint_ : target;
+    listen_ = util::UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listen_.get(), 16), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~RedirectingPublisher() {
+    stop_ = true;
+    thread_.join();
+    ::unlink(path_.c_str());
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  std::vector<wire::Hello> hellos() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hellos_;
+  }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      pollfd p{listen_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 20) != 1) continue;
+      transport::link::Channel ch(
+          util::UniqueFd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC)), "subscriber");
+      wire::Hello hello;
+      if (!ch.ReceiveExpect(wire::FrameType::kHello, &hello, util::Deadline(kWait)).ok()) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        hellos_.push_back(hello);
+      }
+      (void)ch.Send(wire::FrameType::kRedirect, wire::Redirect{target_}, util::Deadline(kWait));
+    }
+  }
+  static constexpr std::chrono::milliseconds kWait{2000};
+  std::string endpoint_, path_, target_;
+  util::UniqueFd listen_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<wire::Hello> hellos_;
+  std::thread thread_;
+};
+
+std::unique_ptr<Subscriber> LeafOf(const std::string& endpoint, SparseTrainer& trainer,
+                                   Bytes& weights) {
+  SubscriberOptions o;
+  o.endpoint = endpoint;
+  o.timeout = std::chrono::milliseconds(5000);
+  return testing::NewSubscriber(o, trainer.Views(weights));
+}
+
+// A publisher that redirects a subscriber to itself forever cannot hold it: after
+// wire::kMaxRedirects hops in a row the update fails with an error that says so, well before its
+// deadline, with nothing moved.
+TEST(RelayRedirect, ARedirectLoopEndsInAClearErrorNotAtTheDeadline) {
+  RedirectingPublisher loop;
+  SparseTrainer trainer;
+  Bytes weights = trainer.Poisoned();
+  auto sub = LeafOf(loop.endpoint(), trainer, weights);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = sub->Update();
+  ASSERT_STATUS_IS(kProtocolError, result, "redirects in a row");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_EQ(loop.hellos().size(), static_cast<size_t>(wire::kMaxRedirects + 1));
+  EXPECT_EQ(weights, trainer.Poisoned());
+}
+
+// A redirect to something that is no endpoint is refused, naming it.
+TEST(RelayRedirect, ARedirectToNoEndpointIsRefusedNamingIt) {
+  RedirectingPublisher bogus("ftp://relay");
+  SparseTrainer trainer;
+  Bytes weights = trainer.Poisoned();
+  auto sub = LeafOf(bogus.endpoint(), trainer, weights);
+  ASSERT_STATUS_IS(kInvalidArgument, sub->Update(), "redirected to 'ftp://relay'");
+}
+
+// A relay it was sent to that is not there: back to the endpoint it dialed first, within the
+// relay dial bound (not its deadline), saying which relay to avoid.
+TEST(RelayRedirect, ARelayThatIsNotThereSendsItBackHomeAvoidingThatRelay) {
+  const std::string gone = testing::UniqueEndpoint("gone-relay");
+  RedirectingPublisher home(gone);
+  SparseTrainer trainer;
+  Bytes weights = trainer.Poisoned();
+  auto sub = LeafOf(home.endpoint(), trainer, weights);
+  (void)sub->Update();  // redirected to `gone` every time: it fails in the end
+  const std::vector<wire::Hello> hellos = home.hellos();
+  ASSERT_GE(hellos.size(), 2u);
+  EXPECT_EQ(hellos[0].avoid, "");
+  EXPECT_EQ(hellos[1].avoid, gone);
+  EXPECT_EQ(hellos[0].serves, "");  // a leaf
+}
+
+// What a relay announces: serve_announce, else the endpoint it bound unless that is a wildcard.
+TEST(RelayAnnounce, TheBoundEndpointUnlessAWildcardOrAnAnnouncedOne) {
+  SubscriberOptions o;
+  EXPECT_EQ(*core::RelayServe::Announced(o, "tcp://10.0.0.7:5000"), "tcp://10.0.0.7:5000");
+  EXPECT_EQ(*core::RelayServe::Announced(o, "local://relay-a"), "local://relay-a");
+  EXPECT_EQ(*core::RelayServe::Announced(o, "tcp://0.0.0.0:5000"), "");
+  EXPECT_EQ(*core::RelayServe::Announced(o, "tcp://[::]:5000"), "");
+  o.serve_announce = "tcp://relay-7.cluster:5000";
+  EXPECT_EQ(*core::RelayServe::Announced(o, "tcp://0.0.0.0:5000"), o.serve_announce);
+  o.serve_announce = "relay-7";
+  ASSERT_STATUS_IS(kInvalidArgument, core::RelayServe::Announced(o, "tcp://0.0.0.0:5000").status(),
+                   "serve_announce");
+  o.serve_announce = "local://" + std::string(wire::kMaxEndpointBytes, 'a');
+  ASSERT_STATUS_IS(kInvalidArgument, core::RelayServe::Announced(o, "local://x").status(),
+                   "serve_announce");
+}
+
+TEST(RelayAnnounce, TopologyOptionsAreCheckedAtCreate) {
+  SubscriberOptions o;
+  o.endpoint = "local://nobody";
+  o.serve_max_direct = 2;  // without serve_endpoint
+  ASSERT_STATUS_IS(kInvalidArgument, Subscriber::Create(o).status(), "need serve_endpoint");
+  o.serve_endpoint = testing::UniqueEndpoint("relay");
+  o.serve_max_direct = -1;
+  ASSERT_STATUS_IS(kInvalidArgument, Subscriber::Create(o).status(), "serve_max_direct");
+  PublisherOptions p;
+  p.endpoint = testing::UniqueEndpoint("trainer");
+  p.max_direct = -1;
+  ASSERT_STATUS_IS(kInvalidArgument, Publisher::Create(p).status(), "max_direct");
+}
+
+}  // namespace
+}  // namespace weightsync
