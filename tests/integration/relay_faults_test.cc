@@ -4,7 +4,9 @@
 // while it serves the replica's copy — or stalled (SIGSTOP). The replica's update must fail within
 // its own deadline with nothing committed (staged: its weights as they were), the trainer must keep
 // publishing without waiting for the relay, and once the relay is back on its endpoint the replica
-// catches up bit-exact. At the end the ledger is back where it began.
+// catches up bit-exact. At the end the ledger is back where it began. The second test lets the
+// trainer place replicas (max_direct) and shows an orphan placed on another relay after a kill
+// and after a stall.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -164,6 +166,126 @@ TEST(RelayFaults, TwentyUpdatesWithTheRelayKilledOrStalledAtDifferentPoints) {
   EXPECT_EQ(faults, 16);
   ASSERT_EQ(relay.child().Command("quit"), "ok");
   relay.child().Wait();
+  replica.reset();
+  trainer.publisher.reset();
+  LedgerSnapshot last;
+  EXPECT_TRUE(testing::LedgerSettlesTo(baseline, &last)) << last.ToString();
+}
+
+// Replicas that dial the trainer, which serves two directly and redirects the rest to relays
+// (max_direct). A relay killed mid-serve: its orphan fails cleanly and, at its next update, is
+// placed by the trainer on another relay and catches up at once. A relay stalled mid-serve
+// (SIGSTOP) stays connected to the trainer, and reports fewer below it than the other relay, so
+// only the orphan's "avoid" keeps it from being sent straight back there. The trainer never waits.
+TEST(RelayFaults, OrphansArePlacedOnAnotherRelayByTheTrainer) {
+  const LedgerSnapshot baseline = ReadLedger();
+  LocalPair trainer;
+  trainer.endpoint = "tcp://127.0.0.1:0";
+  trainer.timeout = std::chrono::milliseconds(kTimeoutMs);
+  trainer.max_direct = 2;
+  ASSERT_NO_FATAL_FAILURE(trainer.Start(/*slots=*/2));
+  int64_t step = 1;
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(step));
+  RelayProcess a, b, c;
+  ASSERT_NO_FATAL_FAILURE(a.Start(trainer.endpoint, "tcp://127.0.0.1:0"));
+  ASSERT_NO_FATAL_FAILURE(a.Update(step));  // the trainer's first direct member
+  ASSERT_NO_FATAL_FAILURE(b.Start(trainer.endpoint, "tcp://127.0.0.1:0"));
+  ASSERT_NO_FATAL_FAILURE(b.Update(step));
+
+  SubscriberOptions o;
+  o.endpoint = trainer.endpoint;
+  o.verify = true;
+  o.timeout = std::chrono::milliseconds(kTimeoutMs);
+  auto replica = testing::NewSubscriber(o, trainer.dst);
+  ASSERT_OK(replica->Update(step).status());  // past the bound: redirected to a (a tie, first)
+  int64_t held = step;
+  auto below_of = [&](const RelayProcess& relay) -> int64_t {
+    for (const MemberInfo& m : trainer.publisher->Members()) {
+      if (m.serves == relay.endpoint()) return m.below;
+    }
+    return -1;
+  };
+  auto caught_up = [&](Clock::time_point since) {
+    auto stats = replica->Update(step);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_TRUE(stats->verified);
+    EXPECT_LT(Clock::now() - since, std::chrono::milliseconds(kTimeoutMs + 1500));
+    held = step;
+    std::string why;
+    ASSERT_TRUE(SyntheticModel::Holds(trainer.dst, held, &why)) << why;
+  };
+  // A replica update that loses its relay to `fault` after `after_ms`.
+  auto lose_relay = [&](RelayProcess& relay, int sleep_ms, auto fault) {
+    ASSERT_EQ(
+        relay.child().Command("arm publisher.before_send=sleep:" + std::to_string(sleep_ms) + "*1"),
+        "ok");
+    const auto t0 = Clock::now();
+    auto pending = std::async(std::launch::async, [&] { return replica->Update(step); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    EXPECT_EQ(relay.child().Command("hits publisher.before_send"), "1");
+    fault();
+    Result<UpdateStats> lost = pending.get();
+    ExpectCleanFailure(lost, Clock::now() - t0, *replica, held, trainer.dst);
+  };
+
+  // 1. a is killed mid-serve; c takes its place at the trainer; the orphan goes to b.
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  ASSERT_NO_FATAL_FAILURE(a.Update(step));
+  ASSERT_NO_FATAL_FAILURE(b.Update(step));
+  ASSERT_NO_FATAL_FAILURE(lose_relay(a, 10000, [&] { a.Kill(); }));
+  for (int i = 0; i < 300 && trainer.publisher->Members().size() != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NO_FATAL_FAILURE(c.Start(trainer.endpoint, "tcp://127.0.0.1:0"));
+  ASSERT_NO_FATAL_FAILURE(c.Update(step));
+  ASSERT_NO_FATAL_FAILURE(caught_up(Clock::now()));
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  ASSERT_NO_FATAL_FAILURE(b.Update(step));  // b's request says it serves the orphan
+  ASSERT_NO_FATAL_FAILURE(c.Update(step));
+  ASSERT_NO_FATAL_FAILURE(caught_up(Clock::now()));
+  EXPECT_EQ(below_of(b), 1);
+
+  // 2. Two leaves of c's own make c the busier relay (it says so in its next request).
+  std::vector<std::vector<std::vector<uint8_t>>> storage;
+  std::vector<std::unique_ptr<Subscriber>> leaves;
+  for (int i = 0; i < 2; ++i) {
+    storage.push_back(SyntheticModel::PoisonedStorage(trainer.tensors));
+    SubscriberOptions leaf = o;
+    leaf.endpoint = c.endpoint();
+    leaves.push_back(
+        testing::NewSubscriber(leaf, SyntheticModel::Views(trainer.tensors, storage.back())));
+    ASSERT_OK(leaves.back()->Update(step).status());
+  }
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  ASSERT_NO_FATAL_FAILURE(b.Update(step));
+  ASSERT_NO_FATAL_FAILURE(c.Update(step));
+  EXPECT_EQ(below_of(b), 1);
+  EXPECT_EQ(below_of(c), 2);
+
+  // 3. b stalls mid-serve: the orphan fails at its deadline; the trainer publishes on without
+  // waiting; the orphan's next update is placed on c, not back on b (which looks less busy).
+  ASSERT_NO_FATAL_FAILURE(lose_relay(b, 500, [&] { ASSERT_TRUE(b.child().Stop()); }));
+  const auto stalled = Clock::now();
+  const auto p0 = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  EXPECT_LT(Clock::now() - p0, std::chrono::milliseconds(kTimeoutMs / 2));
+  ASSERT_NO_FATAL_FAILURE(c.Update(step));
+  {
+    testing::LogCapture log;  // it never dials b again (which would cost it the relay dial bound)
+    ASSERT_NO_FATAL_FAILURE(caught_up(stalled));
+    EXPECT_FALSE(log.Contains("relay " + b.endpoint() + " did not answer")) << log.Lines().back();
+  }
+  ASSERT_NO_FATAL_FAILURE(trainer.Publish(++step));
+  ASSERT_NO_FATAL_FAILURE(c.Update(step));
+  EXPECT_EQ(below_of(c), 3);  // the two leaves and the orphan
+
+  ASSERT_NO_FATAL_FAILURE(b.Kill());
+  for (RelayProcess* relay : {&c}) {
+    ASSERT_EQ(relay->child().Command("quit"), "ok");
+    relay->child().Wait();
+  }
+  leaves.clear();
   replica.reset();
   trainer.publisher.reset();
   LedgerSnapshot last;

@@ -16,6 +16,7 @@ struct LocalPair {
   std::chrono::milliseconds timeout{10000};  // the publisher's
   int ring_buckets = 0;                      // > 0: a ring publisher (PublisherOptions)
   uint64_t ring_bucket_bytes = 0;
+  int max_direct = 0;  // PublisherOptions::max_direct
   std::vector<NamedTensor> tensors = model.Tensors();
   std::vector<std::vector<uint8_t>> storage = SyntheticModel::PoisonedStorage(tensors);
   std::vector<NamedTensor> dst = SyntheticModel::Views(tensors, storage);
@@ -42,6 +43,7 @@ struct LocalPair {
     o.segment_bytes = 4096;  // many segments even for a small model
     o.ring_buckets = ring_buckets;
     o.ring_bucket_bytes = ring_bucket_bytes;
+    o.max_direct = max_direct;
     ASSERT_OK_AND_ASSIGN(publisher, Publisher::Create(o));
     endpoint = publisher->endpoint();  // tcp://HOST:0 → the bound port
     ASSERT_OK(publisher->Register(tensors));
