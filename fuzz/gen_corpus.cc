@@ -125,7 +125,11 @@ void Messages() {
   Write(
       t, "hello",
       WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 4242})));
+  Write(t, "hello_relay",
+        WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 7, 9,
+                                            "tcp://10.0.0.7:5000", "local://lost-relay"})));
   Write(t, "hello_bad_role", WithSelector(0, {1, 0, 2, 0, 0, 0, 0}));
+  Write(t, "redirect", WithSelector(8, Payload(wire::Redirect{"tcp://[fd00::7]:5000"})));
 
   Write(t, "welcome_mixed_seg16",
         WithSelector(WelcomeSelector(1, 0), Payload(MakeWelcome(dests, 16, false, false))));
@@ -233,6 +237,8 @@ void Messages() {
 
   Write(t, "update_request", WithSelector(2, Payload(wire::UpdateRequest{7, 6})));
   Write(t, "update_request_delta", WithSelector(2, Payload(wire::UpdateRequest{7, 6, 100, true})));
+  Write(t, "update_request_relay",
+        WithSelector(2, Payload(wire::UpdateRequest{7, 6, 100, true, 14})));
   Write(t, "update_request_latest", WithSelector(2, Payload(wire::UpdateRequest{})));
   Write(t, "step_begin", WithSelector(3, Payload(wire::StepBegin{7, 1})));
   Write(t, "step_begin_no_slot", WithSelector(3, Payload(wire::StepBegin{7, wire::kNoSlot})));

@@ -5,9 +5,9 @@
 // and plan::BuildRegionPlan against destinations wanting half of each), executed likewise.
 //
 // Input: one selector byte, then the message payload.
-//   selector % 8        message type (Hello, Welcome, UpdateRequest, StepBegin, CopyDone,
-//                       StepEnd or DeltaBegin, Error, RingBucket)
-//   (selector / 8) % 2  type 5 only: 0 StepEnd, 1 DeltaBegin
+//   selector % 8        message type (Hello or Redirect, Welcome, UpdateRequest, StepBegin,
+//                       CopyDone, StepEnd or DeltaBegin, Error, RingBucket)
+//   (selector / 8) % 2  type 0 only: 0 Hello, 1 Redirect; type 5 only: 0 StepEnd, 1 DeltaBegin
 //   (selector / 8) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
 //   (selector / 32) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
 //                       duplicated name, which BuildPlan must refuse, 2: the converting set,
@@ -437,7 +437,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const uint8_t> payload(data + 1, size - 1);
   switch (selector % 8) {
     case 0:
-      FuzzSimple<wire::Hello>(payload);
+      if ((selector / 8) % 2 == 0) {
+        FuzzSimple<wire::Hello>(payload);
+      } else {
+        FuzzSimple<wire::Redirect>(payload);
+      }
       break;
     case 1:
       FuzzWelcome(payload, static_cast<uint8_t>(selector / 8));

@@ -10,8 +10,9 @@ using util::Deadline;
 using util::LedgerAdd;
 using util::LedgerItem;
 
-// How long dialing a relay we were redirected to may take (see Connect).
-constexpr std::chrono::milliseconds kRelayDialBound{1000};
+// How long dialing a relay we were redirected to may take, its tcp handshake included (see
+// Connect): a live relay answers in milliseconds; 2 s leaves room for a loaded host.
+constexpr std::chrono::milliseconds kRelayDialBound{2000};
 
 TransferHandle::TransferHandle(const link::Endpoint& endpoint, const SubscriberOptions& options)
     : options_(options), home_(endpoint), link_(link::NewLink(endpoint, options)) {}
