@@ -125,9 +125,10 @@ void Messages() {
   Write(
       t, "hello",
       WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 4242})));
-  Write(t, "hello_relay",
-        WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 7, 9,
-                                            "tcp://10.0.0.7:5000", "local://lost-relay"})));
+  Write(
+      t, "hello_relay",
+      WithSelector(0, Payload(wire::Hello{wire::kProtocolVersion, wire::Role::kSubscriber, 7, 9,
+                                          "tcp://10.0.0.7:5000", "local://lost-relay", "rack-3"})));
   Write(t, "hello_bad_role", WithSelector(0, {1, 0, 2, 0, 0, 0, 0}));
   Write(t, "redirect", WithSelector(8, Payload(wire::Redirect{"tcp://[fd00::7]:5000"})));
 

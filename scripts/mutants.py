@@ -319,6 +319,14 @@ MUTANTS = [
            "src/core/relay_serve.cc",
            [("  if (wildcard) {", "  if (false) {")],
            "core_relay_topology_test", "RelayAnnounce.*"),
+    Mutant("topology-locality", "a newcomer is placed by load alone, ignoring its locality",
+           "src/core/publisher.cc",
+           [("      if (best == nullptr || near(m) > near(*best) ||", "      if (best == nullptr ||")],
+           "core_relay_topology_test", "*NewcomersGoToARelayOfTheirOwnLocalityFirst*"),
+    Mutant("topology-locality-text", "a locality the Hello cannot carry is accepted at Create",
+           "src/core/subscriber.cc",
+           [("  if (Status s = CheckLocality(options.locality); !s.ok()) return s;\n", "")],
+           "core_relay_topology_test", "RelayAnnounce.TopologyOptionsAreCheckedAtCreate"),
 ]
 
 

@@ -198,6 +198,11 @@ struct SubscriberOptions {
   // unless it binds a wildcard address (tcp://0.0.0.0:P, tcp://[::]:P), which is then not
   // announced (the relay serves only those who dial it themselves).
   std::string serve_announce;
+  // Where this subscriber runs, as you label it (a host name, a rack): ≤ 64 printable ASCII
+  // characters. A publisher past its max_direct redirects it to a relay of the same locality
+  // first (docs/relays.md, "Topology"), so replicas on one host or rack feed each other before
+  // they cross the network. Empty: none (any relay).
+  std::string locality;
 };
 
 }  // namespace weightsync

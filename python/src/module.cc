@@ -130,6 +130,7 @@ NB_MODULE(_weightsync, m) {
         subscriber["serve_endpoint"] = s.serve_endpoint;
         subscriber["serve_max_direct"] = s.serve_max_direct;
         subscriber["serve_announce"] = s.serve_announce;
+        subscriber["locality"] = s.locality;
         nb::dict out;
         out["Publisher"] = publisher;
         out["Subscriber"] = subscriber;

@@ -159,11 +159,13 @@ void BindPublisher(nb::module_& m) {
       .def_ro("below", &MemberInfo::below,
               "How many subscribers it serves, its children and theirs, as its latest request\n"
               "said (0 for a leaf).")
+      .def_ro("locality", &MemberInfo::locality,
+              "Where it runs, as it labelled itself (Subscriber's locality); '' for none.")
       .def("__repr__", [](const MemberInfo& m) {
         return "MemberInfo(peer='" + m.peer + "', held_step=" + std::to_string(m.held_step) +
                ", sent_step=" + std::to_string(m.sent_step) +
                ", receiving_step=" + std::to_string(m.receiving_step) + ", serves='" + m.serves +
-               "', below=" + std::to_string(m.below) + ")";
+               "', below=" + std::to_string(m.below) + ", locality='" + m.locality + "')";
       });
 
   nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")

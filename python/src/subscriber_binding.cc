@@ -421,12 +421,13 @@ void BindSubscriber(nb::module_& m) {
              const std::string& policy, double timeout, bool verify, int copy_threads,
              bool convert_dtypes, bool convert_on_publisher_gpu, const std::string& lineage_policy,
              nb::handle token, nb::handle token_file, bool delta, nb::handle serve_endpoint,
-             int serve_max_direct, nb::handle serve_announce) {
+             int serve_max_direct, nb::handle serve_announce, nb::handle locality) {
             SubscriberOptions o;
             o.delta = delta;
             o.serve_endpoint = Utf8Arg(serve_endpoint, "serve_endpoint");
             o.serve_max_direct = serve_max_direct;
             o.serve_announce = Utf8Arg(serve_announce, "serve_announce");
+            o.locality = Utf8Arg(locality, "locality");
             o.token = Utf8Arg(token, "token");
             o.token_file = Utf8Arg(token_file, "token_file");
             std::string endpoint;
@@ -471,6 +472,7 @@ void BindSubscriber(nb::module_& m) {
           "serve_endpoint"_a = kSubscriberDefaults.serve_endpoint,
           "serve_max_direct"_a = kSubscriberDefaults.serve_max_direct,
           "serve_announce"_a = kSubscriberDefaults.serve_announce,
+          "locality"_a = kSubscriberDefaults.locality,
           nb::sig("def __init__(self, endpoint: str | typing.Sequence[str], mode: "
                   "typing.Literal['staged', 'in_place'] "
                   "= 'staged', policy: typing.Literal['strict', 'subset'] = 'strict', "
@@ -478,8 +480,8 @@ void BindSubscriber(nb::module_& m) {
                   "convert_dtypes: bool = False, convert_on_publisher_gpu: bool = False, "
                   "lineage_policy: typing.Literal['follow', 'strict'] = 'follow', "
                   "token: str = '', token_file: str = '', delta: bool = True, "
-                  "serve_endpoint: str = '', serve_max_direct: int = 0, serve_announce: str = '') "
-                  "-> None"),
+                  "serve_endpoint: str = '', serve_max_direct: int = 0, serve_announce: str = '', "
+                  "locality: str = '') -> None"),
           "endpoint: 'local://NAME' or 'tcp://HOST:PORT', or a list of them when several\n"
           "publishers (e.g. trainer ranks) each hold part of the model: every tensor then\n"
           "comes from exactly one of them, and no share is committed before all arrived.\n"
@@ -508,7 +510,10 @@ void BindSubscriber(nb::module_& m) {
           "memory; two copies of the model in host memory). serve_max_direct: a relay's own\n"
           "bound on direct children (as Publisher's max_direct; 0: no bound). serve_announce:\n"
           "the endpoint it is announced by to its publisher, which redirects newcomers there\n"
-          "('': serve_endpoint as bound, unless a wildcard address). Both need serve_endpoint.")
+          "('': serve_endpoint as bound, unless a wildcard address). Both need serve_endpoint.\n"
+          "locality: where this subscriber runs, as you label it (a host, a rack; <= 64\n"
+          "printable characters): a publisher past its max_direct redirects it to a relay of the\n"
+          "same locality first.")
       .def(
           "register",
           [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {

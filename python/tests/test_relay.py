@@ -135,3 +135,36 @@ def test_relay_topology_options_without_serve_endpoint_are_refused_with_the_reas
         weightsync.Subscriber("tcp://127.0.0.1:1", serve_max_direct=2)
     with pytest.raises(weightsync.InvalidArgument, match="serve_endpoint"):
         weightsync.Subscriber("tcp://127.0.0.1:1", serve_announce="tcp://10.0.0.7:7000")
+
+
+def test_a_replica_goes_to_a_relay_of_its_own_locality(tmp_path):
+    model = make_model(seed=9, elements=3000)
+    with weightsync.Publisher(f"local://locality-py-trainer-{tmp_path.name}", max_direct=2,
+                              segment_bytes=16384) as pub:
+        pub.register(model)
+        pub.publish(1)
+        opened = []
+        try:
+            for rack in ("rack-a", "rack-b"):
+                relay = weightsync.Subscriber(
+                    pub.endpoint, serve_endpoint=f"local://locality-py-{rack}-{tmp_path.name}",
+                    locality=rack, timeout=30)
+                opened.append(relay)
+                relay.register(zeros_like_model(model))
+                relay.update()
+            dst = zeros_like_model(model)
+            leaf = weightsync.Subscriber(pub.endpoint, locality="rack-b", verify=True, timeout=30)
+            opened.append(leaf)
+            leaf.register(dst)
+            assert leaf.update().verified
+            assert_bit_exact(dst, model)
+            a, b = opened[0], opened[1]
+            assert a.served_members() == []
+            [child] = b.served_members()
+            assert child.locality == "rack-b" and "locality='rack-b'" in repr(child)
+            assert [m.locality for m in pub.members()] == ["rack-a", "rack-b"]
+        finally:
+            for s in reversed(opened):
+                s.close()
+    with pytest.raises(weightsync.InvalidArgument, match="locality"):
+        weightsync.Subscriber("tcp://127.0.0.1:1", locality="rack 3")

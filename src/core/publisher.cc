@@ -120,15 +120,21 @@ struct Publisher::Impl final : transport::VersionSource {
     }
     return nullptr;
   }
-  // The relay a newcomer past max_direct goes to: the one with the fewest below it, never the
-  // one it just lost (hello.avoid) nor itself (a relay re-attaching); null when there is none.
+  // The relay a newcomer past max_direct goes to: one of its own locality if there is one, and
+  // among those the one with the fewest below it; never the one it just lost (hello.avoid) nor
+  // itself (a relay re-attaching); null when there is none.
   Member* RelayFor(const wire::Hello& hello) WS_REQUIRES(members_mu) {
     Member* best = nullptr;
+    auto near = [&](const Member& m) {
+      return !hello.locality.empty() && m.info.locality == hello.locality;
+    };
     for (Member& m : members) {
       if (m.info.serves.empty() || m.info.serves == hello.avoid || m.info.serves == hello.serves) {
         continue;
       }
-      if (best == nullptr || m.info.below + m.redirected < best->info.below + best->redirected) {
+      if (best == nullptr || near(m) > near(*best) ||
+          (near(m) == near(*best) &&
+           m.info.below + m.redirected < best->info.below + best->redirected)) {
         best = &m;
       }
     }
@@ -150,6 +156,7 @@ struct Publisher::Impl final : transport::VersionSource {
     }
     Member m{next_member++, MemberInfo{peer}};
     m.info.serves = hello.serves;
+    m.info.locality = hello.locality;
     members.push_back(std::move(m));
     *member = members.back().id;
     return {};

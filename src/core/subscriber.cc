@@ -242,6 +242,26 @@ Subscriber::~Subscriber() {
   }
 }
 
+namespace {
+
+// SubscriberOptions::locality travels in the Hello (wire::Hello::locality): bounded printable text.
+Status CheckLocality(const std::string& locality) {
+  if (locality.size() > wire::kMaxLocalityBytes) {
+    return Status::InvalidArgument("SubscriberOptions.locality is ", locality.size(),
+                                   " bytes, more than ", wire::kMaxLocalityBytes);
+  }
+  for (size_t i = 0; i < locality.size(); ++i) {
+    const auto c = static_cast<uint8_t>(locality[i]);
+    if (c <= 0x20 || c > 0x7e) {
+      return Status::InvalidArgument("SubscriberOptions.locality byte ", i, " is ", unsigned{c},
+                                     ": printable ASCII without spaces only");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& options) {
   WS_RETURN_IF_ERROR(util::FailPoints::LoadFromEnv());
   if (options.timeout.count() <= 0) {
@@ -252,6 +272,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
         "SubscriberOptions.serve_max_direct must be ≥ 0 (0: no bound), got ",
         options.serve_max_direct);
   }
+  if (Status s = CheckLocality(options.locality); !s.ok()) return s;
   if (options.serve_endpoint.empty() &&
       (options.serve_max_direct != 0 || !options.serve_announce.empty())) {
     return Status::InvalidArgument(

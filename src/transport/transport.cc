@@ -57,7 +57,7 @@ Result<const wire::Welcome*> TransferHandle::Connect(const Deadline& deadline) {
     WS_RETURN_IF_ERROR(link_->Release());
     relay_ = next;
     link_ = link::NewLink(endpoint, options_);
-    link_->set_hello(serves_, avoid_);
+    link_->set_hello(serves_, avoid_, options_.locality);
     // A live relay accepts at once; one that died since the publisher listed it is given up on
     // soon (and avoided), not at the end of the update's deadline.
     if (!relay_.empty()) link_->set_dial_bound(kRelayDialBound);
@@ -67,7 +67,7 @@ Result<const wire::Welcome*> TransferHandle::Connect(const Deadline& deadline) {
 void TransferHandle::set_hello(std::string serves, std::string avoid) {
   serves_ = std::move(serves);
   avoid_ = std::move(avoid);
-  link_->set_hello(serves_, avoid_);
+  link_->set_hello(serves_, avoid_, options_.locality);
 }
 
 Status TransferHandle::Prepare(const std::vector<plan::Destination>& destinations,

@@ -59,7 +59,8 @@ class TransferHandle {
   // sends it back to the endpoint it was made for, saying to avoid that relay.
   Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
   // Topology, before Connect: the endpoint this subscriber serves as a relay (empty: a leaf) and
-  // a relay it lost a step through, which it asks not to be sent to again (empty: none).
+  // a relay it lost a step through, which it asks not to be sent to again (empty: none); its
+  // Hello also says SubscriberOptions::locality.
   void set_hello(std::string serves, std::string avoid);
   // Before each BeginStep: how many subscribers this one serves (its subtree).
   void set_below(uint32_t below) { link_->set_below(below); }

@@ -249,7 +249,8 @@ Status DecodeTensor(Reader* r, uint32_t index, TensorFields* fields, TensorPlace
 
 }  // namespace
 
-// ---- Hello: u16 protocol_version, u8 role, u32 pid, u64 wait_ms, string serves, string avoid ----
+// ---- Hello: u16 protocol_version, u8 role, u32 pid, u64 wait_ms, string serves, string avoid,
+// string locality ----
 
 void Encode(const Hello& m, std::vector<uint8_t>* out) {
   Writer w(out);
@@ -259,15 +260,16 @@ void Encode(const Hello& m, std::vector<uint8_t>* out) {
   w.U64(m.wait_ms);
   w.String(m.serves);
   w.String(m.avoid);
+  w.String(m.locality);
 }
 
 namespace {
 
-// An endpoint text a peer names (Hello::serves/avoid, Redirect): bounded printable ASCII, so it is
-// safe to log and to dial (link::ParseEndpoint checks its form).
-Result<std::string> EndpointText(Reader& r, std::string_view what, std::string_view field,
-                                 bool may_be_empty) {
-  WS_ASSIGN_OR_RETURN(std::string text, r.String(field, kMaxEndpointBytes));
+// A text a peer names (Hello::serves/avoid/locality, Redirect): bounded printable ASCII, so it is
+// safe to log and to dial (link::ParseEndpoint checks an endpoint's form).
+Result<std::string> PrintableText(Reader& r, std::string_view what, std::string_view field,
+                                  bool may_be_empty, uint32_t max_bytes = kMaxEndpointBytes) {
+  WS_ASSIGN_OR_RETURN(std::string text, r.String(field, max_bytes));
   if (text.empty() && !may_be_empty) return Status::ProtocolError(what, ": ", field, " is empty");
   for (size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<uint8_t>(text[i]);
@@ -296,8 +298,10 @@ Status Decode(std::span<const uint8_t> payload, Hello* m) {
   m->role = static_cast<Role>(role);
   WS_ASSIGN_OR_RETURN(m->pid, r.U32("pid"));
   WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
-  WS_ASSIGN_OR_RETURN(m->serves, EndpointText(r, kHelloWhat, "serves", true));
-  WS_ASSIGN_OR_RETURN(m->avoid, EndpointText(r, kHelloWhat, "avoid", true));
+  WS_ASSIGN_OR_RETURN(m->serves, PrintableText(r, kHelloWhat, "serves", true));
+  WS_ASSIGN_OR_RETURN(m->avoid, PrintableText(r, kHelloWhat, "avoid", true));
+  WS_ASSIGN_OR_RETURN(m->locality,
+                      PrintableText(r, kHelloWhat, "locality", true, kMaxLocalityBytes));
   return r.ExpectEnd();
 }
 
@@ -310,7 +314,7 @@ void Encode(const Redirect& m, std::vector<uint8_t>* out) {
 
 Status Decode(std::span<const uint8_t> payload, Redirect* m) {
   Reader r(payload, kRedirectWhat);
-  WS_ASSIGN_OR_RETURN(m->endpoint, EndpointText(r, kRedirectWhat, "endpoint", false));
+  WS_ASSIGN_OR_RETURN(m->endpoint, PrintableText(r, kRedirectWhat, "endpoint", false));
   return r.ExpectEnd();
 }
 

@@ -32,10 +32,16 @@ struct Hello {
   // an endpoint text of ≤ kMaxEndpointBytes printable ASCII.
   std::string serves;
   std::string avoid;
+  // Where the subscriber runs, as its user labels it (SubscriberOptions::locality: a host, a
+  // rack): a publisher redirects it to a relay of the same locality first. Empty or ≤
+  // kMaxLocalityBytes printable ASCII.
+  std::string locality;
 };
 inline constexpr uint32_t kMaxEndpointBytes = 256;
-// The largest encoded Hello: the fixed fields, then two u16-length strings.
-inline constexpr uint32_t kMaxHelloBytes = 2 + 1 + 4 + 8 + 2 * (2 + kMaxEndpointBytes);
+inline constexpr uint32_t kMaxLocalityBytes = 64;
+// The largest encoded Hello: the fixed fields, then three u16-length strings.
+inline constexpr uint32_t kMaxHelloBytes =
+    2 + 1 + 4 + 8 + 2 * (2 + kMaxEndpointBytes) + 2 + kMaxLocalityBytes;
 
 // Publisher → subscriber, answering its Hello instead of a Welcome: this publisher serves as many
 // subscribers directly as it may (PublisherOptions::max_direct); dial the relay at `endpoint`

@@ -68,8 +68,9 @@ class RelayTopology : public ::testing::TestWithParam<bool> {
     ASSERT_TRUE(r.ok()) << r.status();
   }
   // A replica that dials the trainer's endpoint; `serve`: it relays, with at most `fan_out`
-  // children of its own; `announce`: SubscriberOptions::serve_announce.
-  Replica& AddReplica(bool serve, int fan_out = 0, const std::string& announce = "") {
+  // children of its own; `announce`: SubscriberOptions::serve_announce; `locality`: its label.
+  Replica& AddReplica(bool serve, int fan_out = 0, const std::string& announce = "",
+                      const std::string& locality = "") {
     replicas_.push_back(std::make_unique<Replica>());
     Replica& r = *replicas_.back();
     r.weights = trainer_.Poisoned();
@@ -77,6 +78,7 @@ class RelayTopology : public ::testing::TestWithParam<bool> {
     o.endpoint = publisher_->endpoint();
     o.verify = true;
     o.timeout = std::chrono::milliseconds(5000);
+    o.locality = locality;
     if (serve) {
       o.serve_endpoint = NewEndpoint("relay");
       o.serve_max_direct = fan_out;
@@ -164,6 +166,33 @@ TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
   EXPECT_EQ(direct[0].below + direct[1].below, 5);
   EXPECT_GE(direct[0].below, 2);
   EXPECT_GE(direct[1].below, 2);
+}
+
+// A newcomer goes to a relay of its own locality (host, rack) first, whatever the others serve;
+// with none of its locality, to the one with the fewest below it.
+TEST_P(RelayTopology, NewcomersGoToARelayOfTheirOwnLocalityFirst) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& a = AddReplica(/*serve=*/true, 0, "", "rack-a");
+  Replica& b = AddReplica(/*serve=*/true, 0, "", "rack-b");
+  ASSERT_NO_FATAL_FAILURE(UpdateAll(1));
+  // Three of rack b: by load alone they would alternate between the relays.
+  for (int i = 0; i < 3; ++i) {
+    Replica& leaf = AddReplica(/*serve=*/false, 0, "", "rack-b");
+    ASSERT_OK(leaf.sub->Update().status());
+    EXPECT_TRUE(trainer_.HeldBy(leaf.weights));
+  }
+  EXPECT_TRUE(a.sub->ServedMembers().empty());
+  const std::vector<MemberInfo> served = b.sub->ServedMembers();
+  ASSERT_EQ(served.size(), 3u);
+  for (const MemberInfo& m : served) EXPECT_EQ(m.locality, "rack-b");
+  // One of rack c, where no relay runs: the less busy relay.
+  ASSERT_OK(AddReplica(/*serve=*/false, 0, "", "rack-c").sub->Update().status());
+  EXPECT_EQ(a.sub->ServedMembers().size(), 1u);
+  const std::vector<MemberInfo> direct = publisher_->Members();
+  ASSERT_EQ(direct.size(), 2u);
+  EXPECT_EQ(direct[0].locality, "rack-a");
+  EXPECT_EQ(direct[1].locality, "rack-b");
 }
 
 // Joining is never refused: past the bound with no relay to send it to, a newcomer is served by the
@@ -375,6 +404,11 @@ TEST(RelayAnnounce, TheBoundEndpointUnlessAWildcardOrAnAnnouncedOne) {
 TEST(RelayAnnounce, TopologyOptionsAreCheckedAtCreate) {
   SubscriberOptions o;
   o.endpoint = "local://nobody";
+  o.locality = std::string(wire::kMaxLocalityBytes + 1, 'l');
+  ASSERT_STATUS_IS(kInvalidArgument, Subscriber::Create(o).status(), "locality is 65 bytes");
+  o.locality = "rack 3";
+  ASSERT_STATUS_IS(kInvalidArgument, Subscriber::Create(o).status(), "locality byte 4 is 32");
+  o.locality = "rack-3";
   o.serve_max_direct = 2;  // without serve_endpoint
   ASSERT_STATUS_IS(kInvalidArgument, Subscriber::Create(o).status(), "need serve_endpoint");
   o.serve_endpoint = testing::UniqueEndpoint("relay");

@@ -222,9 +222,10 @@ TEST(WireFrameTest, TheBoundsAreTheEncodedSizesOfTheLargestMessages) {
     Encode(message, &out);
     return out.size();
   };
-  EXPECT_EQ(size_of(Hello{0, Role::kSubscriber, 0, 0, std::string(kMaxEndpointBytes, 's'),
-                          std::string(kMaxEndpointBytes, 'a')}),
-            MaxPayloadOf(FrameType::kHello));
+  EXPECT_EQ(
+      size_of(Hello{0, Role::kSubscriber, 0, 0, std::string(kMaxEndpointBytes, 's'),
+                    std::string(kMaxEndpointBytes, 'a'), std::string(kMaxLocalityBytes, 'l')}),
+      MaxPayloadOf(FrameType::kHello));
   EXPECT_EQ(size_of(Redirect{std::string(kMaxEndpointBytes, 'r')}),
             MaxPayloadOf(FrameType::kRedirect));
   EXPECT_EQ(size_of(UpdateRequest{}), MaxPayloadOf(FrameType::kUpdateRequest));

@@ -269,10 +269,11 @@ TEST(WireHelloTest, RoundTrip) {
   h.wait_ms = 0x0102;
   h.serves = "tcp://r:1";
   h.avoid = "";
+  h.locality = "h1";
   const std::vector<uint8_t> bytes = EncodeOf(h);
-  EXPECT_EQ(bytes,
-            (std::vector<uint8_t>{1, 0, 1, 0x98, 0xBA, 0xDC, 0xFE, 2,   1,   0,   0,   0,   0, 0,
-                                  0, 9, 0, 't',  'c',  'p',  ':',  '/', '/', 'r', ':', '1', 0, 0}));
+  EXPECT_EQ(bytes, (std::vector<uint8_t>{1,   0,   1,   0x98, 0xBA, 0xDC, 0xFE, 2,   1,   0,   0,
+                                         0,   0,   0,   0,    9,    0,    't',  'c', 'p', ':', '/',
+                                         '/', 'r', ':', '1',  0,    0,    2,    0,   'h', '1'}));
   Hello out;
   ASSERT_OK(Decode(bytes, &out));
   EXPECT_EQ(out.protocol_version, 1);
@@ -281,6 +282,7 @@ TEST(WireHelloTest, RoundTrip) {
   EXPECT_EQ(out.wait_ms, 0x0102u);
   EXPECT_EQ(out.serves, "tcp://r:1");
   EXPECT_EQ(out.avoid, "");
+  EXPECT_EQ(out.locality, "h1");
   ExpectEveryPrefixRejected<Hello>(bytes);
   ExpectTrailingByteRejected<Hello>(bytes);
 }
@@ -299,6 +301,11 @@ TEST(WireHelloTest, EndpointsAreBoundedPrintableText) {
                               {"hello: avoid byte 7 is 10, expected printable ASCII"}));
   h.avoid = "tcp://a b:1";
   EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(h), &out), {"avoid byte 7 is 32"}));
+  h.avoid = "";
+  h.locality = std::string(kMaxLocalityBytes, 'l');
+  ASSERT_OK(Decode(EncodeOf(h), &out));
+  h.locality.push_back('l');
+  EXPECT_TRUE(IsProtocolError(Decode(EncodeOf(h), &out), {"locality"}));
 }
 
 // ---- Redirect ----
@@ -1087,8 +1094,9 @@ TEST(WireErrorMessageTest, ToStatusNeverReportsSuccess) {
 // ---- hostile input for every message ----
 
 TEST(WireFuzzTest, RandomPayloadsNeverCrash) {
-  FuzzDecode<Hello>(1, {EncodeOf(Hello{1, Role::kSubscriber, 7, 9, "local://r", "tcp://a:1"})},
-                    10000, 40);
+  FuzzDecode<Hello>(
+      1, {EncodeOf(Hello{1, Role::kSubscriber, 7, 9, "local://r", "tcp://a:1", "rack-3"})}, 10000,
+      48);
   FuzzDecode<Redirect>(12, {EncodeOf(Redirect{"tcp://10.0.0.2:5000"})}, 10000, 24);
   FuzzDecode<UpdateRequest>(2, {EncodeOf(UpdateRequest{3, 2, 0, true, 4})}, 10000, 29);
   FuzzDecode<DeltaBegin>(8, {EncodeOf(DeltaBegin{3, 2, 9, {0, 4}})}, 10000, 64);

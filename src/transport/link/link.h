@@ -48,10 +48,12 @@ class Link {
   Result<const wire::Welcome*> Connect(const util::Deadline& deadline);
   const std::string& redirect() const { return redirect_; }
   // Topology (docs/relays.md): what the Hello says — the endpoint this subscriber serves as a
-  // relay, the relay it just lost — and, in each request, how many subscribers it serves.
-  void set_hello(std::string serves, std::string avoid) {
+  // relay, the relay it just lost, where it runs — and, in each request, how many subscribers it
+  // serves.
+  void set_hello(std::string serves, std::string avoid, std::string locality) {
     serves_ = std::move(serves);
     avoid_ = std::move(avoid);
+    locality_ = std::move(locality);
   }
   void set_below(uint32_t below) { below_ = below; }
   // Bounds reaching the peer (not the handshake after): a relay we were redirected to is up and
@@ -108,6 +110,7 @@ class Link {
   wire::StepEnd end_;
   std::string serves_;
   std::string avoid_;
+  std::string locality_;
   std::string redirect_;
   uint32_t below_ = 0;
   std::chrono::milliseconds dial_bound_{0};  // 0: none

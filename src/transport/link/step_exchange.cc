@@ -7,13 +7,14 @@
 namespace weightsync::transport::link {
 
 wire::Hello SubscriberHello(const util::Deadline& deadline, const std::string& serves,
-                            const std::string& avoid) {
+                            const std::string& avoid, const std::string& locality) {
   return wire::Hello{wire::kProtocolVersion,
                      wire::Role::kSubscriber,
                      static_cast<uint32_t>(::getpid()),
                      static_cast<uint64_t>(deadline.RemainingMs()),
                      serves,
-                     avoid};
+                     avoid,
+                     locality};
 }
 
 Result<int64_t> RequestStep(transport::link::Channel& channel, const std::string& peer,

@@ -17,9 +17,9 @@ namespace weightsync::transport::link {
 
 // The subscriber's Hello: this protocol version, its pid, how long it waits for the publisher's
 // layout (the time left of `deadline`), the endpoint it serves as a relay and the relay it just
-// lost (wire::Hello::serves, avoid; empty: none).
+// lost, and where it runs (wire::Hello::serves, avoid, locality; empty: none).
 wire::Hello SubscriberHello(const util::Deadline& deadline, const std::string& serves,
-                            const std::string& avoid);
+                            const std::string& avoid, const std::string& locality);
 
 // Asks for `step` (nullopt: latest) newer than `after_step`; fills `begin`. Returns the step
 // offered; `after_step` means up to date. `delta`: the subscriber can apply a delta against

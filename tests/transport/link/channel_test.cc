@@ -53,7 +53,7 @@ struct Pair {
 TEST(WireHandshakeBound, SizesMatchTheEncodings) {
   std::vector<uint8_t> out;
   Encode(Hello{kProtocolVersion, Role::kSubscriber, 1, 2, std::string(kMaxEndpointBytes, 's'),
-               std::string(kMaxEndpointBytes, 'a')},
+               std::string(kMaxEndpointBytes, 'a'), std::string(kMaxLocalityBytes, 'l')},
          &out);
   EXPECT_EQ(out.size(), kMaxHelloBytes);
   out.clear();
