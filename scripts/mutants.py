@@ -269,7 +269,7 @@ MUTANTS = [
            "core_relay_test", "*MembershipSaysWhoHoldsWhichStepAtEachLevel*"),
     Mutant("members-requested", "membership keeps the step a subscriber held before its latest request",
            "src/core/publisher.cc",
-           [("      m->held_step = held;\n", "")],
+           [("      m->info.held_step = held;\n", "")],
            "core_relay_test", "*MembershipSaysWhoHoldsWhichStepAtEachLevel*"),
     Mutant("relay-digest-count", "a relayed version is published with fewer digests than segments",
            "src/core/publisher.cc",
