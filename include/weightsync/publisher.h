@@ -95,7 +95,6 @@ struct MemberInfo {
   // How many subscribers it serves, its children and theirs, as its latest request said.
   int64_t below = 0;
   std::string locality;  // as it labelled itself (SubscriberOptions::locality); empty: none
-
 };
 
 // Internal: how a relay (SubscriberOptions::serve_endpoint) serves a version it received under

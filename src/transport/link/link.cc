@@ -71,8 +71,8 @@ Result<const wire::Welcome*> Link::Connect(const Deadline& deadline) {
   channel_->set_reply_spin(kReplySpin);
   LedgerAdd(LedgerItem::kConnections, 1);
   counted_ = true;
-  WS_RETURN_IF_ERROR(channel_->Send(wire::FrameType::kHello,
-                                    SubscriberHello(deadline, serves_, avoid_, locality_), deadline));
+  WS_RETURN_IF_ERROR(channel_->Send(
+      wire::FrameType::kHello, SubscriberHello(deadline, serves_, avoid_, locality_), deadline));
   const bool fd_expected = kind_ == LinkKind::kUnix;
   WS_ASSIGN_OR_RETURN(wire::FrameHeader header,
                       channel_->Receive(deadline, fd_expected ? &store_fd_ : nullptr));
