@@ -20,7 +20,8 @@ class WorkerPool {
   explicit WorkerPool(int threads);
   ~WorkerPool();  // joins all workers
 
-  // Runs fn(context, i) for i in [0, count); returns when all are done.
+  // Runs fn(context, i) for i in [0, count); returns when all are done. One caller at a time:
+  // a second thread calling Run while a job runs may wait forever (its owner serializes calls).
   void Run(uint32_t count, TaskFn fn, void* context);
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Which of the pool's threads calls this, inside a task: 0 for the caller of Run, 1..size()-1

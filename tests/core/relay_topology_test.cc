@@ -336,10 +336,10 @@ class RedirectingPublisher {
 };
 
 std::unique_ptr<Subscriber> LeafOf(const std::string& endpoint, SparseTrainer& trainer,
-                                   Bytes& weights) {
+                                   Bytes& weights, int timeout_ms = 5000) {
   SubscriberOptions o;
   o.endpoint = endpoint;
-  o.timeout = std::chrono::milliseconds(5000);
+  o.timeout = std::chrono::milliseconds(timeout_ms);
   return testing::NewSubscriber(o, trainer.Views(weights));
 }
 
@@ -375,7 +375,8 @@ TEST(RelayRedirect, ARelayThatIsNotThereSendsItBackHomeAvoidingThatRelay) {
   RedirectingPublisher home(gone);
   SparseTrainer trainer;
   Bytes weights = trainer.Poisoned();
-  auto sub = LeafOf(home.endpoint(), trainer, weights);
+  // 3 s: one relay dial bound (2 s) and a second Hello fit; the update then fails.
+  auto sub = LeafOf(home.endpoint(), trainer, weights, 3000);
   (void)sub->Update();  // redirected to `gone` every time: it fails in the end
   const std::vector<wire::Hello> hellos = home.hellos();
   ASSERT_GE(hellos.size(), 2u);
