@@ -250,12 +250,10 @@ Status CheckLocality(const std::string& locality) {
     return Status::InvalidArgument("SubscriberOptions.locality is ", locality.size(),
                                    " bytes, more than ", wire::kMaxLocalityBytes);
   }
-  for (size_t i = 0; i < locality.size(); ++i) {
-    const auto c = static_cast<uint8_t>(locality[i]);
-    if (c <= 0x20 || c > 0x7e) {
-      return Status::InvalidArgument("SubscriberOptions.locality byte ", i, " is ", unsigned{c},
-                                     ": printable ASCII without spaces only");
-    }
+  if (const int64_t i = wire::FirstUnprintable(locality); i >= 0) {
+    return Status::InvalidArgument("SubscriberOptions.locality byte ", i, " is ",
+                                   unsigned{static_cast<uint8_t>(locality[i])},
+                                   ": printable ASCII without spaces only");
   }
   return Status::Ok();
 }

@@ -271,12 +271,10 @@ Result<std::string> PrintableText(Reader& r, std::string_view what, std::string_
                                   bool may_be_empty, uint32_t max_bytes = kMaxEndpointBytes) {
   WS_ASSIGN_OR_RETURN(std::string text, r.String(field, max_bytes));
   if (text.empty() && !may_be_empty) return Status::ProtocolError(what, ": ", field, " is empty");
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<uint8_t>(text[i]);
-    if (c <= 0x20 || c > 0x7e) {
-      return Status::ProtocolError(what, ": ", field, " byte ", i, " is ", unsigned{c},
-                                   ", expected printable ASCII");
-    }
+  if (const int64_t i = FirstUnprintable(text); i >= 0) {
+    return Status::ProtocolError(what, ": ", field, " byte ", i, " is ",
+                                 unsigned{static_cast<uint8_t>(text[i])},
+                                 ", expected printable ASCII");
   }
   return text;
 }

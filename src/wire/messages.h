@@ -39,6 +39,15 @@ struct Hello {
 };
 inline constexpr uint32_t kMaxEndpointBytes = 256;
 inline constexpr uint32_t kMaxLocalityBytes = 64;
+// The texts a peer names (Hello::serves/avoid/locality, Redirect) are printable ASCII without
+// spaces (0x21..0x7E), safe to log and to dial: the index of the first byte outside, or -1.
+inline int64_t FirstUnprintable(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<uint8_t>(text[i]);
+    if (c <= 0x20 || c > 0x7e) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
 // The largest encoded Hello: the fixed fields, then three u16-length strings.
 inline constexpr uint32_t kMaxHelloBytes =
     2 + 1 + 4 + 8 + 2 * (2 + kMaxEndpointBytes) + 2 + kMaxLocalityBytes;
