@@ -38,8 +38,9 @@ Step 1 connects everyone and is not counted; rows are the median over steps 2..-
 replica's bytes are checked against the trainer's digest every step. One replica alone (direct)
 is measured first: the issue's bound for the tree, 1.5 x one replica's transfer + depth x one
 bucket's (8 MiB), is computed from it. The predictions are `./build/weightsync fanout-sim`'s,
-where that binary exists: with --store-and-forward (what these relays do) for the rows, and the
-cut-through model (the next increment's) beside the tree and placed rows.
+where that binary exists: its cut-through model (what relays do for whole steps over tcp, which
+every step here is) for the tree and placed rows, and its store-and-forward model (relays before
+cut-through) beside them.
 
 --kill (placed mode): after the measured steps, one more step in which the level-1 relay (a child
 of the trainer) with the most replicas below it is SIGKILLed (its process, alone in its
@@ -791,11 +792,11 @@ def run(args):
             cut = fanout_sim(n, model, args.rate, store_and_forward=False)
             direct = got.get("direct")
             for r in got.values():
-                r["predicted_seconds"] = sim.get(("direct", n) if r["mode"] == "direct"
-                                                 else ("tree", args.fanout))
+                r["predicted_seconds"] = (sim.get(("direct", n)) if r["mode"] == "direct"
+                                          else cut.get(("tree", args.fanout)))
                 if r["mode"] == "direct":
                     continue
-                r["cut_through_predicted_seconds"] = cut.get(("tree", args.fanout))
+                r["store_and_forward_predicted_seconds"] = sim.get(("tree", args.fanout))
                 r["direct_over_tree"] = (direct["all_hold_seconds"] / r["all_hold_seconds"]
                                          if direct else None)
                 r["egress_target_models"] = args.fanout
@@ -840,8 +841,8 @@ def print_rows(rows, args):
               f"forward predicts {r['store_and_forward_estimate_seconds']:.2f} s (per level, a "
               f"parent's children x one transfer: it sends their copies through its one NIC after "
               f"it committed); relay serve_seconds median {r['serve_seconds_median']:.3f} s; "
-              f"fanout-sim's cut-through model (the next increment) "
-              f"{r['cut_through_predicted_seconds'] or float('nan'):.3f} s",
+              f"fanout-sim's store-and-forward model (relays before cut-through) "
+              f"{r['store_and_forward_predicted_seconds'] or float('nan'):.3f} s",
               flush=True)
         copies = ("" if r.get("direct_over_tree") is None else
                   f", {r['trainer_egress_wire_copies']:.3f} copies as the direct run's wire bytes "

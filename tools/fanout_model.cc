@@ -141,10 +141,11 @@ std::string FormatFanout(const FanoutOptions& o, const std::vector<FanoutPredict
   os << "A lower bound from link speeds (full duplex, no congestion or failures), not a "
         "measurement.\n"
      << (o.store_and_forward
-             ? "Store-and-forward: what today's relays do (SubscriberOptions::serve_endpoint, "
-               "docs/relays.md).\n"
-             : "Cut-through relays (forwarding a bucket while receiving the next) are the next "
-               "increment; today's\nrelays store and forward (--store-and-forward).\n");
+             ? "Store-and-forward: what relays do for steps that come as deltas "
+               "(docs/relays.md).\n"
+             : "Cut-through: relays forward a bucket while they receive the next, as they do for "
+               "whole steps over\ntcp (docs/relays.md); --store-and-forward for steps that come "
+               "as deltas.\n");
   return os.str();
 }
 

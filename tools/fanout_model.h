@@ -28,8 +28,9 @@ struct FanoutOptions {
   double trainer_gbps = 400;            // the trainer's egress, Gb/s
   double replica_gbps = 400;            // each replica's NIC, per direction, Gb/s
   uint64_t bucket_bytes = 64ull << 20;  // what a relay receives before it forwards
-  // A relay forwards a step only once it holds all of it (today's relays): each level below the
-  // first waits for its parent's whole transfer instead of one bucket.
+  // A relay forwards a step only once it holds all of it (what relays do for a step that comes as
+  // deltas; a whole step over tcp they cut through): each level below the first waits for its
+  // parent's whole transfer instead of one bucket.
   bool store_and_forward = false;
 };
 

@@ -45,8 +45,9 @@ int RunFanoutSim(int argc, char** argv) {
   flags.Bytes("bucket-bytes", &bucket_bytes, "what a relay receives before forwarding it");
   bool store_and_forward = false;
   flags.Bool("store-and-forward", &store_and_forward,
-             "relays forward a step once they hold all of it (today's relays; default: "
-             "cut-through, bucket by bucket)");
+             "relays forward a step once they hold all of it (relays do for steps that come as "
+             "deltas; default: cut-through, bucket by bucket, as relays do for whole steps over "
+             "tcp)");
   flags.String("changed-fraction", &changed,
                "send deltas: this fraction (0..1) of elements changed per step (default: whole)");
   Status s = flags.Parse(argc, argv);

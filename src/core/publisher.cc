@@ -13,6 +13,7 @@
 #include "transport/publisher_transport.h"
 #include "transport/store/bucket_ring.h"
 #include "transport/store/store_table.h"
+#include "transport/store/stream_progress.h"
 #include "transport/store/version_store.h"
 #include "util/deadline.h"
 #include "util/fail_point.h"
@@ -102,6 +103,15 @@ struct Publisher::Impl final : transport::VersionSource {
   bool closed WS_GUARDED_BY(mu) = false;
   bool frozen WS_GUARDED_BY(mu) = false;
 
+  // Cut-through (PublisherRelayAccess::BeginStream): the version streaming into `stream_slot`
+  // (-1: none), how much of it landed, and each tensor's place in a slot and size (set once).
+  transport::store::StreamProgress stream;
+  int stream_slot WS_GUARDED_BY(publish_mu) = -1;
+  int64_t stream_step WS_GUARDED_BY(publish_mu) = -1;
+  std::chrono::steady_clock::time_point stream_start WS_GUARDED_BY(publish_mu);
+  std::vector<uint64_t> stream_offsets WS_GUARDED_BY(publish_mu);
+  std::vector<uint64_t> stream_bytes WS_GUARDED_BY(publish_mu);
+
   // Membership (Publisher::Members): the sessions admitted, in the order they came; listed once
   // ready. `redirected`: newcomers sent to this relay since it last said how many it serves.
   struct Member {
@@ -187,6 +197,21 @@ struct Publisher::Impl final : transport::VersionSource {
   }
 
   Status Freeze() WS_REQUIRES(mu);
+  // The checks every new version passes (steps increase, tensors registered, not closed), and
+  // the layout frozen at the first.
+  Status BeginVersion(int64_t step) WS_REQUIRES(publish_mu);
+  // What Publish (and a finished stream) reports of the version written into `slot`.
+  PublishStats Report(int64_t step, uint32_t slot, std::chrono::steady_clock::time_point start)
+      WS_REQUIRES(publish_mu);
+  // A relay's version comes with its trainer's digests, one per segment of this store's layout.
+  Status CheckGiven(int64_t step, size_t digests) const {
+    if (digests == store->digest_count()) return Status::Ok();
+    return Status::InvalidArgument(
+        "relay ", bound_endpoint, ": step ", step, " comes with ", digests,
+        " digests from its publisher, but this relay's store cuts the version into ",
+        store->digest_count(), " segments of at most ", welcome.segment_bytes,
+        " bytes (a layout that differs from the publisher's: a bug)");
+  }
   // Publish; with `given` (a relay's, PublisherRelayAccess) the version's digests as its trainer
   // published them: the store copies without hashing.
   // `writer`: a relay's update deadline, which also bounds the wait for a slot's readers.
@@ -496,12 +521,8 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
   return impl_->PublishVersion(step, options.cuda_stream, nullptr);
 }
 
-Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_stream,
-                                                     const std::span<const uint64_t>* given,
-                                                     const Deadline* writer) {
+Status Publisher::Impl::BeginVersion(int64_t step) {
   Impl& d = *this;
-  auto start = std::chrono::steady_clock::now();
-  util::MutexLock publish_lock(&d.publish_mu);
   const int64_t latest = d.versions.latest_step();  // only Publish moves it, and we hold that
   {
     util::MutexLock lock(&d.mu);
@@ -521,19 +542,50 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
     if (d.tensors.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
     }
+    if (d.stream_slot >= 0) {
+      return Status::FailedPrecondition("step ", step, " while step ", d.stream_step,
+                                        " is still being received (a relay's cut-through)");
+    }
     if (!d.frozen) {
       WS_RETURN_IF_ERROR(d.Freeze());
       d.frozen = true;
     }
   }
   d.cv.NotifyAll();  // sessions waiting for the layout
-  if (given != nullptr && given->size() != d.store->digest_count()) {
-    return Status::InvalidArgument(
-        "relay ", d.bound_endpoint, ": step ", step, " comes with ", given->size(),
-        " digests from its publisher, but this relay's store cuts the version into ",
-        d.store->digest_count(), " segments of at most ", d.welcome.segment_bytes,
-        " bytes (a layout that differs from the publisher's: a bug)");
+  return Status::Ok();
+}
+
+PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
+                                     std::chrono::steady_clock::time_point start) {
+  Impl& d = *this;
+  PublishStats stats;
+  stats.step = step;
+  stats.bytes_copied = d.store->copy_bytes();
+  stats.store_bytes = d.store->held_bytes();
+  stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
+  if (const transport::store::SlotDelta* delta = d.store->delta(slot); delta != nullptr) {
+    stats.delta_base_step = delta->base_step;
+    stats.delta_segments = delta->delta_segments;
+    stats.whole_segments = delta->whole_segments;
+    stats.delta_bytes = delta->delta_bytes;
+    stats.changed_bytes = delta->changed_bytes;
   }
+  stats.wait_for_readers_seconds = d.waited.seconds;
+  stats.revoked_reads = d.waited.revoked;
+  d.waited = {};
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
+  return stats;
+}
+
+Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_stream,
+                                                     const std::span<const uint64_t>* given,
+                                                     const Deadline* writer) {
+  Impl& d = *this;
+  auto start = std::chrono::steady_clock::now();
+  util::MutexLock publish_lock(&d.publish_mu);
+  WS_RETURN_IF_ERROR(d.BeginVersion(step));
+  if (given != nullptr) WS_RETURN_IF_ERROR(d.CheckGiven(step, given->size()));
   // The latest version, whole in its slot while this one is written into another: the base its
   // deltas are encoded against (the store keeps none without delta room).
   const auto [base_slot, base_step] = d.versions.latest();
@@ -557,24 +609,7 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
     return published.WithContext("Publish(" + std::to_string(step) + ")");
   }
   d.versions.Published(k, step);
-  PublishStats stats;
-  stats.step = step;
-  stats.bytes_copied = d.store->copy_bytes();
-  stats.store_bytes = d.store->held_bytes();
-  stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
-  if (const transport::store::SlotDelta* delta = d.store->delta(k); delta != nullptr) {
-    stats.delta_base_step = delta->base_step;
-    stats.delta_segments = delta->delta_segments;
-    stats.whole_segments = delta->whole_segments;
-    stats.delta_bytes = delta->delta_bytes;
-    stats.changed_bytes = delta->changed_bytes;
-  }
-  stats.wait_for_readers_seconds = d.waited.seconds;
-  stats.revoked_reads = d.waited.revoked;
-  d.waited = {};
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
-  return stats;
+  return d.Report(step, k, start);
 }
 
 Result<std::pair<const wire::Welcome*, int>> Publisher::Impl::WaitLayout(
@@ -626,6 +661,9 @@ Status Publisher::Close() {
   }
   d.cv.NotifyAll();
   d.versions.Close();
+  // Sessions sending a version still landing stop now, not at their subscriber's deadline.
+  if (d.stream_slot >= 0) d.stream.Fail(Status::Unavailable("publisher closed"));
+  d.stream_slot = -1;
   Status result;
   // Reverse order of creation: the server (connections), then the store.
   if (d.transport) {
@@ -678,6 +716,71 @@ Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, in
                                                         std::span<const uint64_t> digests,
                                                         const util::Deadline& writer) {
   return publisher.impl_->PublishVersion(step, nullptr, &digests, &writer);
+}
+
+Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(
+    Publisher& publisher, int64_t step, const util::Deadline& writer) {
+  Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock publish_lock(&d.publish_mu);
+  WS_RETURN_IF_ERROR(d.BeginVersion(step));
+  if (d.version_is_tensors || d.stream_offsets.size() != d.tensors.size()) {
+    d.stream_offsets.clear();
+    d.stream_bytes.clear();
+    for (const transport::store::PublishedTensor& t : d.tensors) {
+      const bool in_slot = t.source != nullptr && t.alias_of < 0 &&
+                           t.placement.region == wire::Region::kSlot && !d.version_is_tensors;
+      if (!in_slot && t.placement.spec.nbytes > 0) {
+        return Status::FailedPrecondition("relay ", d.bound_endpoint, ": tensor '",
+                                          t.placement.spec.name,
+                                          "' is not copied into a slot: no cut-through");
+      }
+      d.stream_offsets.push_back(t.placement.offset);
+      d.stream_bytes.push_back(t.placement.spec.nbytes);
+    }
+  }
+  d.stream_start = std::chrono::steady_clock::now();
+  const uint32_t k = d.versions.TakeForWrite(step, &d.waited, &writer);
+  Result<uint8_t*> slot = d.store->WriteFromOutside(k);
+  if (!slot.ok()) {
+    d.versions.WriteFailed(k);
+    return slot.status();
+  }
+  d.stream.Begin(step, d.stream_bytes);
+  d.versions.Streaming(k, step, &d.stream);
+  d.stream_slot = static_cast<int>(k);
+  d.stream_step = step;
+  return StreamTarget{*slot, d.stream_offsets, &d.stream};
+}
+
+Result<PublishStats> PublisherRelayAccess::FinishStream(Publisher& publisher,
+                                                        std::span<const uint64_t> digests) {
+  Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock publish_lock(&d.publish_mu);
+  if (d.stream_slot < 0) return Status::FailedPrecondition("no version is being streamed");
+  const uint32_t k = static_cast<uint32_t>(d.stream_slot);
+  const int64_t step = d.stream_step;
+  if (Status wrong = d.CheckGiven(step, digests.size()); !wrong.ok()) {
+    d.stream.Fail(wrong);
+    d.versions.StreamFailed(k);
+    d.stream_slot = -1;
+    return wrong;
+  }
+  // Digests first, then Published (sessions unpin only a whole version), then Finish (which lets
+  // the sessions that pinned it end the step with those digests).
+  std::copy(digests.begin(), digests.end(), d.versions.digests(k).begin());
+  d.versions.Published(k, step);
+  d.stream.Finish();
+  d.stream_slot = -1;
+  return d.Report(step, k, d.stream_start);
+}
+
+void PublisherRelayAccess::AbortStream(Publisher& publisher, const Status& why) {
+  Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock publish_lock(&d.publish_mu);
+  if (d.stream_slot < 0) return;
+  d.stream.Fail(why);
+  d.versions.StreamFailed(static_cast<uint32_t>(d.stream_slot));
+  d.stream_slot = -1;
 }
 
 }  // namespace weightsync

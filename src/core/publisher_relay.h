@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "transport/store/stream_progress.h"
 #include "util/deadline.h"
 #include "weightsync/publisher.h"
 #include "weightsync/status.h"
@@ -26,6 +27,24 @@ struct PublisherRelayAccess {
   static Result<PublishStats> PublishGiven(Publisher& publisher, int64_t step,
                                            std::span<const uint64_t> digests,
                                            const util::Deadline& writer);
+  // Cut-through (docs/relays.md, "Cut-through"): a version served while the relay receives it.
+  // BeginStream takes a slot for `step` (waiting for its readers as PublishGiven does, at most
+  // `writer`) and makes it the latest version at once, still landing: tcp sessions send what
+  // landed and wait for the rest, the others wait for it whole. The relay copies each tensor's
+  // bytes into the slot as they arrive (tensor i at slot + offsets[i]) and says how far with
+  // progress->Landed. FinishStream sets the trainer's digests and ends the step for every session;
+  // AbortStream fails their reads instead (nothing committed downstream) and the version before
+  // is the latest again. Only for a host store of registered tensors (a relay's).
+  struct StreamTarget {
+    uint8_t* slot = nullptr;
+    std::span<const uint64_t> offsets;  // per tensor, in manifest order
+    transport::store::StreamProgress* progress = nullptr;
+  };
+  static Result<StreamTarget> BeginStream(Publisher& publisher, int64_t step,
+                                          const util::Deadline& writer);
+  static Result<PublishStats> FinishStream(Publisher& publisher,
+                                           std::span<const uint64_t> digests);
+  static void AbortStream(Publisher& publisher, const Status& why);
   // How many subscribers it serves, its members and everyone they said they serve (the relay's
   // UpdateRequest::below). Allocates nothing: a relay's steady update asks it every time.
   static uint32_t Below(const Publisher& publisher);

@@ -1,5 +1,6 @@
 #include "core/relay_serve.h"
 
+#include <cstring>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -122,11 +123,9 @@ Status RelayServe::Register(const wire::Welcome& upstream,
   return Status::Ok();
 }
 
-Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
-                                       const std::vector<plan::Destination>& destinations,
-                                       int64_t step, std::span<const uint64_t> digests, bool moved,
-                                       const util::Deadline& deadline) {
-  WS_FAIL_POINT_RETURN("relay.serve");
+Status RelayServe::Ready(const wire::Welcome& upstream,
+                         const std::vector<plan::Destination>& destinations, int64_t step,
+                         bool moved) {
   const bool registered = publisher_ && publisher_->manifest().size() > 0;
   // A serving publisher serves one session, copying from the memory it registered; its store
   // holds what it copied. Anything else needs a new one on the same endpoint (children dial
@@ -153,6 +152,30 @@ Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
     adopted_ = true;
   }
   if (publisher_->manifest().size() == 0) WS_RETURN_IF_ERROR(Register(upstream, destinations));
+  return Status::Ok();
+}
+
+Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
+                                       const std::vector<plan::Destination>& destinations,
+                                       int64_t step, std::span<const uint64_t> digests, bool moved,
+                                       const util::Deadline& deadline) {
+  auto fail = [&](const Status& s) {
+    AbortStream(s);
+    return s;
+  };
+  WS_FAIL_POINT_RETURN_VIA(fail, "relay.serve");
+  if (forward_.streaming() >= 0) {
+    // Served while it landed: the trainer's digests end the step for the children reading it.
+    const int64_t streamed = forward_.streaming();
+    if (streamed != step) {
+      AbortStream(Status::Internal("relay streamed step ", streamed, " but committed ", step));
+    } else {
+      forward_.Stop();
+      (void)util::FailPoints::Check("relay.before_finish");  // tests: sleep:<ms> holds it here
+      return PublisherRelayAccess::FinishStream(*publisher_, digests);
+    }
+  }
+  WS_RETURN_IF_ERROR(Ready(upstream, destinations, step, moved));
   if (step <= publisher_->latest_step()) {
     // Up to date: the step this relay committed and serves already.
     PublishStats same;
@@ -160,6 +183,80 @@ Result<PublishStats> RelayServe::Serve(const wire::Welcome& upstream,
     return same;
   }
   return PublisherRelayAccess::PublishGiven(*publisher_, step, digests, deadline);
+}
+
+transport::path::LandingObserver* RelayServe::Stream(
+    const wire::Welcome& upstream, const std::vector<plan::Destination>& destinations,
+    int64_t step) {
+  forward_.Stop();
+  if (Status s = Ready(upstream, destinations, step, /*moved=*/true); !s.ok()) {
+    WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step
+                          << " while it lands: " << s;
+    return nullptr;
+  }
+  forward_.Arm(step);
+  return &forward_;
+}
+
+void RelayServe::AbortStream(const Status& why) {
+  if (forward_.streaming() < 0) return;
+  WS_LOG(INFO, "relay") << endpoint_ << ": step " << forward_.streaming()
+                        << " is not served: " << why;
+  forward_.Stop();
+  if (publisher_) PublisherRelayAccess::AbortStream(*publisher_, why);
+}
+
+bool RelayServe::Forward::Begin(int64_t step, std::span<const transport::path::LandingPart> parts,
+                                const util::Deadline& deadline) {
+  if (armed_ != step || !relay_->publisher_) return false;
+  armed_ = -1;
+  Result<PublisherRelayAccess::StreamTarget> target =
+      PublisherRelayAccess::BeginStream(*relay_->publisher_, step, deadline);
+  if (!target.ok()) {
+    WS_LOG(WARN, "relay") << relay_->endpoint_ << ": step " << step
+                          << " is served once committed, not while it lands: " << target.status();
+    return false;
+  }
+  for (const transport::path::LandingPart& p : parts) {
+    if (p.tensor >= target->offsets.size()) {  // our own plan: never, but never out of bounds
+      PublisherRelayAccess::AbortStream(
+          *relay_->publisher_,
+          Status::Internal("landing part of tensor ", p.tensor, " of ", target->offsets.size()));
+      return false;
+    }
+  }
+  target_ = *target;
+  parts_ = parts;
+  part_ = 0;
+  copied_ = 0;
+  streaming_ = step;
+  return true;
+}
+
+void RelayServe::Forward::CopyLanded(size_t part, uint64_t from, uint64_t to) {
+  const transport::path::LandingPart& p = parts_[part];
+  uint8_t* dst = target_.slot + target_.offsets[p.tensor] + p.offset + from;
+  std::memcpy(dst, p.bytes + from, to - from);
+  // Tests: a relay that corrupts what it serves (its children's verify must refuse it).
+  if (util::FailPoints::Check("relay.corrupt_served").action == util::FailAction::kFlip) {
+    dst[(to - from) / 2] ^= 0x01;
+  }
+  target_.progress->Landed(p.tensor, p.offset + to);
+}
+
+void RelayServe::Forward::Read(size_t part, size_t offset) {
+  // Copied in chunks of at least this much (or a part's end): a child is at most one chunk
+  // behind, and the relay's read loop is not slowed by a copy per small read.
+  constexpr uint64_t kChunk = 1ull << 20;
+  if (streaming_ < 0) return;
+  if (part == part_ && offset - copied_ < kChunk) return;
+  for (; part_ < part && part_ < parts_.size(); ++part_, copied_ = 0) {
+    if (parts_[part_].size > copied_) CopyLanded(part_, copied_, parts_[part_].size);
+  }
+  if (part_ < parts_.size() && offset > copied_) {
+    CopyLanded(part_, copied_, offset);
+    copied_ = offset;
+  }
 }
 
 uint32_t RelayServe::Below() const {
@@ -199,6 +296,7 @@ std::vector<MemberInfo> RelayServe::Members() const {
 }
 
 Status RelayServe::Close() {
+  AbortStream(Status::Unavailable("relay closing"));
   if (!publisher_) return Status::Ok();
   Status s = publisher_->Close();
   {

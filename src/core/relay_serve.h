@@ -6,9 +6,15 @@
 // corrupts what it serves is caught by its children's verify. Over tcp its children get deltas
 // against the previous version as from any publisher.
 //
-// This first form stores and forwards: a relay serves a step once it has committed it (a level of
-// a tree adds one model's transfer; cut-through, forwarding bucket b while b + 1 arrives, is the
-// next increment) and its store holds two copies of the model in host memory.
+// Cut-through: a step the relay receives whole over tcp is served while it arrives. Before the
+// relay's copy, Stream arms an observer its read path tells as bytes land; at the first it takes
+// a slot of the store for the step, then copies each landed chunk there and says how far, so its
+// tcp children receive the step a chunk behind the relay (a level of a tree adds about one chunk,
+// not one model). Their step ends once the relay committed it (Serve sets the trainer's digests);
+// a relay update that fails gives the version up (AbortStream), and their reads fail with nothing
+// committed. A step that comes as deltas, or over another path, is stored and forwarded: served
+// once committed, copied then from the destinations. The store holds two copies of the model in
+// host memory.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "core/publisher_relay.h"
 #include "plan/plan.h"
+#include "transport/path/data_path.h"
 #include "util/deadline.h"
 #include "util/mutex.h"
 #include "weightsync/options.h"
@@ -59,6 +67,18 @@ class RelayServe {
                              std::span<const uint64_t> digests, bool moved,
                              const util::Deadline& deadline);
 
+  // Cut-through: before the relay's copy of `step` from `upstream`, the observer its read path
+  // tells as the step's bytes land (TransferHandle::ObserveLanding); null when the step cannot be
+  // served while it lands (the serving publisher could not be readied for it: Serve retries).
+  transport::path::LandingObserver* Stream(const wire::Welcome& upstream,
+                                           const std::vector<plan::Destination>& destinations,
+                                           int64_t step);
+  // The relay's update failed: a version served while it landed is given up (its children's reads
+  // fail, nothing committed) and the step before is served again. No-op otherwise.
+  void AbortStream(const Status& why);
+  // Whether a step is being served while it lands (Stream's observer began, Serve not yet).
+  bool streaming() const { return forward_.streaming() >= 0; }
+
   // The step children are served now; -1 before the first.
   int64_t served_step() const { return publisher_ ? publisher_->latest_step() : -1; }
 
@@ -76,6 +96,33 @@ class RelayServe {
   Status Register(const wire::Welcome& upstream,
                   const std::vector<plan::Destination>& destinations);
   bool SameSources(const std::vector<plan::Destination>& destinations) const;
+  // The serving publisher made ready for `step` of `upstream`: a new one where its session,
+  // sources or served steps no longer fit, its identity adopted, the destinations registered.
+  Status Ready(const wire::Welcome& upstream, const std::vector<plan::Destination>& destinations,
+               int64_t step, bool moved);
+
+  // The observer a streamed step's bytes are copied into the store by (Stream).
+  class Forward final : public transport::path::LandingObserver {
+   public:
+    explicit Forward(RelayServe* relay) : relay_(relay) {}
+    void Arm(int64_t step) { armed_ = step; }
+    bool Begin(int64_t step, std::span<const transport::path::LandingPart> parts,
+               const util::Deadline& deadline) override;
+    void Read(size_t part, size_t offset) override;
+    // The step being streamed, -1 when none; Stop forgets it.
+    int64_t streaming() const { return streaming_; }
+    void Stop() { streaming_ = armed_ = -1; }
+
+   private:
+    void CopyLanded(size_t part, uint64_t from, uint64_t to);
+    RelayServe* relay_;
+    int64_t armed_ = -1;
+    int64_t streaming_ = -1;
+    PublisherRelayAccess::StreamTarget target_;
+    std::span<const transport::path::LandingPart> parts_;
+    size_t part_ = 0;     // the part being copied
+    uint64_t copied_ = 0;  // its bytes copied so far
+  };
 
   PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
   std::string endpoint_;
@@ -90,6 +137,7 @@ class RelayServe {
   std::vector<uint32_t> order_;
   std::vector<const uint8_t*> sources_;
   size_t destination_count_ = 0;
+  Forward forward_{this};
 };
 
 }  // namespace weightsync::core

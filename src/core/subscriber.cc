@@ -724,9 +724,16 @@ Status Subscriber::Impl::MoveStep(UpdateRun& run, int64_t step) {
   const auto t_copy = Clock::now();
   run.touched_destinations = options.mode == UpdateMode::kInPlace;
   WS_FAIL_POINT_RETURN_VIA(fail, "subscriber.before_copy");
+  // A relay serves a step that comes whole while it lands (cut-through, docs/relays.md).
+  if (relay) {
+    active[0]->handle->ObserveLanding(
+        relay->Stream(*active[0]->welcome, registered.destinations(), step));
+  }
   Status s =
       ForEachSource([&](Source& src) { return src.handle->CopyStep(run.verify, run.deadline); });
   if (!s.ok()) return fail(s);
+  // Tests: counts the updates whose bytes are all in, before the step's end (cut-through relays).
+  (void)util::FailPoints::Check("subscriber.after_copy");
   for (const Source* src : active) {
     const transport::path::DeltaReceipt receipt = src->handle->delta_receipt();
     if (src == active[0]) stats.delta_base_step = receipt.base_step;
@@ -781,6 +788,16 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
                 t0};
   run.step_text = update.step ? std::to_string(*update.step) : std::string("latest");
   run.committed_step = committed.load(std::memory_order_relaxed);
+  // A relay update that returns without serving the step it began to serve while it landed gives
+  // that step up: its children's reads fail, nothing committed downstream.
+  struct AbortUnserved {
+    core::RelayServe* relay;
+    ~AbortUnserved() {
+      if (relay != nullptr && relay->streaming()) {
+        relay->AbortStream(Status::Unavailable("the relay's update failed"));
+      }
+    }
+  } abort_unserved{relay.get()};
   WS_ASSIGN_OR_RETURN(const int64_t step, OpenStep(run));
   UpdateStats& stats = run.stats;
   stats.wait_seconds = Seconds(run.t_wait, Clock::now());

@@ -64,6 +64,11 @@ class TransferHandle {
   void set_hello(std::string serves, std::string avoid);
   // Before each BeginStep: how many subscribers this one serves (its subtree).
   void set_below(uint32_t below) { link_->set_below(below); }
+  // Cut-through relays: who is told where the steps' bytes land (DataPath::ObserveLanding), from
+  // the next Copy on; null: nobody.
+  void ObserveLanding(path::LandingObserver* observer) {
+    if (path_) path_->ObserveLanding(observer);
+  }
   // The relay this handle was redirected to and connected to; empty: the endpoint it was made for.
   const std::string& relay() const { return relay_; }
   // Connects (if needed), matches manifests into a plan, chooses the data path, checks what this

@@ -560,8 +560,8 @@ TEST(FanoutModel, DirectTreeAndChainByHand) {
   EXPECT_DOUBLE_EQ(chain.pipeline_seconds, 9 * (64.0 * 1048576) / 1e10);
 }
 
-// Today's relays store and forward: each level below the first waits for its parent's whole
-// step, sent to its children at the parent's share of its NIC.
+// Store-and-forward (what relays do for steps that come as deltas): each level below the first
+// waits for its parent's whole step, sent to its children at the parent's share of its NIC.
 TEST(FanoutModel, StoreAndForwardAddsAWholeStepPerLevel) {
   FanoutOptions o = TenReplicas();
   o.store_and_forward = true;

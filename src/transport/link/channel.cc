@@ -263,7 +263,8 @@ Status Channel::WriteAll(std::span<const iovec> parts, const util::Deadline& dea
   return Status::Ok();
 }
 
-Status Channel::ReadAll(std::span<const iovec> parts, const util::Deadline& deadline) {
+Status Channel::ReadAll(std::span<const iovec> parts, const util::Deadline& deadline,
+                        ReadObserver* observer) {
   size_t index = 0, offset = 0;
   Advance(parts, &index, &offset, 0);
   iovec batch[kBatch];
@@ -285,6 +286,7 @@ Status Channel::ReadAll(std::span<const iovec> parts, const util::Deadline& dead
     }
     if (r == 0) return Status::PeerLost(peer_, ": connection closed mid-data");
     Advance(parts, &index, &offset, static_cast<size_t>(r));
+    if (observer != nullptr) observer->Read(index, offset);
     if (deadline.expired() && index < parts.size()) {
       return Status::Timeout(peer_, ": data did not arrive before the deadline");
     }

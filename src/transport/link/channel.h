@@ -19,6 +19,17 @@
 
 namespace weightsync::transport::link {
 
+// Told how far a Channel::ReadAll got, after each read: parts [0, part) are whole and the first
+// `offset` bytes of `part` are in (part == the number of parts at the end). Cut-through relays
+// forward what landed (transport/path/data_path.h's LandingObserver).
+class ReadObserver {
+ public:
+  virtual void Read(size_t part, size_t offset) = 0;
+
+ protected:
+  ~ReadObserver() = default;
+};
+
 class Channel {
  public:
   // `peer` names the other side in error messages ("publisher local://m"). `max_payload` is the
@@ -62,7 +73,8 @@ class Channel {
   // Bulk bytes outside frames (the TCP data path): sends / fills `parts` in order, scatter-gather,
   // bounded by the deadline. No allocation.
   Status WriteAll(std::span<const iovec> parts, const util::Deadline& deadline);
-  Status ReadAll(std::span<const iovec> parts, const util::Deadline& deadline);
+  Status ReadAll(std::span<const iovec> parts, const util::Deadline& deadline,
+                 ReadObserver* observer = nullptr);
 
   // ReceiveExpect for an answer due within microseconds (a step's StepBegin, StepEnd, a ring
   // bucket's announcement): if nothing is there yet it polls without sleeping for up to the

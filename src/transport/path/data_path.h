@@ -50,6 +50,26 @@ struct DeltaReceipt {
   uint64_t received_bytes = 0;  // bytes that came for the tensors: deltas plus whole segments
 };
 
+// Cut-through relays (docs/relays.md): where a step's bytes land while they arrive. Bytes
+// [offset, offset + size) of the publisher's tensor `tensor` land at `bytes`.
+struct LandingPart {
+  uint32_t tensor = 0;
+  uint64_t offset = 0;
+  const uint8_t* bytes = nullptr;
+  uint64_t size = 0;
+};
+class LandingObserver : public link::ReadObserver {
+ public:
+  // The step's bytes come whole and in `parts`' order (a step that comes as deltas is not
+  // observed): returns whether it follows them, told by Read (parts [0, part) and `offset` bytes
+  // of `part` landed) as they arrive. `deadline`: the update's.
+  virtual bool Begin(int64_t step, std::span<const LandingPart> parts,
+                     const util::Deadline& deadline) = 0;
+
+ protected:
+  ~LandingObserver() = default;
+};
+
 class DataPath {
  public:
   virtual ~DataPath() = default;
@@ -75,6 +95,10 @@ class DataPath {
   // Before Copy, on a path that accepts them: the committed step and its digests (all of the
   // publisher's, by digest index) the step's deltas must be computed against; -1: none asked.
   virtual void ExpectDeltas(int64_t /*base_step*/, std::span<const uint64_t> /*base_digests*/) {}
+  // Cut-through: the observer told where the next steps' bytes land (null: none). Only the tcp
+  // read path has one; the others never call it, and a relay serves what they land once it
+  // committed.
+  virtual void ObserveLanding(LandingObserver* /*observer*/) {}
   // What the last Copy received; a path without deltas received its plan's bytes whole.
   virtual DeltaReceipt delta_receipt() const { return {}; }
   // ", GPU arena from cuda:0 into cuda:1" and the like: the prepare log line's details.

@@ -38,6 +38,16 @@ void DeltaReceiver::Prepare(const plan::Plan* plan, const wire::Welcome* welcome
   begin_.bytes.reserve(n);
   planned_base_digests_.assign(n, 0);
   parts_.assign(n, iovec{});
+  landing_parts_.assign(n, LandingPart{});
+  for (const plan::PlannedTensor& t : plan->tensors) {
+    uint64_t offset = t.src_offset;
+    for (uint32_t k = 0; k < t.segment_count; ++k) {
+      const plan::Segment& segment = plan->segments[t.first_segment + k];
+      landing_parts_[t.first_segment + k] = {t.publisher_index, offset,
+                                             landing->ReceivedBytes(segment), segment.bytes};
+      offset += segment.bytes;
+    }
+  }
   at_.assign(n, 0);
   shapes_.assign(n, {});
   delta_segments_.reserve(n);
@@ -82,7 +92,7 @@ Status DeltaReceiver::ReserveBuffer(uint64_t bytes) {
 }
 
 Status DeltaReceiver::Receive(link::Channel& channel, const std::string& peer, int64_t step,
-                              const util::Deadline& deadline) {
+                              const util::Deadline& deadline, LandingObserver* observer) {
   receipt_ = {};
   WS_RETURN_IF_ERROR(channel.ReceiveReply(wire::FrameType::kDeltaBegin, &begin_, deadline));
   WS_RETURN_IF_ERROR(CheckBegin(peer, step));
@@ -118,7 +128,9 @@ Status DeltaReceiver::Receive(link::Channel& channel, const std::string& peer, i
                          : iovec{landing_->ReceivedBytes(segments[i]), segments[i].bytes};
     received += parts_[i].iov_len;
   }
-  Status s = channel.ReadAll(parts_, deadline);
+  const bool observed =
+      observer != nullptr && begin_.base_step < 0 && observer->Begin(step, landing_parts_, deadline);
+  Status s = channel.ReadAll(parts_, deadline, observed ? observer : nullptr);
   if (!s.ok()) return s.WithContext("step " + std::to_string(step) + " data");
   if (begin_.base_step >= 0) WS_RETURN_IF_ERROR(CheckAndApply(peer, step));
   receipt_ = {begin_.base_step, static_cast<uint32_t>(delta_segments_.size()), received};

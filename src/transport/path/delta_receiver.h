@@ -45,9 +45,10 @@ class DeltaReceiver {
   bool expected() const { return base_step_ >= 0; }
 
   // Reads the step's DeltaBegin and bytes from `channel` and lands them (landing's received
-  // bytes): whole segments as they are, deltas applied onto what the landing holds.
+  // bytes): whole segments as they are, deltas applied onto what the landing holds. A step that
+  // comes whole is shown to `observer` (cut-through relays; may be null) as it lands.
   Status Receive(link::Channel& channel, const std::string& peer, int64_t step,
-                 const util::Deadline& deadline);
+                 const util::Deadline& deadline, LandingObserver* observer = nullptr);
   const DeltaReceipt& receipt() const { return receipt_; }
   // Staged, after the step's bytes were verified in the shadow: writes them into the destinations,
   // which hold the base as the shadow did (the core asks for deltas only then) — each delta
@@ -77,6 +78,7 @@ class DeltaReceiver {
   wire::DeltaBegin begin_;
   std::vector<uint64_t> planned_base_digests_;
   std::vector<iovec> parts_;
+  std::vector<LandingPart> landing_parts_;  // a whole step's parts_ as a LandingObserver sees them
   std::vector<uint64_t> at_;
   std::vector<delta::DeltaShape> shapes_;  // per plan segment, as CheckSegment found it
   std::vector<uint32_t> delta_segments_;

@@ -30,6 +30,9 @@ using util::Deadline;
 // step, and the subscriber selected whole tensors (the digest segments the deltas are cut by),
 // each segment then goes as its delta where there is one; otherwise delta_begin says "no delta"
 // and every byte goes as above.
+//
+// A version still landing (a cut-through relay's, Pin::progress) goes whole, each range as far
+// as it landed, then waits for the rest; the step ends once the relay has the trainer's digests.
 class SocketDelivery final : public StepDelivery {
  public:
   SocketDelivery(const wire::Welcome& welcome, const wire::Select& select, VersionSource* source)
@@ -55,6 +58,9 @@ class SocketDelivery final : public StepDelivery {
     // Tests: sleep:<ms> holds a session that pinned its step before it sends (a relay stalled or
     // killed mid-serve).
     (void)util::FailPoints::Check("publisher.before_send");
+    if (pin.progress != nullptr) {
+      return DeliverLanding(begin, *pin.progress, request, slot_base, ch, deadline, streaming);
+    }
     if (request.delta) {
       const store::SlotDelta* delta = source_->DeltaOf(pin);
       if (delta != nullptr && delta->base_step >= 0 && delta->base_step == request.after_step &&
@@ -97,6 +103,34 @@ class SocketDelivery final : public StepDelivery {
     const wire::TensorPlacement& t = welcome_.tensors[range.tensor];
     return t.offset + range.offset +
            (t.region == wire::Region::kSlot ? slot_base : welcome_.direct_offset);
+  }
+
+  // A version still landing: whole (its delta, if any, is not encoded yet), range by range as far
+  // as each landed, then the end of the landing (the digests set, or its failure).
+  Status DeliverLanding(const wire::StepBegin& begin, store::StreamProgress& progress,
+                        const wire::UpdateRequest& request, uint64_t slot_base, Channel& ch,
+                        const Deadline& deadline, bool* streaming) {
+    if (request.delta) {
+      WS_RETURN_IF_ERROR(
+          ch.Send(wire::FrameType::kDeltaBegin, wire::DeltaBegin{begin.step, -1, 0, {}}, deadline));
+    }
+    *streaming = true;
+    for (const wire::SelectRange& range : select_.ranges) {
+      uint8_t* bytes = const_cast<uint8_t*>(base_ + RangeAt(range, slot_base));
+      const uint64_t end = range.offset + range.bytes;
+      for (uint64_t at = range.offset, landed = 0; at < end; ) {
+        if (landed <= at) {
+          WS_ASSIGN_OR_RETURN(landed, progress.WaitLanded(range.tensor, at, deadline));
+        }
+        const uint64_t n = std::min(landed, end) - at;
+        const iovec part{bytes + (at - range.offset), n};
+        WS_RETURN_IF_ERROR(ch.WriteAll(std::span<const iovec>(&part, 1), deadline));
+        at += n;
+      }
+    }
+    WS_RETURN_IF_ERROR(progress.WaitFinished(deadline));
+    *streaming = false;
+    return Status::Ok();
   }
 
   // The selection's digest segments, in Select order, when every range is a whole tensor

@@ -14,6 +14,7 @@ Status TcpReadPath::Prepare(const PathContext& ctx) {
   plan_ = ctx.plan;
   digest_kind_ = ctx.welcome->digest_kind;
   parts_.assign(plan_->tensors.size(), iovec{});
+  landing_parts_.assign(plan_->tensors.size(), LandingPart{});
   staged_ = ctx.mode == UpdateMode::kStaged;
   committed_here_ = false;
   fits_deltas_ = DeltaReceiver::Fits(*plan_, *ctx.welcome);
@@ -27,16 +28,20 @@ Status TcpReadPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
   committed_here_ = false;  // from the first byte read, the shadow holds neither version
   if (deltas_.expected()) {
     WS_FAIL_POINT_RETURN("tcp.before_data");
-    WS_RETURN_IF_ERROR(deltas_.Receive(link_->channel(), link_->peer(), begin.step, deadline));
+    WS_RETURN_IF_ERROR(
+        deltas_.Receive(link_->channel(), link_->peer(), begin.step, deadline, observer_));
     landing_.MaybeInjectBitFlip();
     return Status::Ok();
   }
   for (size_t i = 0; i < plan_->tensors.size(); ++i) {
     const plan::PlannedTensor& t = plan_->tensors[i];
     parts_[i] = {landing_.ReceivedTensor(t), t.nbytes};
+    landing_parts_[i] = {t.publisher_index, t.src_offset, landing_.ReceivedTensor(t), t.nbytes};
   }
   WS_FAIL_POINT_RETURN("tcp.before_data");
-  Status s = link_->channel().ReadAll(parts_, deadline);
+  const bool observed =
+      observer_ != nullptr && observer_->Begin(begin.step, landing_parts_, deadline);
+  Status s = link_->channel().ReadAll(parts_, deadline, observed ? observer_ : nullptr);
   if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step) + " data");
   landing_.MaybeInjectBitFlip();
   return Status::Ok();

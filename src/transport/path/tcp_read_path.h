@@ -27,6 +27,7 @@ class TcpReadPath final : public DataPath {
   void ExpectDeltas(int64_t base_step, std::span<const uint64_t> base_digests) override {
     deltas_.Expect(base_step, base_digests);
   }
+  void ObserveLanding(LandingObserver* observer) override { observer_ = observer; }
   DeltaReceipt delta_receipt() const override {
     return deltas_.expected() ? deltas_.receipt() : DeltaReceipt{};
   }
@@ -41,6 +42,8 @@ class TcpReadPath final : public DataPath {
   wire::DigestKind digest_kind_ = wire::DigestKind::kXxh3;
   HostLanding landing_;
   std::vector<iovec> parts_;  // one per planned tensor, refilled per step without allocating
+  std::vector<LandingPart> landing_parts_;  // parts_ as a LandingObserver sees them
+  LandingObserver* observer_ = nullptr;
   DeltaReceiver deltas_;
   bool fits_deltas_ = false;  // DeltaReceiver::Fits the plan
   bool staged_ = false;

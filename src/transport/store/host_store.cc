@@ -75,6 +75,11 @@ class HostStore final : public VersionStore {
   Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                  void* cuda_stream, const util::Deadline& deadline) override;
   Status PublishCopy(uint32_t slot, const DeltaBase* base) override;
+  Result<uint8_t*> WriteFromOutside(uint32_t slot) override {
+    if (!arena_ || !arena_->frozen()) return Status::FailedPrecondition("host store not frozen");
+    SummarizeDelta(slot, nullptr);
+    return arena_->slot(slot);
+  }
   int fd() const override { return arena_->fd(); }
   const uint8_t* base() const override { return arena_->base(); }
   uint32_t digest_count() const override { return digest_count_; }

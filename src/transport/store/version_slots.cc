@@ -94,6 +94,7 @@ void VersionSlots::Published(uint32_t slot, int64_t step) {
     util::MutexLock lock(&mu_);
     versions_[slot].writing = false;
     versions_[slot].step = step;
+    versions_[slot].progress = nullptr;
     if (shared_) {
       // Tensors shared by every slot: older versions no longer match them.
       for (uint32_t i = 0; i < versions_.size(); ++i) {
@@ -110,6 +111,37 @@ void VersionSlots::Published(uint32_t slot, int64_t step) {
 void VersionSlots::WriteFailed(uint32_t slot) {
   util::MutexLock lock(&mu_);
   versions_[slot].writing = false;  // the slot holds no version; the next write reuses it
+}
+
+void VersionSlots::Streaming(uint32_t slot, int64_t step, StreamProgress* progress) {
+  {
+    util::MutexLock lock(&mu_);
+    before_stream_ = latest_;
+    before_stream_step_ = latest_step_;
+    Version& v = versions_[slot];
+    v.writing = false;
+    v.step = step;
+    v.progress = progress;
+    latest_ = static_cast<int>(slot);
+    latest_step_ = step;
+  }
+  cv_.NotifyAll();
+}
+
+void VersionSlots::StreamFailed(uint32_t slot) {
+  {
+    util::MutexLock lock(&mu_);
+    Version& v = versions_[slot];
+    v.step = -1;
+    v.progress = nullptr;
+    v.writing = false;
+    if (latest_ == static_cast<int>(slot)) {
+      const bool kept = before_stream_ >= 0 && versions_[before_stream_].step == before_stream_step_;
+      latest_ = kept ? before_stream_ : -1;
+      latest_step_ = kept ? before_stream_step_ : -1;
+    }
+  }
+  cv_.NotifyAll();
 }
 
 void VersionSlots::BeginWrite(WaitCost* cost) {
@@ -144,7 +176,7 @@ std::pair<int, int64_t> VersionSlots::latest() const {
 Result<Pin> VersionSlots::Acquire(const wire::UpdateRequest& request,
                                   const util::Deadline& deadline,
                                   const std::function<bool()>& give_up, bool whole) {
-  WS_ASSIGN_OR_RETURN(Pin pin, PinVersion(request, deadline, give_up));
+  WS_ASSIGN_OR_RETURN(Pin pin, PinVersion(request, deadline, give_up, /*landing_ok=*/whole));
   // A ring's round is for bucket readers; an up-to-date answer pins nothing.
   if (!ring_ || whole || pin.begin.slot == wire::kNoSlot) return pin;
   // The ring is joined outside mu_: joining may wait for another round to end.
@@ -172,7 +204,7 @@ Result<Pin> VersionSlots::Acquire(const wire::UpdateRequest& request,
 
 Result<Pin> VersionSlots::PinVersion(const wire::UpdateRequest& request,
                                      const util::Deadline& deadline,
-                                     const std::function<bool()>& give_up) {
+                                     const std::function<bool()>& give_up, bool landing_ok) {
   util::MutexLock lock(&mu_);
   if (request.step >= 0 && request.step <= request.after_step) {
     return Status::FailedPrecondition("step ", request.step,
@@ -199,10 +231,12 @@ Result<Pin> VersionSlots::PinVersion(const wire::UpdateRequest& request,
                                   latest_step_, ")");
         }
       }
-      if (target >= 0) {
-        ++versions_[target].readers;
-        return Pin{{versions_[target].step, static_cast<uint32_t>(target)},
-                   versions_[target].epoch};
+      // A reader of the mapped store copies the slot as it is: it waits until the version is
+      // whole.
+      if (target >= 0 && (landing_ok || versions_[target].progress == nullptr)) {
+        Version& v = versions_[target];
+        ++v.readers;
+        return Pin{{v.step, static_cast<uint32_t>(target)}, v.epoch, -1, v.progress};
       }
     }
     if (give_up()) return Status::PeerLost("subscriber left while waiting for a step");
@@ -233,6 +267,10 @@ Status VersionSlots::Unpin(const Pin& pin, wire::StepEnd* end) {
                                "nothing it read may be committed");
     } else if (!result.ok()) {
       --v.readers;
+    } else if (v.progress != nullptr) {
+      // Still landing (its session gave up before the version was whole): no digests yet.
+      --v.readers;
+      result = Status::Unavailable("step ", pin.begin.step, " was not whole when its read ended");
     } else {
       end->step = pin.begin.step;
       end->digests.assign(digests_[pin.begin.slot].begin(), digests_[pin.begin.slot].end());

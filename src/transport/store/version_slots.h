@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "transport/store/bucket_ring.h"
+#include "transport/store/stream_progress.h"
 #include "util/deadline.h"
 #include "util/mutex.h"
 #include "weightsync/status.h"
@@ -33,6 +34,9 @@ struct Pin {
   wire::StepBegin begin;
   uint64_t epoch = 0;
   int ring_member = -1;  // ring publishers: this reader's place in the round (bucket_ring.h)
+  // A version still landing (a cut-through relay's, Streaming): how much of it is in the slot.
+  // Null for a version published whole.
+  StreamProgress* progress = nullptr;
 };
 
 // What waiting for readers cost the trainer, and how many reads it revoked.
@@ -67,6 +71,14 @@ class VersionSlots {
   void Published(uint32_t slot, int64_t step);
   // The write failed: the slot holds no version; the next TakeForWrite may reuse it.
   void WriteFailed(uint32_t slot);
+  // Cut-through (docs/relays.md): the slot taken for writing holds `step` from now on, the latest
+  // version, while its bytes still land there as `progress` says. Sessions that read the whole
+  // version at once (tcp) pin it and send what landed; the others wait until it is Published. A
+  // later Published(slot, step) makes it whole; StreamFailed gives it up.
+  void Streaming(uint32_t slot, int64_t step, StreamProgress* progress);
+  // The streamed version will never be whole: the slot holds none, and the latest is again the
+  // version that was latest before it (its slot was not taken).
+  void StreamFailed(uint32_t slot);
   // Shared tensors only: no new reader from here on, and the readers there are waited for (at
   // most `timeout`, then revoked, ring members too); the held versions describe the tensors no
   // longer. Ends at the next Published.
@@ -82,11 +94,12 @@ class VersionSlots {
   // Waits until a version satisfies `request` and pins it; a StepBegin whose step equals
   // request.after_step means "up to date" and pins nothing. With a ring, joins the round of the
   // pinned step (`whole`: reads the version at once from the tensors, tcp: pins it, joins no
-  // round).
+  // round). Only `whole` readers pin a version still landing (Streaming; Pin::progress set).
   Result<Pin> Acquire(const wire::UpdateRequest& request, const util::Deadline& deadline,
                       const std::function<bool()>& give_up, bool whole = false);
   // Unpins and copies the version's digests into `end`; Timeout if the pin was revoked meanwhile
-  // (the trainer may be writing what it read: nothing may be committed).
+  // (the trainer may be writing what it read: nothing may be committed); Unavailable for a version
+  // still landing (its digests are not there yet).
   Status Unpin(const Pin& pin, wire::StepEnd* end);
   // A ring's slot holding `bucket` of the pinned step, filled first if need be; and the bucket
   // read. FailedPrecondition without a ring.
@@ -103,9 +116,10 @@ class VersionSlots {
     int revoked = 0;     // pins of earlier epochs (revoked), not yet unpinned
     uint64_t epoch = 0;  // incremented when this version's readers are revoked
     bool writing = false;
+    StreamProgress* progress = nullptr;  // Streaming until Published or StreamFailed
   };
   Result<Pin> PinVersion(const wire::UpdateRequest& request, const util::Deadline& deadline,
-                         const std::function<bool()>& give_up);
+                         const std::function<bool()>& give_up, bool landing_ok);
   // Stops waiting for the readers of `v`: their pins are revoked (an error at Unpin) and no
   // longer hold its memory; on a ring, every member of the round as well.
   void RevokeReaders(Version* v) WS_REQUIRES(mu_);
@@ -123,6 +137,9 @@ class VersionSlots {
   std::vector<std::vector<uint64_t>> digests_;
   int latest_ WS_GUARDED_BY(mu_) = -1;
   int64_t latest_step_ WS_GUARDED_BY(mu_) = -1;
+  // The latest version before the one streaming, which StreamFailed makes the latest again.
+  int before_stream_ WS_GUARDED_BY(mu_) = -1;
+  int64_t before_stream_step_ WS_GUARDED_BY(mu_) = -1;
   bool shared_writing_ WS_GUARDED_BY(mu_) = false;  // BeginWrite until the next Published
   bool closed_ WS_GUARDED_BY(mu_) = false;
   // Set by Arm, before any session reads them (sessions start after the layout is fixed).

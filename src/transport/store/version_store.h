@@ -146,6 +146,16 @@ class VersionStore {
     return Status::NotSupported(Describe(),
                                 ": cannot hold a relayed version (the host arena only)");
   }
+  // Cut-through relays (docs/relays.md): version `slot` is written from outside, its bytes copied
+  // into the slot as they arrive, with no delta against the version before it (what the slot's
+  // delta said of its previous version is dropped, so no session ever sends it). Returns where
+  // the slot begins in this process; tensor i lies at the Welcome's tensors[i].offset from it.
+  // Only the host store has it.
+  virtual Result<uint8_t*> WriteFromOutside(uint32_t /*slot*/) {
+    return Status::NotSupported(Describe(),
+                                ": cannot take a version written from outside (the host arena "
+                                "only)");
+  }
   // The delta of version `slot` against the one before it; null for a store without delta room.
   virtual const SlotDelta* delta(uint32_t /*slot*/) const { return nullptr; }
   virtual int fd() const = 0;  // what subscribers on this host map

@@ -174,5 +174,52 @@ TEST(VersionSlots, WithoutARingBucketsAreRefused) {
   EXPECT_STATUS_IS(kFailedPrecondition, slots.ReleaseBucket(Pin{}, 0), "no ring");
 }
 
+// Cut-through (Streaming): a version still landing is the latest at once for readers of the whole
+// version (tcp), who get its progress and no digests until it is Published; readers of the mapped
+// store wait until it is whole; a stream given up makes the version before it the latest again.
+TEST(VersionSlots, AStreamingVersionIsPinnedWholeOnlyAndGivenUpRevertsToTheOneBefore) {
+  VersionSlots slots;
+  slots.Arm(2, 2, false, nullptr, milliseconds(500), "test");
+  Write(slots, 1);
+  StreamProgress progress;
+  WaitCost cost;
+  const uint32_t k = slots.TakeForWrite(2, &cost);
+  progress.Begin(2, {100});
+  slots.Streaming(k, 2, &progress);
+  EXPECT_EQ(slots.latest_step(), 2);
+  ASSERT_OK_AND_ASSIGN(Pin whole, slots.Acquire(Ask(-1, 1), Within(), kStay, /*whole=*/true));
+  EXPECT_EQ(whole.begin.step, 2);
+  EXPECT_EQ(whole.progress, &progress);
+  // A reader of the mapped store does not get it while it lands.
+  auto mapped = slots.Acquire(Ask(-1, 1, 100), Within(milliseconds(100)), kStay);
+  ASSERT_FALSE(mapped.ok());
+  EXPECT_EQ(mapped.status().code(), StatusCode::kTimeout) << mapped.status();
+  wire::StepEnd end;
+  EXPECT_EQ(slots.Unpin(whole, &end).code(), StatusCode::kUnavailable) << "no digests yet";
+  // Given up: step 1 is the latest again, whole, with its digests.
+  progress.Fail(Status::Unavailable("the relay's update failed"));
+  slots.StreamFailed(k);
+  EXPECT_EQ(slots.latest_step(), 1);
+  ASSERT_OK_AND_ASSIGN(Pin one, slots.Acquire(Ask(-1), Within(), kStay));
+  EXPECT_EQ(one.begin.step, 1);
+  EXPECT_EQ(one.progress, nullptr);
+  ASSERT_OK(slots.Unpin(one, &end));
+  EXPECT_EQ(end.digests, (std::vector<uint64_t>{1, 1}));
+  // Streamed again and published: every reader gets it whole with its digests.
+  const uint32_t again = slots.TakeForWrite(2, &cost);
+  progress.Begin(2, {100});
+  slots.Streaming(again, 2, &progress);
+  auto waiting = std::async(std::launch::async,
+                            [&] { return slots.Acquire(Ask(-1, 1), Within(), kStay); });
+  EXPECT_EQ(waiting.wait_for(milliseconds(100)), std::future_status::timeout);
+  for (uint64_t& d : slots.digests(again)) d = 2;
+  slots.Published(again, 2);
+  ASSERT_OK_AND_ASSIGN(Pin two, waiting.get());
+  EXPECT_EQ(two.begin.step, 2);
+  EXPECT_EQ(two.progress, nullptr);
+  ASSERT_OK(slots.Unpin(two, &end));
+  EXPECT_EQ(end.digests, (std::vector<uint64_t>{2, 2}));
+}
+
 }  // namespace
 }  // namespace weightsync::transport::store
