@@ -104,8 +104,10 @@ struct Publisher::Impl final : transport::VersionSource {
   bool frozen WS_GUARDED_BY(mu) = false;
 
   // Cut-through (PublisherRelayAccess::BeginStream): the version streaming into `stream_slot`
-  // (-1: none), how much of it landed, and each tensor's place in a slot and size (set once).
-  transport::store::StreamProgress stream;
+  // (-1: none), how much of each slot's last streamed version landed (one per slot, so a session
+  // still sending a finished version never sees the next one's progress), and each tensor's place
+  // in a slot and size (set once).
+  std::unique_ptr<transport::store::StreamProgress[]> streams WS_GUARDED_BY(publish_mu);
   int stream_slot WS_GUARDED_BY(publish_mu) = -1;
   int64_t stream_step WS_GUARDED_BY(publish_mu) = -1;
   std::chrono::steady_clock::time_point stream_start WS_GUARDED_BY(publish_mu);
@@ -662,7 +664,7 @@ Status Publisher::Close() {
   d.cv.NotifyAll();
   d.versions.Close();
   // Sessions sending a version still landing stop now, not at their subscriber's deadline.
-  if (d.stream_slot >= 0) d.stream.Fail(Status::Unavailable("publisher closed"));
+  if (d.stream_slot >= 0) d.streams[d.stream_slot].Fail(Status::Unavailable("publisher closed"));
   d.stream_slot = -1;
   Status result;
   // Reverse order of creation: the server (connections), then the store.
@@ -718,8 +720,8 @@ Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, in
   return publisher.impl_->PublishVersion(step, nullptr, &digests, &writer);
 }
 
-Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(
-    Publisher& publisher, int64_t step, const util::Deadline& writer) {
+Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(Publisher& publisher,
+                                                                           int64_t step) {
   Publisher::Impl& d = *publisher.impl_;
   util::MutexLock publish_lock(&d.publish_mu);
   WS_RETURN_IF_ERROR(d.BeginVersion(step));
@@ -738,18 +740,27 @@ Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(
       d.stream_bytes.push_back(t.placement.spec.nbytes);
     }
   }
+  if (!d.streams) d.streams.reset(new transport::store::StreamProgress[d.welcome.slot_count]);
   d.stream_start = std::chrono::steady_clock::now();
-  const uint32_t k = d.versions.TakeForWrite(step, &d.waited, &writer);
+  // Never waits: a slot a child still reads (a slow one, two versions behind) makes this step go
+  // store-and-forward, whose wait for that child has its own budget after the relay's commit.
+  const int taken = d.versions.TakeIdle();
+  if (taken < 0) {
+    return Status::Busy("step ", step, ": every slot of the relay's store but the latest is still "
+                        "read by a child");
+  }
+  const uint32_t k = static_cast<uint32_t>(taken);
   Result<uint8_t*> slot = d.store->WriteFromOutside(k);
   if (!slot.ok()) {
     d.versions.WriteFailed(k);
     return slot.status();
   }
-  d.stream.Begin(step, d.stream_bytes);
-  d.versions.Streaming(k, step, &d.stream);
-  d.stream_slot = static_cast<int>(k);
+  transport::store::StreamProgress& progress = d.streams[k];
+  progress.Begin(step, d.stream_bytes);
+  d.versions.Streaming(k, step, &progress);
+  d.stream_slot = taken;
   d.stream_step = step;
-  return StreamTarget{*slot, d.stream_offsets, &d.stream};
+  return StreamTarget{*slot, d.stream_offsets, &progress};
 }
 
 Result<PublishStats> PublisherRelayAccess::FinishStream(Publisher& publisher,
@@ -760,7 +771,7 @@ Result<PublishStats> PublisherRelayAccess::FinishStream(Publisher& publisher,
   const uint32_t k = static_cast<uint32_t>(d.stream_slot);
   const int64_t step = d.stream_step;
   if (Status wrong = d.CheckGiven(step, digests.size()); !wrong.ok()) {
-    d.stream.Fail(wrong);
+    d.streams[k].Fail(wrong);
     d.versions.StreamFailed(k);
     d.stream_slot = -1;
     return wrong;
@@ -769,7 +780,7 @@ Result<PublishStats> PublisherRelayAccess::FinishStream(Publisher& publisher,
   // the sessions that pinned it end the step with those digests).
   std::copy(digests.begin(), digests.end(), d.versions.digests(k).begin());
   d.versions.Published(k, step);
-  d.stream.Finish();
+  d.streams[k].Finish();
   d.stream_slot = -1;
   return d.Report(step, k, d.stream_start);
 }
@@ -778,7 +789,7 @@ void PublisherRelayAccess::AbortStream(Publisher& publisher, const Status& why) 
   Publisher::Impl& d = *publisher.impl_;
   util::MutexLock publish_lock(&d.publish_mu);
   if (d.stream_slot < 0) return;
-  d.stream.Fail(why);
+  d.streams[d.stream_slot].Fail(why);
   d.versions.StreamFailed(static_cast<uint32_t>(d.stream_slot));
   d.stream_slot = -1;
 }

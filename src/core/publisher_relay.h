@@ -28,8 +28,9 @@ struct PublisherRelayAccess {
                                            std::span<const uint64_t> digests,
                                            const util::Deadline& writer);
   // Cut-through (docs/relays.md, "Cut-through"): a version served while the relay receives it.
-  // BeginStream takes a slot for `step` (waiting for its readers as PublishGiven does, at most
-  // `writer`) and makes it the latest version at once, still landing: tcp sessions send what
+  // BeginStream takes a slot for `step` that nobody reads (never waiting: Busy when there is
+  // none, and the step is stored and forwarded instead) and makes it the latest version at once,
+  // still landing: tcp sessions send what
   // landed and wait for the rest, the others wait for it whole. The relay copies each tensor's
   // bytes into the slot as they arrive (tensor i at slot + offsets[i]) and says how far with
   // progress->Landed. FinishStream sets the trainer's digests and ends the step for every session;
@@ -40,8 +41,7 @@ struct PublisherRelayAccess {
     std::span<const uint64_t> offsets;  // per tensor, in manifest order
     transport::store::StreamProgress* progress = nullptr;
   };
-  static Result<StreamTarget> BeginStream(Publisher& publisher, int64_t step,
-                                          const util::Deadline& writer);
+  static Result<StreamTarget> BeginStream(Publisher& publisher, int64_t step);
   static Result<PublishStats> FinishStream(Publisher& publisher,
                                            std::span<const uint64_t> digests);
   static void AbortStream(Publisher& publisher, const Status& why);

@@ -123,23 +123,27 @@ Status RelayServe::Register(const wire::Welcome& upstream,
   return Status::Ok();
 }
 
-Status RelayServe::Ready(const wire::Welcome& upstream,
-                         const std::vector<plan::Destination>& destinations, int64_t step,
-                         bool moved) {
+const char* RelayServe::ReplaceReason(const wire::Welcome& upstream,
+                                      const std::vector<plan::Destination>& destinations,
+                                      int64_t step, bool moved) const {
   const bool registered = publisher_ && publisher_->manifest().size() > 0;
   // A serving publisher serves one session, copying from the memory it registered; its store
   // holds what it copied. Anything else needs a new one on the same endpoint (children dial
   // again): a new session (a restarted trainer), destinations registered anew (after Sleep), or
   // a step committed again (after a weights check found the destinations differ, the copy in the
   // store may be of those bytes: it is taken again from the rewritten ones).
-  const char* why = nullptr;
-  if (adopted_ && session_ != upstream.session_id) {
-    why = "the publisher's session changed";
-  } else if (registered && !SameSources(destinations)) {
-    why = "its destinations were registered anew";
-  } else if (registered && moved && step <= publisher_->latest_step()) {
-    why = "it committed a step it serves again";
+  if (adopted_ && session_ != upstream.session_id) return "the publisher's session changed";
+  if (registered && !SameSources(destinations)) return "its destinations were registered anew";
+  if (registered && moved && step <= publisher_->latest_step()) {
+    return "it committed a step it serves again";
   }
+  return nullptr;
+}
+
+Status RelayServe::Ready(const wire::Welcome& upstream,
+                         const std::vector<plan::Destination>& destinations, int64_t step,
+                         bool moved) {
+  const char* why = ReplaceReason(upstream, destinations, step, moved);
   if (why != nullptr || !publisher_) {
     if (why != nullptr) {
       WS_LOG(INFO, "relay") << endpoint_ << ": " << why << " (lineage '" << upstream.lineage
@@ -189,6 +193,9 @@ transport::path::LandingObserver* RelayServe::Stream(
     const wire::Welcome& upstream, const std::vector<plan::Destination>& destinations,
     int64_t step) {
   forward_.Stop();
+  // A serving publisher to replace is replaced once the step is committed (Serve), as before:
+  // children of a relay whose update then fails keep being served the step before.
+  if (ReplaceReason(upstream, destinations, step, /*moved=*/true) != nullptr) return nullptr;
   if (Status s = Ready(upstream, destinations, step, /*moved=*/true); !s.ok()) {
     WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step
                           << " while it lands: " << s;
@@ -206,15 +213,22 @@ void RelayServe::AbortStream(const Status& why) {
   if (publisher_) PublisherRelayAccess::AbortStream(*publisher_, why);
 }
 
-bool RelayServe::Forward::Begin(int64_t step, std::span<const transport::path::LandingPart> parts,
-                                const util::Deadline& deadline) {
+bool RelayServe::Forward::Begin(int64_t step,
+                                std::span<const transport::path::LandingPart> parts) {
   if (armed_ != step || !relay_->publisher_) return false;
   armed_ = -1;
   Result<PublisherRelayAccess::StreamTarget> target =
-      PublisherRelayAccess::BeginStream(*relay_->publisher_, step, deadline);
+      PublisherRelayAccess::BeginStream(*relay_->publisher_, step);
   if (!target.ok()) {
-    WS_LOG(WARN, "relay") << relay_->endpoint_ << ": step " << step
-                          << " is served once committed, not while it lands: " << target.status();
+    // Busy: a slow child still reads the other slot; the step is stored and forwarded.
+    if (target.status().code() == StatusCode::kBusy) {
+      WS_LOG(INFO, "relay") << relay_->endpoint_ << ": " << target.status().message()
+                            << ": served once committed, not while it lands";
+    } else {
+      WS_LOG(WARN, "relay") << relay_->endpoint_ << ": step " << step
+                            << " is served once committed, not while it lands: "
+                            << target.status();
+    }
     return false;
   }
   for (const transport::path::LandingPart& p : parts) {

@@ -8,13 +8,14 @@
 //
 // Cut-through: a step the relay receives whole over tcp is served while it arrives. Before the
 // relay's copy, Stream arms an observer its read path tells as bytes land; at the first it takes
-// a slot of the store for the step, then copies each landed chunk there and says how far, so its
+// a slot of the store nobody reads, then copies each landed chunk there and says how far, so its
 // tcp children receive the step a chunk behind the relay (a level of a tree adds about one chunk,
 // not one model). Their step ends once the relay committed it (Serve sets the trainer's digests);
 // a relay update that fails gives the version up (AbortStream), and their reads fail with nothing
-// committed. A step that comes as deltas, or over another path, is stored and forwarded: served
-// once committed, copied then from the destinations. The store holds two copies of the model in
-// host memory.
+// committed. A step that comes as deltas or over another path, one whose serving publisher must
+// be replaced, or one for which every slot but the latest is still read by a child is stored and
+// forwarded: served once committed, copied then from the destinations. The store holds two
+// copies of the model in host memory.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +70,8 @@ class RelayServe {
 
   // Cut-through: before the relay's copy of `step` from `upstream`, the observer its read path
   // tells as the step's bytes land (TransferHandle::ObserveLanding); null when the step cannot be
-  // served while it lands (the serving publisher could not be readied for it: Serve retries).
+  // served while it lands (the serving publisher must be replaced, or could not be readied: Serve
+  // does that after the commit).
   transport::path::LandingObserver* Stream(const wire::Welcome& upstream,
                                            const std::vector<plan::Destination>& destinations,
                                            int64_t step);
@@ -96,6 +98,11 @@ class RelayServe {
   Status Register(const wire::Welcome& upstream,
                   const std::vector<plan::Destination>& destinations);
   bool SameSources(const std::vector<plan::Destination>& destinations) const;
+  // Why the serving publisher cannot serve `step` of `upstream` from `destinations` and must be
+  // replaced (a new session, new memory, a step committed again); null when it can.
+  const char* ReplaceReason(const wire::Welcome& upstream,
+                            const std::vector<plan::Destination>& destinations, int64_t step,
+                            bool moved) const;
   // The serving publisher made ready for `step` of `upstream`: a new one where its session,
   // sources or served steps no longer fit, its identity adopted, the destinations registered.
   Status Ready(const wire::Welcome& upstream, const std::vector<plan::Destination>& destinations,
@@ -106,8 +113,7 @@ class RelayServe {
    public:
     explicit Forward(RelayServe* relay) : relay_(relay) {}
     void Arm(int64_t step) { armed_ = step; }
-    bool Begin(int64_t step, std::span<const transport::path::LandingPart> parts,
-               const util::Deadline& deadline) override;
+    bool Begin(int64_t step, std::span<const transport::path::LandingPart> parts) override;
     void Read(size_t part, size_t offset) override;
     // The step being streamed, -1 when none; Stop forgets it.
     int64_t streaming() const { return streaming_; }

@@ -62,9 +62,8 @@ class LandingObserver : public link::ReadObserver {
  public:
   // The step's bytes come whole and in `parts`' order (a step that comes as deltas is not
   // observed): returns whether it follows them, told by Read (parts [0, part) and `offset` bytes
-  // of `part` landed) as they arrive. `deadline`: the update's.
-  virtual bool Begin(int64_t step, std::span<const LandingPart> parts,
-                     const util::Deadline& deadline) = 0;
+  // of `part` landed) as they arrive. Never waits: the read goes on at once.
+  virtual bool Begin(int64_t step, std::span<const LandingPart> parts) = 0;
 
  protected:
   ~LandingObserver() = default;

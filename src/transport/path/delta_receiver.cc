@@ -129,7 +129,7 @@ Status DeltaReceiver::Receive(link::Channel& channel, const std::string& peer, i
     received += parts_[i].iov_len;
   }
   const bool observed =
-      observer != nullptr && begin_.base_step < 0 && observer->Begin(step, landing_parts_, deadline);
+      observer != nullptr && begin_.base_step < 0 && observer->Begin(step, landing_parts_);
   Status s = channel.ReadAll(parts_, deadline, observed ? observer : nullptr);
   if (!s.ok()) return s.WithContext("step " + std::to_string(step) + " data");
   if (begin_.base_step >= 0) WS_RETURN_IF_ERROR(CheckAndApply(peer, step));

@@ -120,7 +120,7 @@ class SocketDelivery final : public StepDelivery {
       const uint64_t end = range.offset + range.bytes;
       for (uint64_t at = range.offset, landed = 0; at < end; ) {
         if (landed <= at) {
-          WS_ASSIGN_OR_RETURN(landed, progress.WaitLanded(range.tensor, at, deadline));
+          WS_ASSIGN_OR_RETURN(landed, progress.WaitLanded(begin.step, range.tensor, at, deadline));
         }
         const uint64_t n = std::min(landed, end) - at;
         const iovec part{bytes + (at - range.offset), n};
@@ -128,7 +128,7 @@ class SocketDelivery final : public StepDelivery {
         at += n;
       }
     }
-    WS_RETURN_IF_ERROR(progress.WaitFinished(deadline));
+    WS_RETURN_IF_ERROR(progress.WaitFinished(begin.step, deadline));
     *streaming = false;
     return Status::Ok();
   }

@@ -39,8 +39,7 @@ Status TcpReadPath::Copy(const wire::StepBegin& begin, bool /*verify*/,
     landing_parts_[i] = {t.publisher_index, t.src_offset, landing_.ReceivedTensor(t), t.nbytes};
   }
   WS_FAIL_POINT_RETURN("tcp.before_data");
-  const bool observed =
-      observer_ != nullptr && observer_->Begin(begin.step, landing_parts_, deadline);
+  const bool observed = observer_ != nullptr && observer_->Begin(begin.step, landing_parts_);
   Status s = link_->channel().ReadAll(parts_, deadline, observed ? observer_ : nullptr);
   if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step) + " data");
   landing_.MaybeInjectBitFlip();

@@ -52,7 +52,11 @@ void StreamProgress::Fail(const Status& why) {
   cv_.NotifyAll();
 }
 
-Status StreamProgress::Ended(const util::Deadline& deadline) const {
+Status StreamProgress::Ended(int64_t step, const util::Deadline& deadline) const {
+  if (step != step_) {
+    return Status::Unavailable("step ", step, " is no longer landing here (step ", step_,
+                               " is)");
+  }
   if (state_ == State::kFailed) {
     return failed_.ok() ? Status::Unavailable("step ", step_, " is not being received") : failed_;
   }
@@ -63,25 +67,25 @@ Status StreamProgress::Ended(const util::Deadline& deadline) const {
   return Status::Ok();
 }
 
-Result<uint64_t> StreamProgress::WaitLanded(uint32_t tensor, uint64_t have,
+Result<uint64_t> StreamProgress::WaitLanded(int64_t step, uint32_t tensor, uint64_t have,
                                             const util::Deadline& deadline) {
   util::MutexLock lock(&mu_);
   if (tensor >= landed_.size()) {
     return Status::Internal("tensor ", tensor, " of a streamed version of ", landed_.size());
   }
-  // A failed version stops its sessions at once, whatever landed.
-  if (state_ == State::kFailed) WS_RETURN_IF_ERROR(Ended(deadline));
+  // A failed version (or another step's) stops its sessions at once, whatever landed.
+  if (state_ == State::kFailed || step != step_) WS_RETURN_IF_ERROR(Ended(step, deadline));
   while (landed_[tensor] <= have && landed_[tensor] < bytes_[tensor]) {
-    WS_RETURN_IF_ERROR(Ended(deadline));
+    WS_RETURN_IF_ERROR(Ended(step, deadline));
     cv_.WaitFor(&mu_, kSlice);
   }
   return landed_[tensor];
 }
 
-Status StreamProgress::WaitFinished(const util::Deadline& deadline) {
+Status StreamProgress::WaitFinished(int64_t step, const util::Deadline& deadline) {
   util::MutexLock lock(&mu_);
-  while (state_ != State::kFinished) {
-    WS_RETURN_IF_ERROR(Ended(deadline));
+  while (state_ != State::kFinished || step != step_) {
+    WS_RETURN_IF_ERROR(Ended(step, deadline));
     cv_.WaitFor(&mu_, kSlice);
   }
   return Status::Ok();

@@ -6,8 +6,10 @@
 // committed the step. When that update fails, Fail ends every wait with its reason: the children
 // commit nothing.
 //
-// One per streaming publisher, reused for every streamed version: Begin sizes it once, so a
-// steady step allocates nothing. Thread-safe: one writer (the relay's update) and any number of
+// One per slot of a streaming publisher's store, reused for every version streamed into that slot
+// (Begin only once the slot's readers are gone: the publisher takes a slot nobody reads). Begin
+// sizes it once, so a steady step allocates nothing. A wait names the step it waits for: one for
+// a step this progress no longer tracks fails at once. Thread-safe: one writer (the relay's update) and any number of
 // session threads.
 #pragma once
 
@@ -31,17 +33,18 @@ class StreamProgress {
   // The version will never be whole: every wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
-  // Waits until more than `have` leading bytes of `tensor` landed; returns how many did. Fails
-  // with Fail's reason, or Timeout / Cancelled by `deadline`.
-  Result<uint64_t> WaitLanded(uint32_t tensor, uint64_t have, const util::Deadline& deadline);
-  // Waits until Finish (Ok) or Fail (its reason), at most `deadline`.
-  Status WaitFinished(const util::Deadline& deadline);
+  // Waits until more than `have` leading bytes of `tensor` of step `step` landed; returns how
+  // many did. Fails with Fail's reason, or Timeout / Cancelled by `deadline`.
+  Result<uint64_t> WaitLanded(int64_t step, uint32_t tensor, uint64_t have,
+                              const util::Deadline& deadline);
+  // Waits until step `step` is finished (Ok) or failed (its reason), at most `deadline`.
+  Status WaitFinished(int64_t step, const util::Deadline& deadline);
   int64_t step() const;
 
  private:
   enum class State : uint8_t { kLanding, kFinished, kFailed };
-  // Ok while the version may still become whole; else why not.
-  Status Ended(const util::Deadline& deadline) const WS_REQUIRES(mu_);
+  // Ok while step `step` may still become whole; else why not.
+  Status Ended(int64_t step, const util::Deadline& deadline) const WS_REQUIRES(mu_);
 
   mutable util::Mutex mu_;
   util::CondVar cv_;

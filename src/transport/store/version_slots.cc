@@ -89,6 +89,19 @@ uint32_t VersionSlots::TakeForWrite(int64_t step, WaitCost* cost, const util::De
   return static_cast<uint32_t>(chosen);
 }
 
+int VersionSlots::TakeIdle() {
+  util::MutexLock lock(&mu_);
+  for (int i = 0; i < static_cast<int>(versions_.size()); ++i) {
+    Version& v = versions_[i];
+    if ((i == latest_ && versions_.size() > 1) || v.readers > 0 || v.revoked > 0) continue;
+    v.step = -1;
+    if (latest_ == i) latest_ = -1;
+    v.writing = true;
+    return i;
+  }
+  return -1;
+}
+
 void VersionSlots::Published(uint32_t slot, int64_t step) {
   {
     util::MutexLock lock(&mu_);
@@ -135,6 +148,7 @@ void VersionSlots::StreamFailed(uint32_t slot) {
     v.step = -1;
     v.progress = nullptr;
     v.writing = false;
+    RevokeReaders(&v);
     if (latest_ == static_cast<int>(slot)) {
       const bool kept = before_stream_ >= 0 && versions_[before_stream_].step == before_stream_step_;
       latest_ = kept ? before_stream_ : -1;

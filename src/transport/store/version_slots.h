@@ -65,6 +65,9 @@ class VersionSlots {
   // update, docs/relays.md): its own deadline, expired or cancelled, ends the wait sooner, so a
   // slow child never holds its relay past the relay's own deadline.
   uint32_t TakeForWrite(int64_t step, WaitCost* cost, const util::Deadline* writer = nullptr);
+  // Cut-through: TakeForWrite's slot, but only one nobody reads (and not the latest, unless it is
+  // the only slot): never waits. -1 when there is none now.
+  int TakeIdle();
   // Where Publish writes slot `slot`'s digests (only while it is taken for writing).
   std::span<uint64_t> digests(uint32_t slot) { return digests_[slot]; }
   // The slot now holds `step`, the latest version; with shared tensors the others hold none.
@@ -76,8 +79,9 @@ class VersionSlots {
   // version at once (tcp) pin it and send what landed; the others wait until it is Published. A
   // later Published(slot, step) makes it whole; StreamFailed gives it up.
   void Streaming(uint32_t slot, int64_t step, StreamProgress* progress);
-  // The streamed version will never be whole: the slot holds none, and the latest is again the
-  // version that was latest before it (its slot was not taken).
+  // The streamed version will never be whole: the slot holds none, its readers are revoked (their
+  // Unpin fails: nothing they read may be committed), and the latest is again the version that
+  // was latest before it (its slot was not taken).
   void StreamFailed(uint32_t slot);
   // Shared tensors only: no new reader from here on, and the readers there are waited for (at
   // most `timeout`, then revoked, ring members too); the held versions describe the tensors no

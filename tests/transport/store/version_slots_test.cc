@@ -205,6 +205,13 @@ TEST(VersionSlots, AStreamingVersionIsPinnedWholeOnlyAndGivenUpRevertsToTheOneBe
   EXPECT_EQ(one.progress, nullptr);
   ASSERT_OK(slots.Unpin(one, &end));
   EXPECT_EQ(end.digests, (std::vector<uint64_t>{1, 1}));
+  // A stream given up revokes whoever pinned it: nothing read may be committed.
+  const uint32_t retry = slots.TakeForWrite(2, &cost);
+  progress.Begin(2, {100});
+  slots.Streaming(retry, 2, &progress);
+  ASSERT_OK_AND_ASSIGN(Pin lost, slots.Acquire(Ask(-1, 1), Within(), kStay, /*whole=*/true));
+  slots.StreamFailed(retry);
+  EXPECT_EQ(slots.Unpin(lost, &end).code(), StatusCode::kTimeout);
   // Streamed again and published: every reader gets it whole with its digests.
   const uint32_t again = slots.TakeForWrite(2, &cost);
   progress.Begin(2, {100});
@@ -219,6 +226,23 @@ TEST(VersionSlots, AStreamingVersionIsPinnedWholeOnlyAndGivenUpRevertsToTheOneBe
   EXPECT_EQ(two.progress, nullptr);
   ASSERT_OK(slots.Unpin(two, &end));
   EXPECT_EQ(end.digests, (std::vector<uint64_t>{2, 2}));
+}
+
+// TakeIdle (cut-through) never waits: it takes a slot nobody reads that is not the latest, or
+// none.
+TEST(VersionSlots, TakeIdleTakesOnlyASlotNobodyReads) {
+  VersionSlots slots;
+  slots.Arm(2, 1, false, nullptr, milliseconds(500), "test");
+  Write(slots, 1);
+  const uint32_t second = Write(slots, 2);
+  ASSERT_OK_AND_ASSIGN(Pin old, slots.Acquire(Ask(1), Within(), kStay));
+  EXPECT_EQ(slots.TakeIdle(), -1) << "the other slot is read, and the latest is kept";
+  wire::StepEnd end;
+  ASSERT_OK(slots.Unpin(old, &end));
+  const int idle = slots.TakeIdle();
+  ASSERT_GE(idle, 0);
+  EXPECT_NE(static_cast<uint32_t>(idle), second);
+  EXPECT_EQ(slots.latest_step(), 2);
 }
 
 }  // namespace
