@@ -721,7 +721,7 @@ Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, in
 }
 
 Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(Publisher& publisher,
-                                                                           int64_t step) {
+                                                                             int64_t step) {
   Publisher::Impl& d = *publisher.impl_;
   util::MutexLock publish_lock(&d.publish_mu);
   WS_RETURN_IF_ERROR(d.BeginVersion(step));
@@ -746,7 +746,8 @@ Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(Pub
   // store-and-forward, whose wait for that child has its own budget after the relay's commit.
   const int taken = d.versions.TakeIdle();
   if (taken < 0) {
-    return Status::Busy("step ", step, ": every slot of the relay's store but the latest is still "
+    return Status::Busy("step ", step,
+                        ": every slot of the relay's store but the latest is still "
                         "read by a child");
   }
   const uint32_t k = static_cast<uint32_t>(taken);

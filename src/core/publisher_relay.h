@@ -42,8 +42,7 @@ struct PublisherRelayAccess {
     transport::store::StreamProgress* progress = nullptr;
   };
   static Result<StreamTarget> BeginStream(Publisher& publisher, int64_t step);
-  static Result<PublishStats> FinishStream(Publisher& publisher,
-                                           std::span<const uint64_t> digests);
+  static Result<PublishStats> FinishStream(Publisher& publisher, std::span<const uint64_t> digests);
   static void AbortStream(Publisher& publisher, const Status& why);
   // How many subscribers it serves, its members and everyone they said they serve (the relay's
   // UpdateRequest::below). Allocates nothing: a relay's steady update asks it every time.

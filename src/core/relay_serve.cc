@@ -197,8 +197,7 @@ transport::path::LandingObserver* RelayServe::Stream(
   // children of a relay whose update then fails keep being served the step before.
   if (ReplaceReason(upstream, destinations, step, /*moved=*/true) != nullptr) return nullptr;
   if (Status s = Ready(upstream, destinations, step, /*moved=*/true); !s.ok()) {
-    WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step
-                          << " while it lands: " << s;
+    WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step << " while it lands: " << s;
     return nullptr;
   }
   forward_.Arm(step);
@@ -213,8 +212,7 @@ void RelayServe::AbortStream(const Status& why) {
   if (publisher_) PublisherRelayAccess::AbortStream(*publisher_, why);
 }
 
-bool RelayServe::Forward::Begin(int64_t step,
-                                std::span<const transport::path::LandingPart> parts) {
+bool RelayServe::Forward::Begin(int64_t step, std::span<const transport::path::LandingPart> parts) {
   if (armed_ != step || !relay_->publisher_) return false;
   armed_ = -1;
   Result<PublisherRelayAccess::StreamTarget> target =
@@ -226,8 +224,7 @@ bool RelayServe::Forward::Begin(int64_t step,
                             << ": served once committed, not while it lands";
     } else {
       WS_LOG(WARN, "relay") << relay_->endpoint_ << ": step " << step
-                            << " is served once committed, not while it lands: "
-                            << target.status();
+                            << " is served once committed, not while it lands: " << target.status();
     }
     return false;
   }

@@ -126,7 +126,7 @@ class RelayServe {
     int64_t streaming_ = -1;
     PublisherRelayAccess::StreamTarget target_;
     std::span<const transport::path::LandingPart> parts_;
-    size_t part_ = 0;     // the part being copied
+    size_t part_ = 0;      // the part being copied
     uint64_t copied_ = 0;  // its bytes copied so far
   };
 

@@ -170,8 +170,8 @@ TEST_P(CutThrough, ARelayWhoseUpdateFailsMidStepFailsItsChildren) {
   ASSERT_OK(relay->Close());
   // The trainer's sessions with them end within a poll slice.
   LedgerSnapshot after;
-  EXPECT_TRUE(testing::LedgerSettlesTo(baseline, &after))
-      << baseline.ToString() << "\n" << after.ToString();
+  EXPECT_TRUE(testing::LedgerSettlesTo(baseline, &after)) << baseline.ToString() << "\n"
+                                                          << after.ToString();
 }
 
 // A child on the relay's own host (local://) copies the slot it maps as it is: it is never given a

@@ -118,7 +118,7 @@ class SocketDelivery final : public StepDelivery {
     for (const wire::SelectRange& range : select_.ranges) {
       uint8_t* bytes = const_cast<uint8_t*>(base_ + RangeAt(range, slot_base));
       const uint64_t end = range.offset + range.bytes;
-      for (uint64_t at = range.offset, landed = 0; at < end; ) {
+      for (uint64_t at = range.offset, landed = 0; at < end;) {
         if (landed <= at) {
           WS_ASSIGN_OR_RETURN(landed, progress.WaitLanded(begin.step, range.tensor, at, deadline));
         }

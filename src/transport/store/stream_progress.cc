@@ -54,8 +54,7 @@ void StreamProgress::Fail(const Status& why) {
 
 Status StreamProgress::Ended(int64_t step, const util::Deadline& deadline) const {
   if (step != step_) {
-    return Status::Unavailable("step ", step, " is no longer landing here (step ", step_,
-                               " is)");
+    return Status::Unavailable("step ", step, " is no longer landing here (step ", step_, " is)");
   }
   if (state_ == State::kFailed) {
     return failed_.ok() ? Status::Unavailable("step ", step_, " is not being received") : failed_;

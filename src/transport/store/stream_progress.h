@@ -9,8 +9,8 @@
 // One per slot of a streaming publisher's store, reused for every version streamed into that slot
 // (Begin only once the slot's readers are gone: the publisher takes a slot nobody reads). Begin
 // sizes it once, so a steady step allocates nothing. A wait names the step it waits for: one for
-// a step this progress no longer tracks fails at once. Thread-safe: one writer (the relay's update) and any number of
-// session threads.
+// a step this progress no longer tracks fails at once. Thread-safe: one writer (the relay's update)
+// and any number of session threads.
 #pragma once
 
 #include <cstdint>

@@ -150,7 +150,8 @@ void VersionSlots::StreamFailed(uint32_t slot) {
     v.writing = false;
     RevokeReaders(&v);
     if (latest_ == static_cast<int>(slot)) {
-      const bool kept = before_stream_ >= 0 && versions_[before_stream_].step == before_stream_step_;
+      const bool kept =
+          before_stream_ >= 0 && versions_[before_stream_].step == before_stream_step_;
       latest_ = kept ? before_stream_ : -1;
       latest_step_ = kept ? before_stream_step_ : -1;
     }

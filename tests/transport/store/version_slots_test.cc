@@ -216,8 +216,8 @@ TEST(VersionSlots, AStreamingVersionIsPinnedWholeOnlyAndGivenUpRevertsToTheOneBe
   const uint32_t again = slots.TakeForWrite(2, &cost);
   progress.Begin(2, {100});
   slots.Streaming(again, 2, &progress);
-  auto waiting = std::async(std::launch::async,
-                            [&] { return slots.Acquire(Ask(-1, 1), Within(), kStay); });
+  auto waiting =
+      std::async(std::launch::async, [&] { return slots.Acquire(Ask(-1, 1), Within(), kStay); });
   EXPECT_EQ(waiting.wait_for(milliseconds(100)), std::future_status::timeout);
   for (uint64_t& d : slots.digests(again)) d = 2;
   slots.Published(again, 2);
