@@ -791,12 +791,14 @@ def run(args):
             sim = fanout_sim(n, model, args.rate, store_and_forward=True)
             cut = fanout_sim(n, model, args.rate, store_and_forward=False)
             direct = got.get("direct")
+            # A tree of fan-out 1 is fanout-sim's chain.
+            relayed = ("chain", 1) if args.fanout == 1 else ("tree", args.fanout)
             for r in got.values():
                 r["predicted_seconds"] = (sim.get(("direct", n)) if r["mode"] == "direct"
-                                          else cut.get(("tree", args.fanout)))
+                                          else cut.get(relayed))
                 if r["mode"] == "direct":
                     continue
-                r["store_and_forward_predicted_seconds"] = sim.get(("tree", args.fanout))
+                r["store_and_forward_predicted_seconds"] = sim.get(relayed)
                 r["direct_over_tree"] = (direct["all_hold_seconds"] / r["all_hold_seconds"]
                                          if direct else None)
                 r["egress_target_models"] = args.fanout
