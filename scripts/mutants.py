@@ -412,7 +412,15 @@ def main() -> int:
         result = check(m, build, jobs)
         survivors += not result.startswith("killed")
         print(f"{m.name:18} {result}", flush=True)
-    # The sources are restored; the binaries built from mutants are rebuilt by the next build.
+    # The sources are restored; so are the binaries, rebuilt now: a test binary (and the library)
+    # left built from the last mutant fails its tests when run directly, without a build first.
+    targets = sorted({m.target for m in chosen})
+    rebuilt = run(["cmake", "--build", build, "-j", jobs]
+                  + [arg for t in targets for arg in ("--target", t)],
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if rebuilt.returncode != 0:
+        print("rebuilding from the restored sources failed:\n" + rebuilt.stdout[-2000:])
+        return 1
     print(f"{len(chosen) - survivors} of {len(chosen)} mutants killed")
     return 1 if survivors else 0
 
