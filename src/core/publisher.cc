@@ -524,11 +524,10 @@ Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& opti
 }
 
 Status Publisher::Impl::BeginVersion(int64_t step) {
-  Impl& d = *this;
-  const int64_t latest = d.versions.latest_step();  // only Publish moves it, and we hold that
+  const int64_t latest = versions.latest_step();  // only Publish moves it, and we hold that
   {
-    util::MutexLock lock(&d.mu);
-    if (d.closed) return Status::FailedPrecondition("publisher is closed");
+    util::MutexLock lock(&mu);
+    if (closed) return Status::FailedPrecondition("publisher is closed");
     if (step < 0) return Status::InvalidArgument("step ", step, " is negative");
     // A stale step is the state's fault, not the argument's (the same step was fine a moment
     // earlier, e.g. before another thread published it): FailedPrecondition, as a subscriber's
@@ -536,47 +535,46 @@ Status Publisher::Impl::BeginVersion(int64_t step) {
     if (step <= latest) {
       return Status::FailedPrecondition("steps must increase: step ", step, " after step ", latest);
     }
-    if (step <= d.options.resume_from_step) {
+    if (step <= options.resume_from_step) {
       return Status::FailedPrecondition(
-          "step ", step, " is not after step ", d.options.resume_from_step,
-          ", which this publisher resumes lineage '", d.welcome.lineage, "' from");
+          "step ", step, " is not after step ", options.resume_from_step,
+          ", which this publisher resumes lineage '", welcome.lineage, "' from");
     }
-    if (d.tensors.empty()) {
+    if (tensors.empty()) {
       return Status::FailedPrecondition("Publish() with no tensors registered or allocated");
     }
-    if (d.stream_slot >= 0) {
-      return Status::FailedPrecondition("step ", step, " while step ", d.stream_step,
+    if (stream_slot >= 0) {
+      return Status::FailedPrecondition("step ", step, " while step ", stream_step,
                                         " is still being received (a relay's cut-through)");
     }
-    if (!d.frozen) {
-      WS_RETURN_IF_ERROR(d.Freeze());
-      d.frozen = true;
+    if (!frozen) {
+      WS_RETURN_IF_ERROR(Freeze());
+      frozen = true;
     }
   }
-  d.cv.NotifyAll();  // sessions waiting for the layout
+  cv.NotifyAll();  // sessions waiting for the layout
   return Status::Ok();
 }
 
 PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
                                      std::chrono::steady_clock::time_point start) {
-  Impl& d = *this;
   PublishStats stats;
   stats.step = step;
-  stats.bytes_copied = d.store->copy_bytes();
-  stats.store_bytes = d.store->held_bytes();
-  stats.store_device = d.welcome.device;  // read-only once frozen; -1: host memory
-  if (const transport::store::SlotDelta* delta = d.store->delta(slot); delta != nullptr) {
+  stats.bytes_copied = store->copy_bytes();
+  stats.store_bytes = store->held_bytes();
+  stats.store_device = welcome.device;  // read-only once frozen; -1: host memory
+  if (const transport::store::SlotDelta* delta = store->delta(slot); delta != nullptr) {
     stats.delta_base_step = delta->base_step;
     stats.delta_segments = delta->delta_segments;
     stats.whole_segments = delta->whole_segments;
     stats.delta_bytes = delta->delta_bytes;
     stats.changed_bytes = delta->changed_bytes;
   }
-  stats.wait_for_readers_seconds = d.waited.seconds;
-  stats.revoked_reads = d.waited.revoked;
-  d.waited = {};
+  stats.wait_for_readers_seconds = waited.seconds;
+  stats.revoked_reads = waited.revoked;
+  waited = {};
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  stats.gbps = stats.seconds > 0 ? d.manifest.total_bytes() / stats.seconds / 1e9 : 0;
+  stats.gbps = stats.seconds > 0 ? manifest.total_bytes() / stats.seconds / 1e9 : 0;
   return stats;
 }
 
