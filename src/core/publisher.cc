@@ -723,7 +723,8 @@ Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(Pub
   Publisher::Impl& d = *publisher.impl_;
   util::MutexLock publish_lock(&d.publish_mu);
   WS_RETURN_IF_ERROR(d.BeginVersion(step));
-  if (d.version_is_tensors || d.stream_offsets.size() != d.tensors.size()) {
+  // Each tensor's place in a slot and size, found once (no stream begins without them).
+  if (d.stream_offsets.size() != d.tensors.size()) {
     d.stream_offsets.clear();
     d.stream_bytes.clear();
     for (const transport::store::PublishedTensor& t : d.tensors) {
