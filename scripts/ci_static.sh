@@ -19,18 +19,7 @@ case "$which" in format|thread-safety|all) ;; *) echo "usage: $0 [format|thread-
 log() { echo "ci_static: $*"; }
 fail() { echo "ci_static: FAIL: $*" >&2; exit 1; }
 
-bash scripts/install_deps.sh
-missing=()
-for p in clang clang-format; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash scripts/install_deps.sh clang clang-format
 
 if [ "$which" = format ] || [ "$which" = all ]; then
   if clang-format --dry-run --Werror .ci/canaries/misformatted.cc >/dev/null 2>&1; then

@@ -59,7 +59,7 @@ t_smoke=$((SECONDS - t0 - t_build))
 # .venv (this script run alone), a fresh venv is made with those dependencies.
 site=build-wheel/wheel-site
 rm -rf "$site"
-if [ -x .venv/bin/python ] && .venv/bin/python -c 'import pytest, ml_dtypes' 2>/dev/null; then
+if [ -x .venv/bin/python ] && .venv/bin/python -c 'import pytest, xdist, ml_dtypes' 2>/dev/null; then
   PY=.venv/bin/python
   say "test environment: .venv (make test's) with the wheel in $site"
 else
@@ -67,7 +67,7 @@ else
   rm -rf "$venv"
   python3 -m venv "$venv"
   PY="$venv/bin/python"
-  "$PY" -m pip --disable-pip-version-check -q install pytest ml_dtypes
+  "$PY" -m pip --disable-pip-version-check -q install pytest pytest-xdist ml_dtypes
   for fw in ${WHEEL_FRAMEWORKS-torch transformers}; do
     "$PY" -m pip --disable-pip-version-check -q install "$fw" ||
       say "$fw not installed; its tests will skip"
@@ -87,6 +87,7 @@ t_venv=$((SECONDS - t0 - t_build - t_smoke))
 # marked slow (pyproject.toml) are left out: seconds of behaviour each (an RSS slope over 100,000
 # updates, killed and stalled publishers, the examples) that make test ran minutes ago on the same
 # compiled objects (scripts/python_test.sh builds through ccache, the wheel's objects are its).
-"$PY" -m pytest python/tests -q -p no:cacheprovider -m "not slow" "$@"
+# On JOBS workers (pytest-xdist, as scripts/python_test.sh); the workers inherit PYTHONPATH.
+"$PY" -m pytest python/tests -q -p no:cacheprovider -n "${JOBS:-2}" -m "not slow" "$@"
 say "wheels ${t_build} s, smoke tests ${t_smoke} s, test venv ${t_venv} s," \
     "tests $((SECONDS - t0 - t_build - t_smoke - t_venv)) s, in all $((SECONDS - t0)) s"

@@ -47,20 +47,11 @@ if ! [[ "$FUZZ_SECONDS" =~ ^[0-9]+$ ]] || [ "$FUZZ_SECONDS" -lt 1 ]; then
   exit 2
 fi
 
-bash scripts/install_deps.sh
 # clang and its compiler-rt (libFuzzer, sanitizer runtimes) are only needed here, not by make test.
 if [ "$CXX_FUZZ" = clang++ ]; then
-  missing=()
-  for p in clang libclang-rt-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "fuzz.sh: installing ${missing[*]}"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
+  bash scripts/install_deps.sh clang libclang-rt-dev
+else
+  bash scripts/install_deps.sh
 fi
 if ! command -v "$CXX_FUZZ" >/dev/null; then
   echo "fuzz.sh: $CXX_FUZZ not found (libFuzzer needs clang; apt-get install clang)" >&2

@@ -5,7 +5,8 @@
 # between runs, so a second run recompiles only what changed.
 #   PYTHON   interpreter that creates the venv (default: python3)
 #   VENV     venv folder (default: .venv)
-#   JOBS     parallel compile jobs (default: 2)
+#   JOBS     parallel compile jobs and pytest workers (default: 2)
+#   PYTEST_WORKERS  pytest-xdist workers (default: JOBS; 0 runs the tests in one process)
 #   FRAMEWORKS  DLPack producers (and transformers, for examples/torch_gpu_rl) the tests
 #            exercise, installed from PyPI (default: torch, jax[cpu], paddlepaddle, transformers;
 #            FRAMEWORKS="" skips them and their tests skip)
@@ -50,7 +51,9 @@ PIP=("$PY" -m pip --disable-pip-version-check -q)
 
 # 3. Build and test dependencies, preinstalled so the build runs without isolation (no second
 # download of nanobind/scikit-build-core into a throwaway environment).
-"${PIP[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" ninja numpy pytest ml_dtypes
+# pytest-xdist runs the tests on JOBS processes: most of the suite's time is each test importing
+# torch/vLLM or waiting on a child process, so two workers halve it (144 s -> 77 s, docs/ci.md).
+"${PIP[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" ninja numpy pytest pytest-xdist ml_dtypes
 # safetensors is for bench/compare_safetensors.py only; the tests do not need it.
 "${PIP[@]}" install safetensors || say "safetensors not installed (bench only); continuing"
 # Frameworks whose tensors the tests pass through DLPack (CPU builds; PyPI's torch also pulls its
@@ -86,9 +89,10 @@ CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "${PIP[@]}" install --no-build-isolation --no-d
 
 lap "extension build"
 # 5. Tests. Run from the repo root so `import weightsync` finds the installed package, never the
-# source folder python/weightsync (which has no compiled extension).
+# source folder python/weightsync (which has no compiled extension). PYTEST_WORKERS=0 runs them in
+# this process (pytest-xdist's -n 0), e.g. to debug one.
 set +e
-"$PY" -m pytest python/tests -q -p no:cacheprovider "$@"
+"$PY" -m pytest python/tests -q -p no:cacheprovider -n "${PYTEST_WORKERS:-$JOBS}" "$@"
 rc=$?
 set -e
 lap tests

@@ -8,7 +8,16 @@
 
 #include <cstddef>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// GCC defines __SANITIZE_*__; clang (the ASan build's compiler, scripts/ci_sanitizers.sh) has
+// __has_feature instead.
+#if defined(__has_feature)
+#define WS_ALLOC_COUNTER_HAS_FEATURE(x) __has_feature(x)
+#else
+#define WS_ALLOC_COUNTER_HAS_FEATURE(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    WS_ALLOC_COUNTER_HAS_FEATURE(address_sanitizer) ||               \
+    WS_ALLOC_COUNTER_HAS_FEATURE(thread_sanitizer)
 #define WS_ALLOC_COUNTER_SANITIZER_HOOKS 1
 // From the sanitizer runtimes' common interface (GCC ships no header for it).
 extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*,
