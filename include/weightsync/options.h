@@ -186,9 +186,11 @@ struct SubscriberOptions {
   // the trainer's digests (never hashed again), so its children verify exactly what the trainer
   // published; over tcp they get deltas as from the trainer. The endpoint is bound at Create
   // (Subscriber::serve_endpoint()); children wait there for the first version. Needs one
-  // publisher, and every published tensor registered whole, unconverted, in host memory; the
-  // relay keeps two copies of the model in host memory (its own store, so Sleep() and the next
-  // update never pull bytes from under a child). Empty: not a relay.
+  // publisher, and every published tensor registered whole and unconverted, all in host memory
+  // (from a publisher that digests on the host) or all on one GPU (from one that digests on its
+  // GPU: served over cuda-ipc, or nccl to tcp children). The relay keeps two copies of the model
+  // there (its own store, so the next update never pulls bytes from under a child; a GPU store is
+  // given back by Sleep()). Empty: not a relay.
   std::string serve_endpoint;
   // A relay's own bound on direct children (PublisherOptions::max_direct of the publisher it
   // serves through); children past it are redirected further down. 0: no bound.

@@ -73,7 +73,9 @@ class Subscriber {
   // update, after Sleep() or a failed update); Busy during an update. An engine whose own loader
   // post-processes the received tensors (load_weights) checks the received copy, not its weights.
   Result<WeightsCheck> CheckWeights();
-  // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares.
+  // Releases the transfer handle (mapping, connection, staging). The next Update re-prepares. A
+  // relay of CUDA destinations also gives back its GPU store (its children find no publisher at
+  // its serve_endpoint until its next update serves there again); a host relay keeps serving.
   Status Sleep();
   Status Close();
   // Makes the update in flight (if any) stop at its next wait and return Cancelled, within about

@@ -601,7 +601,7 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
     published = d.store->Publish(k, d.versions.digests(k), delta_base, cuda_stream,
                                  Deadline(d.options.timeout));
   } else {
-    published = d.store->PublishCopy(k, delta_base);
+    published = d.store->PublishCopy(k, delta_base, Deadline(d.options.timeout));
     if (published.ok()) std::copy(given->begin(), given->end(), d.versions.digests(k).begin());
   }
   if (!published.ok()) {

@@ -20,7 +20,7 @@ struct PublisherRelayAccess {
   // its digest segment size (so digests number the same segments). Only before the first
   // publish: sessions read the identity with the layout.
   static Status AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream);
-  // Publish(step) of a host store whose bytes are copied, not hashed; `digests` (the trainer's, of
+  // Publish(step) of a host or GPU store whose bytes are copied, not hashed; `digests` (the trainer's, of
   // exactly these bytes, every one) are what subscribers verify against. `writer`: the relay's
   // update deadline (and its cancel), which ends the wait for a slot's readers as the publisher's
   // timeout does (their reads revoked).

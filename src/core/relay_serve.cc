@@ -7,6 +7,7 @@
 
 #include "core/publisher_relay.h"
 #include "transport/link/endpoint.h"
+#include "transport/path_table.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 
@@ -60,10 +61,26 @@ Status RelayServe::CheckServable(const wire::Welcome& upstream,
         "serve_endpoint: published tensor '", tensor, "' ", why,
         "; a relay serves the trainer's whole version as published (docs/relays.md)");
   };
-  if (upstream.digest_kind != wire::DigestKind::kXxh3) {
+  // One store serves: a host arena for host destinations, a GPU arena on their device for CUDA
+  // ones. Its children verify the trainer's digests as that store's kind (xxh3 on the host, the
+  // GPU digest on a GPU), so the trainer must have digested the same way.
+  const transport::DestinationKind kind = transport::KindOf(destinations);
+  if (kind == transport::DestinationKind::kMixed) {
     return Status::FailedPrecondition(
-        "serve_endpoint: the publisher digests on its GPU; relaying its versions (whose digests "
-        "children verify on the host) is not built yet (docs/relays.md)");
+        "serve_endpoint: the destinations are on more than one device; a relay serves from one "
+        "store, in host memory or on one GPU (docs/relays.md)");
+  }
+  const bool on_gpu = kind == transport::DestinationKind::kCuda;
+  if (on_gpu && upstream.digest_kind != wire::DigestKind::kGpu64) {
+    return Status::FailedPrecondition(
+        "serve_endpoint: the destinations are CUDA memory, served from a GPU store whose children "
+        "verify digests taken on a GPU, but the publisher digests on the host; relaying a host "
+        "publisher's versions into CUDA memory is not built yet (docs/relays.md)");
+  }
+  if (!on_gpu && upstream.digest_kind != wire::DigestKind::kXxh3) {
+    return Status::FailedPrecondition(
+        "serve_endpoint: the publisher digests on its GPU; relaying its versions into host memory "
+        "(whose children verify on the host) is not built yet (docs/relays.md)");
   }
   std::unordered_map<std::string_view, const plan::Destination*> by_name;
   for (const plan::Destination& d : destinations) by_name.emplace(d.spec.name, &d);
@@ -79,9 +96,6 @@ Status RelayServe::CheckServable(const wire::Welcome& upstream,
                                      ShapeString(d.spec.shape));
     }
     if (!d.regions.empty()) return refuse(p.spec.name, "is registered here as regions");
-    if (d.device.is_cuda()) {
-      return refuse(p.spec.name, "is held in CUDA memory here; relays serve from host memory");
-    }
   }
   return Status::Ok();
 }
@@ -120,6 +134,7 @@ Status RelayServe::Register(const wire::Welcome& upstream,
   order_ = std::move(order);
   sources_ = std::move(sources);
   destination_count_ = destinations.size();
+  on_gpu_ = !destinations.empty() && destinations[0].device.is_cuda();
   return Status::Ok();
 }
 
@@ -304,6 +319,14 @@ Result<std::string> RelayServe::Announced(const SubscriberOptions& options,
 std::vector<MemberInfo> RelayServe::Members() const {
   util::MutexLock lock(&swap_mu_);
   return publisher_ ? publisher_->Members() : std::vector<MemberInfo>();
+}
+
+Status RelayServe::Sleep() {
+  if (!on_gpu_ || !publisher_) return Status::Ok();
+  WS_LOG(INFO, "relay") << endpoint_
+                        << ": sleeping, its GPU store given back; serving again after the next "
+                           "update";
+  return Close();
 }
 
 Status RelayServe::Close() {

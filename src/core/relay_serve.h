@@ -15,7 +15,8 @@
 // committed. A step that comes as deltas or over another path, one whose serving publisher must
 // be replaced, or one for which every slot but the latest is still read by a child is stored and
 // forwarded: served once committed, copied then from the destinations. The store holds two
-// copies of the model in host memory.
+// copies of the model: in host memory for host destinations, on their GPU for CUDA ones (served
+// over cuda-ipc, and nccl to tcp children, with the trainer's GPU digests).
 #pragma once
 
 #include <cstdint>
@@ -51,8 +52,9 @@ class RelayServe {
   static Result<std::string> Announced(const SubscriberOptions& options, const std::string& bound);
 
   // Whether the version `upstream` serves, landed in `destinations`, can be served as the trainer
-  // published it: every published tensor held whole under its name, with its dtype and shape, in
-  // host memory. FailedPrecondition naming what is missing otherwise (nothing has moved yet).
+  // published it: every published tensor held whole under its name, with its dtype and shape, all
+  // in host memory (an xxh3 publisher's) or all on one GPU (a publisher that digests on its GPU).
+  // FailedPrecondition naming what is missing otherwise (nothing has moved yet).
   static Status CheckServable(const wire::Welcome& upstream,
                               const std::vector<plan::Destination>& destinations);
 
@@ -89,6 +91,10 @@ class RelayServe {
   // How many subscribers it serves, children and theirs; under the subscriber's update lock.
   uint32_t Below() const;
 
+  // The relay's engine sleeps (Subscriber::Sleep): a GPU store is given back, so that sleeping
+  // frees the GPU memory the relay holds. Its children's reads fail and they find no publisher on
+  // the endpoint until the relay's next update serves again there. A host store keeps serving.
+  Status Sleep();
   // Stops serving; idempotent.
   Status Close();
 
@@ -143,6 +149,7 @@ class RelayServe {
   std::vector<uint32_t> order_;
   std::vector<const uint8_t*> sources_;
   size_t destination_count_ = 0;
+  bool on_gpu_ = false;  // publisher_ serves from a GPU store (CUDA destinations)
   Forward forward_{this};
 };
 

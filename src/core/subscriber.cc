@@ -861,7 +861,10 @@ Status Subscriber::Sleep() {
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   CallerDevice caller_device(d.registered.any_cuda());
-  return d.ReleaseHandles("sleep");
+  Status s = d.ReleaseHandles("sleep");
+  // A relay of CUDA destinations gives its GPU store back too (docs/relays.md).
+  if (d.relay) s.Update(d.relay->Sleep().WithContext("relay " + d.serve_endpoint));
+  return s;
 }
 
 Status Subscriber::Close() {

@@ -640,9 +640,10 @@ TEST(Relay, ServesOnePublisherOnly) {
       << refused.status();
 }
 
-// What a relay can serve: the trainer's whole version, as published, from host memory. Each
-// refusal names the tensor and why.
-TEST(Relay, ServesOnlyTheWholeVersionAsPublishedFromHostMemory) {
+// What a relay can serve: the trainer's whole version, as published, from one store: host memory
+// (a publisher that digests on the host) or one GPU (one that digests on its GPU). Each refusal
+// names the tensor, or the devices, and why.
+TEST(Relay, ServesTheWholeVersionAsPublishedFromHostMemoryOrOneGpu) {
   wire::Welcome upstream;
   upstream.tensors.push_back({{"w", DType::kBFloat16, {4, 8}, 64}});
   upstream.tensors.push_back({{"b", DType::kFloat32, {8}, 32}});
@@ -670,15 +671,20 @@ TEST(Relay, ServesOnlyTheWholeVersionAsPublishedFromHostMemory) {
   refused(d, upstream, "'b' is float32[8] but registered here as float16[16]");
   d = destinations();
   d[0].device = {Device::Kind::kCUDA, 0};
-  refused(d, upstream, "'w' is held in CUDA memory here");
+  refused(d, upstream, "the destinations are on more than one device");
+  wire::Welcome gpu_digests = upstream;
+  gpu_digests.digest_kind = wire::DigestKind::kGpu64;
+  d[1].device = {Device::Kind::kCUDA, 1};
+  refused(d, gpu_digests, "the destinations are on more than one device");
+  d[1].device = d[0].device;  // all on cuda:0: served from a GPU store, with GPU digests only
+  EXPECT_OK(core::RelayServe::CheckServable(gpu_digests, d));
+  refused(d, upstream, "the destinations are CUDA memory");
   d = destinations();
   d[0].regions.push_back({"w", {4, 8}, {0, 0}, {4, 8}, {0, 0}});
   refused(d, upstream, "'w' is registered here as regions");
   wire::Welcome sharded = upstream;
   sharded.tensors[1].sharded = true;
   refused(destinations(), sharded, "'b' is a region of a larger tensor");
-  wire::Welcome gpu_digests = upstream;
-  gpu_digests.digest_kind = wire::DigestKind::kGpu64;
   refused(destinations(), gpu_digests, "digests on its GPU");
 }
 

@@ -1,6 +1,7 @@
 // A publisher of CUDA tensors, driven line by line like ws_publisher (tests/helpers/
 // publisher_main.cc): the synthetic model is filled on the host and uploaded to device memory
-// before each publish.
+// before each publish. Besides the command loop's verbs: "publish S" → "ok S"; "members" → how
+// many subscribers it serves (Publisher::Members()).
 //   ws_gpu_publisher ENDPOINT TENSORS ELEMENTS DEVICE [SLOTS [SHARD/SHARDS]]
 // With SHARD/SHARDS (e.g. 1/2) it registers only the tensors i with i % SHARDS == SHARD, as one
 // trainer rank of several would.
@@ -222,6 +223,7 @@ int main(int argc, char** argv) {
     if (s.ok()) s = PublishFromAnotherDevice(**publisher, device, step);
     return ws::testing::Answer(s, "ok " + std::to_string(step));
   });
+  loop.On("members", [&](std::istream&) { return std::to_string((*publisher)->Members().size()); });
   loop.OnQuit([&] { return (*publisher)->Close(); });
   return loop.Run(std::cin);
 }

@@ -6,15 +6,19 @@
 //   update S    → "ok S <ms>" | "error <code> <ms> <message>"
 //   holds S     → "yes" | "no <why>"          (every tensor equals the model at step S)
 //   valid       → "yes" | "no"                (weights_valid())
+//   served      → "<count>"                   (a relay's children: ServedMembers())
+//   sleep       → "ok" | "error <status>"     (Sleep())
 // The token comes from the environment (WEIGHTSYNC_TOKEN / WEIGHTSYNC_TOKEN_FILE).
 // WS_TEST_SERVE=ENDPOINT makes it a relay (SubscriberOptions::serve_endpoint): it prints
-// "ready SERVE_ENDPOINT" (tcp://HOST:0 with the port bound) instead.
+// "ready SERVE_ENDPOINT" (tcp://HOST:0 with the port bound) instead. WS_TEST_DEVICE=N puts the
+// destinations on CUDA device N (an engine on a GPU); WS_TEST_MODE=in_place updates in place.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
+#include "gpu/gpu_test_util.h"
 #include "testing/command_loop.h"
 #include "testing/test_util.h"
 
@@ -33,10 +37,27 @@ int main(int argc, char** argv) {
   if (const char* serve = std::getenv("WS_TEST_SERVE"); serve != nullptr) {
     options.serve_endpoint = serve;
   }
+  if (const char* mode = std::getenv("WS_TEST_MODE"); mode != nullptr) {
+    options.mode =
+        std::string(mode) == "in_place" ? ws::UpdateMode::kInPlace : ws::UpdateMode::kStaged;
+  }
+  const char* device = std::getenv("WS_TEST_DEVICE");
   SyntheticModel model(std::atoi(argv[2]), std::atoll(argv[3]));
   auto like = model.Tensors();
-  auto storage = SyntheticModel::PoisonedStorage(like);
-  auto dst = SyntheticModel::Views(like, storage);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<ws::cuda::DeviceBuffer> on_device;
+  std::vector<ws::NamedTensor> dst;
+  if (device != nullptr) {
+    if (ws::Status s = ws::cuda::SetDevice(std::atoi(device)); !s.ok()) {
+      return ws::testing::SetUpFailed(s);
+    }
+    auto poisoned = ws::cuda::testing::PoisonedDestinations(like, std::atoi(device), &on_device);
+    if (!poisoned.ok()) return ws::testing::SetUpFailed(poisoned.status());
+    dst = std::move(poisoned).value();
+  } else {
+    storage = SyntheticModel::PoisonedStorage(like);
+    dst = SyntheticModel::Views(like, storage);
+  }
   auto sub = ws::Subscriber::Create(options);
   if (!sub.ok()) return ws::testing::SetUpFailed(sub.status());
   if (ws::Status s = (*sub)->Register(dst); !s.ok()) return ws::testing::SetUpFailed(s);
@@ -58,10 +79,15 @@ int main(int argc, char** argv) {
     int64_t step = 0;
     args >> step;
     std::string why;
-    return SyntheticModel::Holds(dst, step, &why) ? std::string("yes") : "no " + why;
+    const bool holds = device != nullptr
+                           ? ws::cuda::testing::DestinationsHold(dst, like, step, &why)
+                           : SyntheticModel::Holds(dst, step, &why);
+    return holds ? std::string("yes") : "no " + why;
   });
   loop.On("valid",
           [&](std::istream&) { return std::string((*sub)->weights_valid() ? "yes" : "no"); });
+  loop.On("served", [&](std::istream&) { return std::to_string((*sub)->ServedMembers().size()); });
+  loop.On("sleep", [&](std::istream&) { return ws::testing::Answer((*sub)->Sleep(), "ok"); });
   loop.OnQuit([&] { return (*sub)->Close(); });
   return loop.Run(std::cin);
 }

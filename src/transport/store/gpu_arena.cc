@@ -69,11 +69,25 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(copies_by_slot_[slot], &small_by_slot_[slot]));
-  WS_RETURN_IF_ERROR(digests_[slot].Launch());
-  WS_RETURN_IF_ERROR(queue_.Enqueue(digests,
-                                    digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
-                                    uint64_t{digest_count_} * 8));
+  if (digests != nullptr) {
+    WS_RETURN_IF_ERROR(digests_[slot].Launch());
+    WS_RETURN_IF_ERROR(
+        queue_.Enqueue(digests, digests_device_.as<uint64_t>() + uint64_t{slot} * digest_count_,
+                       uint64_t{digest_count_} * 8));
+  }
   return queue_.Wait(deadline);
+}
+
+Status GpuArena::FlipBit(uint32_t slot) {
+  if (copies_.empty() || copies_[0].bytes == 0) return Status::Ok();
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  uint8_t* at = allocation_.data() + uint64_t{slot} * slot_bytes_ + copies_[0].slot_offset +
+                copies_[0].bytes / 2;
+  uint8_t byte = 0;
+  WS_RETURN_IF_ERROR(cuda::CopyToHost(&byte, at, 1));
+  byte ^= 0x01;
+  return cuda::CopyToDevice(at, &byte, 1);
 }
 
 Status GpuArena::Close() {

@@ -42,11 +42,14 @@ class GpuArena {
   uint64_t arena_bytes() const { return allocation_.size(); }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Copies every registered tensor into `slot` and computes its digests into `digests`
-  // (digest_count words, host memory). The copies start after the work already queued on
-  // `after_stream` (a cudaStream_t of the arena's device; nullptr: the legacy default stream),
-  // which wrote the tensors.
+  // (digest_count words, host memory; null: copies only, a relay's, whose digests are the
+  // trainer's). The copies start after the work already queued on `after_stream` (a cudaStream_t
+  // of the arena's device; nullptr: the legacy default stream), which wrote the tensors.
   Status Publish(uint32_t slot, uint64_t* digests, void* after_stream,
                  const util::Deadline& deadline);
+  // Tests (fail point relay.corrupt_served): flips one bit inside the first tensor's copy in
+  // `slot`, after its digests were taken.
+  Status FlipBit(uint32_t slot);
   Status Close();
 
  private:

@@ -7,6 +7,7 @@
 
 #include "transport/store/gpu_arena.h"
 #include "transport/store/version_store.h"
+#include "util/fail_point.h"
 #include "util/logging.h"
 
 namespace weightsync::transport::store {
@@ -27,6 +28,16 @@ class GpuStore final : public VersionStore {
                  void* cuda_stream, const util::Deadline& deadline) override {
     WS_RETURN_IF_ERROR(arena_->Publish(slot, digests.data(), cuda_stream, deadline));
     for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
+    return Status::Ok();
+  }
+  // A relay of CUDA destinations: the same copies, no digest launch (the trainer's digests).
+  Status PublishCopy(uint32_t slot, const DeltaBase* /*base*/,
+                     const util::Deadline& deadline) override {
+    WS_RETURN_IF_ERROR(arena_->Publish(slot, nullptr, nullptr, deadline));
+    // Tests: a relay that corrupts what it serves (its children's verify must refuse it).
+    if (util::FailPoints::Check("relay.corrupt_served").action == util::FailAction::kFlip) {
+      return arena_->FlipBit(slot);
+    }
     return Status::Ok();
   }
   int fd() const override { return arena_ ? arena_->fd() : -1; }

@@ -74,7 +74,8 @@ class HostStore final : public VersionStore {
   Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) override;
   Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                  void* cuda_stream, const util::Deadline& deadline) override;
-  Status PublishCopy(uint32_t slot, const DeltaBase* base) override;
+  Status PublishCopy(uint32_t slot, const DeltaBase* base,
+                     const util::Deadline& /*deadline*/) override;
   Result<uint8_t*> WriteFromOutside(uint32_t slot) override {
     if (!arena_ || !arena_->frozen()) return Status::FailedPrecondition("host store not frozen");
     SummarizeDelta(slot, nullptr);
@@ -310,7 +311,8 @@ Status HostStore::Publish(uint32_t slot, std::span<uint64_t> digests, const Delt
   return Status::Ok();
 }
 
-Status HostStore::PublishCopy(uint32_t slot, const DeltaBase* base) {
+Status HostStore::PublishCopy(uint32_t slot, const DeltaBase* base,
+                              const util::Deadline& /*deadline*/) {
   Run({this, slot, nullptr, base});
   return Status::Ok();
 }

@@ -140,11 +140,12 @@ class VersionStore {
                          void* cuda_stream, const util::Deadline& deadline) = 0;
   // Relays (docs/relays.md): writes version `slot` as Publish does but copies without hashing —
   // its digests are the trainer's, which the caller sets, so a relay never re-hashes and its
-  // children verify exactly what the trainer published. Deltas are encoded as in Publish. Only
-  // the host store has it.
-  virtual Status PublishCopy(uint32_t /*slot*/, const DeltaBase* /*base*/) {
+  // children verify exactly what the trainer published. Deltas are encoded as in Publish. The host
+  // arena and the GPU arena have it (a GPU copy ends within `deadline`).
+  virtual Status PublishCopy(uint32_t /*slot*/, const DeltaBase* /*base*/,
+                             const util::Deadline& /*deadline*/) {
     return Status::NotSupported(Describe(),
-                                ": cannot hold a relayed version (the host arena only)");
+                                ": cannot hold a relayed version (host and GPU arenas only)");
   }
   // Cut-through relays (docs/relays.md): version `slot` is written from outside, its bytes copied
   // into the slot as they arrive, with no delta against the version before it (what the slot's
