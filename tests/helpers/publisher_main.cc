@@ -5,6 +5,7 @@
 // Prints "ready ENDPOINT" (the bound endpoint: tcp://HOST:0 gets its port), then answers each
 // command with one line (testing/command_loop.h; also arm and quit):
 //   publish S   → "ok S" | "error <status>"      (fills the synthetic model for step S first)
+//   members     → "<count>"                       (subscribers it serves: Members())
 // Fail points come from $WEIGHTSYNC_FAILPOINTS or `arm`. WS_TEST_RING=BUCKETS:BYTES makes it a ring
 // publisher (PublisherOptions::ring_buckets, ring_bucket_bytes), which fences each write of the
 // model with BeginWrite().
@@ -70,6 +71,8 @@ int main(int argc, char** argv) {
     model.Fill(step);
     return Answer((*publisher)->Publish(step).status(), "ok " + std::to_string(step));
   });
+  loop.On("members",
+          [&](std::istream&) { return std::to_string((*publisher)->Members().size()); });
   loop.OnQuit([&] { return (*publisher)->Close(); });
   return loop.Run(std::cin);
 }
