@@ -20,10 +20,10 @@ struct PublisherRelayAccess {
   // its digest segment size (so digests number the same segments). Only before the first
   // publish: sessions read the identity with the layout.
   static Status AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream);
-  // Publish(step) of a host or GPU store whose bytes are copied, not hashed; `digests` (the trainer's, of
-  // exactly these bytes, every one) are what subscribers verify against. `writer`: the relay's
-  // update deadline (and its cancel), which ends the wait for a slot's readers as the publisher's
-  // timeout does (their reads revoked).
+  // Publish(step) of a host or GPU store whose bytes are copied, not hashed; `digests` (the
+  // trainer's, of exactly these bytes, every one) are what subscribers verify against. `writer`:
+  // the relay's update deadline (and its cancel), which ends the wait for a slot's readers as the
+  // publisher's timeout does (their reads revoked).
   static Result<PublishStats> PublishGiven(Publisher& publisher, int64_t step,
                                            std::span<const uint64_t> digests,
                                            const util::Deadline& writer);

@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
     model.Fill(step);
     return Answer((*publisher)->Publish(step).status(), "ok " + std::to_string(step));
   });
-  loop.On("members",
-          [&](std::istream&) { return std::to_string((*publisher)->Members().size()); });
+  loop.On("members", [&](std::istream&) { return std::to_string((*publisher)->Members().size()); });
   loop.OnQuit([&] { return (*publisher)->Close(); });
   return loop.Run(std::cin);
 }
