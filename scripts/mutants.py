@@ -233,7 +233,7 @@ MUTANTS = [
            "core_relay_test", "Relay.ServesTheWholeVersionAsPublished*"),
     Mutant("relay-one-device", "a relay takes destinations on more than one device (one store serves)",
            "src/core/relay_serve.cc",
-           [("  if (kind == transport::DestinationKind::kMixed) {", "  if (false) {")],
+           [("    if (d.device != first->device) {", "    if (false) {")],
            "core_relay_test", "Relay.ServesTheWholeVersionAsPublished*"),
     Mutant("relay-gpu-digests", "a relay of CUDA destinations takes a host publisher's xxh3 digests",
            "src/core/relay_serve.cc",

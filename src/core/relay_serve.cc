@@ -7,7 +7,6 @@
 
 #include "core/publisher_relay.h"
 #include "transport/link/endpoint.h"
-#include "transport/path_table.h"
 #include "util/fail_point.h"
 #include "util/logging.h"
 
@@ -61,29 +60,9 @@ Status RelayServe::CheckServable(const wire::Welcome& upstream,
         "serve_endpoint: published tensor '", tensor, "' ", why,
         "; a relay serves the trainer's whole version as published (docs/relays.md)");
   };
-  // One store serves: a host arena for host destinations, a GPU arena on their device for CUDA
-  // ones. Its children verify the trainer's digests as that store's kind (xxh3 on the host, the
-  // GPU digest on a GPU), so the trainer must have digested the same way.
-  const transport::DestinationKind kind = transport::KindOf(destinations);
-  if (kind == transport::DestinationKind::kMixed) {
-    return Status::FailedPrecondition(
-        "serve_endpoint: the destinations are on more than one device; a relay serves from one "
-        "store, in host memory or on one GPU (docs/relays.md)");
-  }
-  const bool on_gpu = kind == transport::DestinationKind::kCuda;
-  if (on_gpu && upstream.digest_kind != wire::DigestKind::kGpu64) {
-    return Status::FailedPrecondition(
-        "serve_endpoint: the destinations are CUDA memory, served from a GPU store whose children "
-        "verify digests taken on a GPU, but the publisher digests on the host; relaying a host "
-        "publisher's versions into CUDA memory is not built yet (docs/relays.md)");
-  }
-  if (!on_gpu && upstream.digest_kind != wire::DigestKind::kXxh3) {
-    return Status::FailedPrecondition(
-        "serve_endpoint: the publisher digests on its GPU; relaying its versions into host memory "
-        "(whose children verify on the host) is not built yet (docs/relays.md)");
-  }
   std::unordered_map<std::string_view, const plan::Destination*> by_name;
   for (const plan::Destination& d : destinations) by_name.emplace(d.spec.name, &d);
+  const plan::Destination* first = nullptr;  // the first published tensor's
   for (const wire::TensorPlacement& p : upstream.tensors) {
     if (p.sharded) return refuse(p.spec.name, "is a region of a larger tensor");
     auto it = by_name.find(p.spec.name);
@@ -96,6 +75,30 @@ Status RelayServe::CheckServable(const wire::Welcome& upstream,
                                      ShapeString(d.spec.shape));
     }
     if (!d.regions.empty()) return refuse(p.spec.name, "is registered here as regions");
+    // One store serves: a host arena for host destinations, a GPU arena on their device for CUDA
+    // ones (destinations the trainer does not publish do not matter).
+    if (first == nullptr) first = &d;
+    if (d.device != first->device) {
+      return Status::FailedPrecondition(
+          "serve_endpoint: published tensors '", first->spec.name, "' (",
+          DeviceString(first->device), ") and '", p.spec.name, "' (", DeviceString(d.device),
+          ") are held on different devices here; a relay serves from one store, in host memory "
+          "or on one GPU (docs/relays.md)");
+    }
+  }
+  // Its children verify the trainer's digests as that store's kind (xxh3 on the host, the GPU
+  // digest on a GPU), so the trainer must have digested the same way.
+  const bool on_gpu = first != nullptr && first->device.is_cuda();
+  if (on_gpu && upstream.digest_kind != wire::DigestKind::kGpu64) {
+    return Status::FailedPrecondition(
+        "serve_endpoint: the destinations are CUDA memory, served from a GPU store whose children "
+        "verify digests taken on a GPU, but the publisher digests on the host; relaying a host "
+        "publisher's versions into CUDA memory is not built yet (docs/relays.md)");
+  }
+  if (!on_gpu && upstream.digest_kind != wire::DigestKind::kXxh3) {
+    return Status::FailedPrecondition(
+        "serve_endpoint: the publisher digests on its GPU; relaying its versions into host memory "
+        "(whose children verify on the host) is not built yet (docs/relays.md)");
   }
   return Status::Ok();
 }
@@ -134,7 +137,7 @@ Status RelayServe::Register(const wire::Welcome& upstream,
   order_ = std::move(order);
   sources_ = std::move(sources);
   destination_count_ = destinations.size();
-  on_gpu_ = !destinations.empty() && destinations[0].device.is_cuda();
+  on_gpu_ = !tensors.empty() && tensors[0].view.device.is_cuda();
   return Status::Ok();
 }
 
@@ -215,6 +218,9 @@ transport::path::LandingObserver* RelayServe::Stream(
     WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step << " while it lands: " << s;
     return nullptr;
   }
+  // A GPU store is never written from outside (no path into CUDA destinations tells where bytes
+  // land, and the relay could not copy device memory there itself): stored and forwarded.
+  if (on_gpu_) return nullptr;
   forward_.Arm(step);
   return &forward_;
 }

@@ -671,14 +671,17 @@ TEST(Relay, ServesTheWholeVersionAsPublishedFromHostMemoryOrOneGpu) {
   refused(d, upstream, "'b' is float32[8] but registered here as float16[16]");
   d = destinations();
   d[0].device = {Device::Kind::kCUDA, 0};
-  refused(d, upstream, "the destinations are on more than one device");
+  refused(d, upstream, "tensors 'w' (cuda:0) and 'b' (cpu) are held on different devices");
   wire::Welcome gpu_digests = upstream;
   gpu_digests.digest_kind = wire::DigestKind::kGpu64;
   d[1].device = {Device::Kind::kCUDA, 1};
-  refused(d, gpu_digests, "the destinations are on more than one device");
+  refused(d, gpu_digests, "tensors 'w' (cuda:0) and 'b' (cuda:1) are held on different devices");
   d[1].device = d[0].device;  // all on cuda:0: served from a GPU store, with GPU digests only
   EXPECT_OK(core::RelayServe::CheckServable(gpu_digests, d));
   refused(d, upstream, "the destinations are CUDA memory");
+  d.push_back(destinations()[0]);  // a host buffer the trainer does not publish: no matter
+  d.back().spec.name = "scratch";
+  EXPECT_OK(core::RelayServe::CheckServable(gpu_digests, d));
   d = destinations();
   d[0].regions.push_back({"w", {4, 8}, {0, 0}, {4, 8}, {0, 0}});
   refused(d, upstream, "'w' is registered here as regions");

@@ -68,6 +68,16 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
   WS_RETURN_IF_ERROR(queue_.WaitFor(after_stream));
+  return CopyAndDigest(slot, digests, deadline);
+}
+
+Status GpuArena::CopyWritten(uint32_t slot, const util::Deadline& deadline) {
+  cuda::ScopedDevice restore;
+  WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  return CopyAndDigest(slot, nullptr, deadline);
+}
+
+Status GpuArena::CopyAndDigest(uint32_t slot, uint64_t* digests, const util::Deadline& deadline) {
   WS_RETURN_IF_ERROR(queue_.EnqueueBatch(copies_by_slot_[slot], &small_by_slot_[slot]));
   if (digests != nullptr) {
     WS_RETURN_IF_ERROR(digests_[slot].Launch());
@@ -79,11 +89,15 @@ Status GpuArena::Publish(uint32_t slot, uint64_t* digests, void* after_stream,
 }
 
 Status GpuArena::FlipBit(uint32_t slot) {
-  if (copies_.empty() || copies_[0].bytes == 0) return Status::Ok();
+  auto copy =
+      std::find_if(copies_.begin(), copies_.end(), [](const Copy& c) { return c.bytes > 0; });
+  if (copy == copies_.end()) {
+    return Status::FailedPrecondition("no byte to flip: every tensor of the arena is empty");
+  }
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  uint8_t* at = allocation_.data() + uint64_t{slot} * slot_bytes_ + copies_[0].slot_offset +
-                copies_[0].bytes / 2;
+  uint8_t* at =
+      allocation_.data() + uint64_t{slot} * slot_bytes_ + copy->slot_offset + copy->bytes / 2;
   uint8_t byte = 0;
   WS_RETURN_IF_ERROR(cuda::CopyToHost(&byte, at, 1));
   byte ^= 0x01;

@@ -42,18 +42,25 @@ class GpuArena {
   uint64_t arena_bytes() const { return allocation_.size(); }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Copies every registered tensor into `slot` and computes its digests into `digests`
-  // (digest_count words, host memory; null: copies only, a relay's, whose digests are the
-  // trainer's). The copies start after the work already queued on `after_stream` (a cudaStream_t
-  // of the arena's device; nullptr: the legacy default stream), which wrote the tensors.
+  // (digest_count words, host memory). The copies start after the work already queued on
+  // `after_stream` (a cudaStream_t of the arena's device; nullptr: the legacy default stream),
+  // which wrote the tensors.
   Status Publish(uint32_t slot, uint64_t* digests, void* after_stream,
                  const util::Deadline& deadline);
-  // Tests (fail point relay.corrupt_served): flips one bit inside the first tensor's copy in
-  // `slot`, after its digests were taken.
+  // A relay's version (its digests are the trainer's): the same copies into `slot`, no digests,
+  // and ordered after no stream: the tensors' writes ended before the caller returned from them
+  // (a relay's update waits for its copies on the host before it commits), so an engine's work
+  // queued on its default stream never holds the copy back.
+  Status CopyWritten(uint32_t slot, const util::Deadline& deadline);
+  // Tests (fail point relay.corrupt_served): flips one bit inside the first non-empty tensor's
+  // copy in `slot`; FailedPrecondition when every tensor is empty (nothing to corrupt).
   Status FlipBit(uint32_t slot);
   Status Close();
 
  private:
   GpuArena() = default;
+  // The copies into `slot`, then (digests not null) the digests, waited for within `deadline`.
+  Status CopyAndDigest(uint32_t slot, uint64_t* digests, const util::Deadline& deadline);
 
   int device_ = -1;
   uint64_t slot_bytes_ = 0;

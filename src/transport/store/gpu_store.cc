@@ -33,7 +33,7 @@ class GpuStore final : public VersionStore {
   // A relay of CUDA destinations: the same copies, no digest launch (the trainer's digests).
   Status PublishCopy(uint32_t slot, const DeltaBase* /*base*/,
                      const util::Deadline& deadline) override {
-    WS_RETURN_IF_ERROR(arena_->Publish(slot, nullptr, nullptr, deadline));
+    WS_RETURN_IF_ERROR(arena_->CopyWritten(slot, deadline));
     // Tests: a relay that corrupts what it serves (its children's verify must refuse it).
     if (util::FailPoints::Check("relay.corrupt_served").action == util::FailAction::kFlip) {
       return arena_->FlipBit(slot);
