@@ -218,9 +218,6 @@ transport::path::LandingObserver* RelayServe::Stream(
     WS_LOG(WARN, "relay") << endpoint_ << ": not serving step " << step << " while it lands: " << s;
     return nullptr;
   }
-  // A GPU store is never written from outside (no path into CUDA destinations tells where bytes
-  // land, and the relay could not copy device memory there itself): stored and forwarded.
-  if (on_gpu_) return nullptr;
   forward_.Arm(step);
   return &forward_;
 }

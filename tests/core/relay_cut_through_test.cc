@@ -14,6 +14,7 @@
 #include "testing/publisher_process.h"
 #include "testing/sparse_trainer.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 #include "util/fail_point.h"
 #include "weightsync/ledger.h"
 
@@ -262,11 +263,7 @@ TEST_P(CutThrough, AStalledChildNeverFailsItsRelaysUpdate) {
   EXPECT_TRUE(trainer_.HeldBy(leaf));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, CutThrough,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "Staged" : "InPlace";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, CutThrough, testing::BothUpdateModes(), testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

@@ -12,6 +12,7 @@
 #include "testing/local_pair.h"
 #include "testing/publisher_process.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 #include "util/fail_point.h"
 
 namespace weightsync {
@@ -259,10 +260,7 @@ TEST_P(Ring, ADoneForAnotherBucketEndsTheSessionAndNothingIsCommitted) {
                                              "expected step 2 bucket 0");
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Ring, ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, Ring, testing::BothUpdateModes(), testing::UpdateModeName);
 
 TEST(RingOptions, WhatARingCannotDoIsRefusedUpFront) {
   PublisherOptions o;

@@ -18,6 +18,7 @@
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
 #include "testing/count_new.inc"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
@@ -112,11 +113,7 @@ TEST_P(CudaIpc, HundredSleepWakeCyclesReturnToBaseline) {
   EXPECT_EQ(free0, free1) << "GPU memory not returned after 100 sleep/wake cycles";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, CudaIpc,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, CudaIpc, testing::BothUpdateModes(), testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

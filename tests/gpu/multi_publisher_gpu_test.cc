@@ -11,6 +11,7 @@
 #include "cuda/vmm.h"
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
@@ -76,11 +77,8 @@ TEST_P(GpuMultiPublisher, HalvesFromTwoGpusArriveBitExactWithOnePrepare) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GpuMultiPublisher,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, GpuMultiPublisher, testing::BothUpdateModes(),
+                         testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

@@ -29,6 +29,7 @@
 
 // Counts host heap allocations (g_new_calls) to show a steady update makes none.
 #include "testing/count_new.inc"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
@@ -307,10 +308,7 @@ TEST_P(Nccl, SleepWakeCyclesRebuildTheCommunicatorAndReturnToBaseline) {
   EXPECT_EQ(free0, free1) << "GPU memory not returned after sleep/wake cycles";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Nccl, ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, Nccl, testing::BothUpdateModes(), testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

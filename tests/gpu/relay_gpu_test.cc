@@ -11,6 +11,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
@@ -121,11 +122,8 @@ TEST_P(CudaRelayChain, ASleepingRelayReturnsItsGpuStoreAndServesAgainAfterWaking
   ExpectHold(3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, CudaRelayChain,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "Staged" : "InPlace";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, CudaRelayChain, testing::BothUpdateModes(),
+                         testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

@@ -20,6 +20,7 @@
 #include "gpu/gpu_test_util.h"
 #include "testing/publisher_process.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 #include "transport/store/version_store.h"
 #include "util/fail_point.h"
 
@@ -292,11 +293,7 @@ TEST(GpuRingOverTcp, AllocatesNoBucketAndTellsAHostSubscriberWhyNot) {
   EXPECT_EQ(host[0], -1.0f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GpuRing,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, GpuRing, testing::BothUpdateModes(), testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

@@ -8,6 +8,7 @@
 #include "gpu/gpu_test_util.h"
 #include "testing/publisher_process.h"
 #include "testing/test_util.h"
+#include "testing/transport_modes.h"
 
 namespace weightsync {
 namespace {
@@ -116,11 +117,8 @@ TEST_P(GpuWeightsCheck, GpuToHostDestinationsAreHashedOnTheCpu) {
       }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GpuWeightsCheck,
-                         ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace),
-                         [](const auto& info) {
-                           return info.param == UpdateMode::kStaged ? "staged" : "in_place";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, GpuWeightsCheck, testing::BothUpdateModes(),
+                         testing::UpdateModeName);
 
 }  // namespace
 }  // namespace weightsync

@@ -1,5 +1,5 @@
-// The four ways a host subscriber runs — shm or tcp, staged or in place — as one gtest parameter,
-// for suites that must hold in every one of them.
+// The ways a subscriber runs as one gtest parameter, for suites that must hold in every one of
+// them: shm or tcp, staged or in place (TransportMode); staged or in place alone (UpdateMode).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,6 +25,16 @@ inline auto AllTransportModes() {
 inline std::string TransportModeName(const ::testing::TestParamInfo<TransportMode>& info) {
   return std::string(info.param.tcp ? "tcp" : "shm") +
          (info.param.mode == UpdateMode::kStaged ? "_staged" : "_in_place");
+}
+
+// Staged and in place: INSTANTIATE_TEST_SUITE_P(Modes, Suite, BothUpdateModes(), UpdateModeName).
+inline auto BothUpdateModes() {
+  return ::testing::Values(UpdateMode::kStaged, UpdateMode::kInPlace);
+}
+
+// "staged", "in_place"
+inline std::string UpdateModeName(const ::testing::TestParamInfo<UpdateMode>& info) {
+  return info.param == UpdateMode::kStaged ? "staged" : "in_place";
 }
 
 }  // namespace weightsync::testing
