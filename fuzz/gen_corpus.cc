@@ -17,6 +17,7 @@
 #include "fuzz_destinations.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace {
@@ -131,6 +132,12 @@ void Messages() {
                                           "tcp://10.0.0.7:5000", "local://lost-relay", "rack-3"})));
   Write(t, "hello_bad_role", WithSelector(0, {1, 0, 2, 0, 0, 0, 0}));
   Write(t, "redirect", WithSelector(8, Payload(wire::Redirect{"tcp://[fd00::7]:5000"})));
+  wire::MembersReport report;
+  report.held_step = 3;
+  report.below = 2;
+  report.members = {{"10.0.0.8:4100", "tcp://10.0.0.8:5000", "rack-3", "", 3, 3, -1, 1, 1},
+                    {"subscriber connection 2", "", "", "tcp://10.0.0.8:5000", 2, 3, 3, 0, 2}};
+  Write(t, "members_report", WithSelector(16, Payload(report)));
 
   Write(t, "welcome_mixed_seg16",
         WithSelector(WelcomeSelector(1, 0), Payload(MakeWelcome(dests, 16, false, false))));

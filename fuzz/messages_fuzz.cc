@@ -5,9 +5,10 @@
 // and plan::BuildRegionPlan against destinations wanting half of each), executed likewise.
 //
 // Input: one selector byte, then the message payload.
-//   selector % 8        message type (Hello or Redirect, Welcome, UpdateRequest, StepBegin,
-//                       CopyDone, StepEnd or DeltaBegin, Error, RingBucket)
-//   (selector / 8) % 2  type 0 only: 0 Hello, 1 Redirect; type 5 only: 0 StepEnd, 1 DeltaBegin
+//   selector % 8        message type (Hello, Redirect or MembersReport, Welcome, UpdateRequest,
+//                       StepBegin, CopyDone, StepEnd or DeltaBegin, Error, RingBucket)
+//   (selector / 8) % 3  type 0 only: 0 Hello, 1 Redirect, 2 MembersReport
+//   (selector / 8) % 2  type 5 only: 0 StepEnd, 1 DeltaBegin
 //   (selector / 8) % 4  Welcome only: bucket_bytes (1, 100, 4 MiB, 2^64-1)
 //   (selector / 32) % 3 Welcome only: destination set (0: fuzz_destinations.h, 1: the same with a
 //                       duplicated name, which BuildPlan must refuse, 2: the converting set,
@@ -45,6 +46,7 @@
 #include "plan/plan.h"
 #include "plan/region_plan.h"
 #include "plan/regions.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace {
@@ -437,10 +439,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const uint8_t> payload(data + 1, size - 1);
   switch (selector % 8) {
     case 0:
-      if ((selector / 8) % 2 == 0) {
+      if ((selector / 8) % 3 == 0) {
         FuzzSimple<wire::Hello>(payload);
-      } else {
+      } else if ((selector / 8) % 3 == 1) {
         FuzzSimple<wire::Redirect>(payload);
+      } else {
+        FuzzSimple<wire::MembersReport>(payload);
       }
       break;
     case 1:

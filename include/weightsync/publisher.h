@@ -83,9 +83,10 @@ struct PublishStats {
 // asynchronous RL scheduler needs.
 struct MemberInfo {
   std::string peer;  // "10.0.0.7:51234" (tcp), "subscriber connection 3" (local)
-  // The step it holds, as its latest update request said (its committed step of this publisher's
-  // session; -1: none, a version of another session, or weights it no longer vouches for after a
-  // weights check found differences or its registration changed).
+  // The step it holds, as it last said: in its latest update request, or after it committed a
+  // step (its committed step of this publisher's session; -1: none, a version of another
+  // session, or weights it no longer vouches for after a weights check found differences or its
+  // registration changed). Never newer than what it holds.
   int64_t held_step = -1;
   int64_t sent_step = -1;       // the latest step it was sent whole (it may still be verifying)
   int64_t receiving_step = -1;  // the step being sent to it now; -1: none
@@ -95,6 +96,10 @@ struct MemberInfo {
   // How many subscribers it serves, its children and theirs, as its latest request said.
   int64_t below = 0;
   std::string locality;  // as it labelled itself (SubscriberOptions::locality); empty: none
+  // Publisher::Tree(): how far below this publisher (1: its own member) and, deeper, the
+  // endpoint of the relay that serves it (empty at depth 1).
+  int depth = 1;
+  std::string via;
 };
 
 // Internal: how a relay (SubscriberOptions::serve_endpoint) serves a version it received under
@@ -130,6 +135,11 @@ class Publisher {
   // The subscribers prepared and connected now, in the order they joined (a relay is one of them;
   // its own children are its Subscriber::ServedMembers()). Any thread.
   std::vector<MemberInfo> Members() const;
+  // Every subscriber below this publisher, depth-first: each member followed by the subtree it
+  // serves (a relay's children, theirs, ...), with `depth` and `via`. Below depth 1 each entry is
+  // as its relay last reported it: at the end of that relay's updates, and between them as its
+  // children commit and come and go (docs/relays.md, "Membership"). Any thread.
+  std::vector<MemberInfo> Tree() const;
   // Stops serving, closes connections, unmaps and frees the arena. Idempotent.
   Status Close();
 

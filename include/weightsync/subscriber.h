@@ -89,6 +89,8 @@ class Subscriber {
   std::string serve_endpoint() const;
   // A relay's children connected now (Publisher::Members of what it serves); empty otherwise.
   std::vector<MemberInfo> ServedMembers() const;
+  // A relay's whole subtree (Publisher::Tree of what it serves); empty otherwise.
+  std::vector<MemberInfo> ServedTree() const;
   // The lineage of the committed version (of the first publisher, with several); empty before
   // the first successful update.
   std::string committed_lineage() const;

@@ -147,8 +147,9 @@ void BindPublisher(nb::module_& m) {
       .def_ro("peer", &MemberInfo::peer,
               "'10.0.0.7:51234' (tcp) or 'subscriber connection 3' (local).")
       .def_ro("held_step", &MemberInfo::held_step,
-              "The step it holds, as its latest update request said (-1: none of this\n"
-              "publisher's session).")
+              "The step it holds, as it last said (in its latest update request, or after it\n"
+              "committed a step; never newer than what it holds; -1: none of this publisher's\n"
+              "session).")
       .def_ro("sent_step", &MemberInfo::sent_step,
               "The latest step it was sent whole (it may still be verifying it).")
       .def_ro("receiving_step", &MemberInfo::receiving_step,
@@ -161,11 +162,18 @@ void BindPublisher(nb::module_& m) {
               "said (0 for a leaf).")
       .def_ro("locality", &MemberInfo::locality,
               "Where it runs, as it labelled itself (Subscriber's locality); '' for none.")
+      .def_ro("depth", &MemberInfo::depth,
+              "Publisher.tree(): how far below the publisher (1: its own member).")
+      .def_ro("via", &MemberInfo::via,
+              "Publisher.tree(): the endpoint of the relay that serves it ('' at depth 1).")
       .def("__repr__", [](const MemberInfo& m) {
-        return "MemberInfo(peer='" + m.peer + "', held_step=" + std::to_string(m.held_step) +
-               ", sent_step=" + std::to_string(m.sent_step) +
-               ", receiving_step=" + std::to_string(m.receiving_step) + ", serves='" + m.serves +
-               "', below=" + std::to_string(m.below) + ", locality='" + m.locality + "')";
+        std::string text =
+            "MemberInfo(peer='" + m.peer + "', held_step=" + std::to_string(m.held_step) +
+            ", sent_step=" + std::to_string(m.sent_step) +
+            ", receiving_step=" + std::to_string(m.receiving_step) + ", serves='" + m.serves +
+            "', below=" + std::to_string(m.below) + ", locality='" + m.locality + "'";
+        if (m.depth != 1) text += ", depth=" + std::to_string(m.depth) + ", via='" + m.via + "'";
+        return text + ")";
       });
 
   nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")
@@ -393,6 +401,11 @@ void BindPublisher(nb::module_& m) {
           "members", [](PyPublisher& self) { return self.publisher->Members(); },
           "The subscribers connected now (a relay among them), in the order they connected:\n"
           "which step each holds, was sent, or is receiving (docs/relays.md).")
+      .def(
+          "tree", [](PyPublisher& self) { return self.publisher->Tree(); },
+          "Every subscriber below this publisher, depth-first: each member followed by the\n"
+          "subtree it serves, with depth and via (the relay that serves it). Below depth 1,\n"
+          "as each relay last reported (docs/relays.md, 'Membership').")
       .def_prop_ro(
           "endpoint", [](PyPublisher& self) { return self.endpoint(); },
           "The endpoint subscribers connect to: for 'tcp://HOST:0', with the port bound.")

@@ -697,6 +697,9 @@ void BindSubscriber(nb::module_& m) {
       .def(
           "served_members", [](PySubscriber& self) { return self.subscriber->ServedMembers(); },
           "A relay's children connected now (as Publisher.members()); [] otherwise.")
+      .def(
+          "served_tree", [](PySubscriber& self) { return self.subscriber->ServedTree(); },
+          "A relay's whole subtree (as Publisher.tree()); [] otherwise.")
       .def_prop_ro(
           "serve_endpoint", [](PySubscriber& self) { return self.subscriber->serve_endpoint(); },
           "A relay's endpoint as bound (tcp://HOST:0 with its port); '' when it serves nothing.")

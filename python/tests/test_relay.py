@@ -3,6 +3,8 @@ other subscribers, under the trainer's lineage and digests; a chain holds the tr
 every level, and over tcp the leaf gets deltas through the relays; replicas that all dial the
 trainer past its max_direct are redirected into a tree of relays."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -55,6 +57,22 @@ def test_a_relay_of_several_publishers_is_refused_with_the_reason():
                               serve_endpoint="tcp://127.0.0.1:0")
 
 
+def eventually(get, timeout=5.0):
+    # What another thread does on its own (a session reading a report): polled until it holds.
+    deadline = time.monotonic() + timeout
+    while True:
+        got = get()
+        if got or time.monotonic() > deadline:
+            assert got, "did not settle within %.1f s" % timeout
+            return got
+        time.sleep(0.005)
+
+
+def only(members, held_step):
+    # The one member, once it holds `held_step`; None before.
+    return members[0] if len(members) == 1 and members[0].held_step == held_step else None
+
+
 def test_membership_says_which_step_each_subscriber_holds_at_each_level():
     model = make_model(seed=7, elements=5000)
     with weightsync.Publisher("tcp://127.0.0.1:0") as pub:
@@ -71,12 +89,22 @@ def test_membership_says_which_step_each_subscriber_holds_at_each_level():
             pub.publish(2)
             relay.update()
             sub.update()
-            [r] = pub.members()
-            assert (r.held_step, r.sent_step, r.receiving_step) == (1, 2, -1), r
-            [c] = relay.served_members()
-            assert (c.held_step, c.sent_step) == (1, 2), c
+            # Each says what it committed once it did; the publisher's session reads that on
+            # its own thread.
+            r = eventually(lambda: only(pub.members(), held_step=2))
+            assert (r.held_step, r.sent_step, r.receiving_step) == (2, 2, -1), r
+            c = eventually(lambda: only(relay.served_members(), held_step=2))
+            assert (c.held_step, c.sent_step) == (2, 2), c
             assert "sent_step=2" in repr(c)
-            assert sub.served_members() == []
+            assert sub.served_members() == [] and sub.served_tree() == []
+            # The whole tree from the trainer: the relay, then its child one level down.
+            tree = eventually(lambda: pub.tree() if len(pub.tree()) == 2 and
+                              pub.tree()[1].held_step == 2 else None)
+            assert [(m.depth, m.via, m.held_step) for m in tree] == \
+                [(1, "", 2), (2, relay.serve_endpoint, 2)], tree
+            assert tree[0].serves == relay.serve_endpoint
+            assert "depth=2" in repr(tree[1]) and "depth" not in repr(tree[0])
+            assert [m.depth for m in relay.served_tree()] == [1]
             assert_bit_exact(leaf, model)
 
 

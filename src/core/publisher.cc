@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <unordered_map>
 
@@ -21,6 +22,7 @@
 #include "util/mutex.h"
 #include "util/token.h"
 #include "weightsync/region.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync {
@@ -121,9 +123,21 @@ struct Publisher::Impl final : transport::VersionSource {
     MemberInfo info;
     bool ready = false;
     int64_t redirected = 0;
+    std::vector<wire::ReportedMember> subtree;  // as its latest report said (a relay's)
   };
   mutable util::Mutex members_mu;
   std::vector<Member> members WS_GUARDED_BY(members_mu);
+  // A relay's serving publisher tells its relay when its membership changed (a member joined,
+  // left, asked or reported), so the relay reports its subtree upward (PublisherRelayAccess).
+  std::function<void()> members_changed WS_GUARDED_BY(members_mu);
+  void MembersChanged() WS_EXCLUDES(members_mu) {
+    std::function<void()> tell;
+    {
+      util::MutexLock lock(&members_mu);
+      tell = members_changed;
+    }
+    if (tell) tell();
+  }
   uint64_t next_member WS_GUARDED_BY(members_mu) = 1;
   bool said_no_relay WS_GUARDED_BY(members_mu) = false;
   Member* FindMember(uint64_t id) WS_REQUIRES(members_mu) {
@@ -174,18 +188,30 @@ struct Publisher::Impl final : transport::VersionSource {
     return {};
   }
   void Ready(uint64_t member) override {
-    util::MutexLock lock(&members_mu);
-    if (Member* m = FindMember(member); m != nullptr) m->ready = true;
+    {
+      util::MutexLock lock(&members_mu);
+      if (Member* m = FindMember(member); m != nullptr) m->ready = true;
+    }
+    MembersChanged();
   }
   void Requested(uint64_t member, int64_t held, int64_t sending, uint32_t below) override {
-    util::MutexLock lock(&members_mu);
-    if (Member* m = FindMember(member); m != nullptr) {
-      m->info.held_step = held;
-      m->info.receiving_step = sending;
-      m->info.below = below;
-      m->redirected = 0;
+    {
+      util::MutexLock lock(&members_mu);
+      if (Member* m = FindMember(member); m != nullptr) {
+        m->info.held_step = held;
+        m->info.receiving_step = sending;
+        m->info.below = below;
+        m->redirected = 0;
+      }
     }
+    MembersChanged();
   }
+  Status Reported(uint64_t member, wire::MembersReport& report) override;
+  // Every ready member followed by the subtree it reported, depth-first (Publisher::Tree), into
+  // `out`'s entries (their storage reused: a steady relay's report allocates nothing): at most
+  // `max` of them, none deeper than `max_depth` (dropping deeper ones keeps it depth-first).
+  void FillTree(std::vector<wire::ReportedMember>* out, size_t max, uint32_t max_depth) const
+      WS_REQUIRES(members_mu);
   void Sent(uint64_t member, int64_t step) override {
     util::MutexLock lock(&members_mu);
     if (Member* m = FindMember(member); m != nullptr) {
@@ -194,8 +220,11 @@ struct Publisher::Impl final : transport::VersionSource {
     }
   }
   void Left(uint64_t member) override {
-    util::MutexLock lock(&members_mu);
-    std::erase_if(members, [&](const Member& m) { return m.id == member; });
+    {
+      util::MutexLock lock(&members_mu);
+      std::erase_if(members, [&](const Member& m) { return m.id == member; });
+    }
+    MembersChanged();
   }
 
   Status Freeze() WS_REQUIRES(mu);
@@ -641,6 +670,94 @@ const std::string& Publisher::endpoint() const { return impl_->bound_endpoint; }
 
 const std::string& Publisher::lineage() const { return impl_->welcome.lineage; }
 
+// A member's report: nobody below can hold a step this publisher never published (the relays
+// between hold what they serve), so such a report is a lie and ends the session. Swapped in, so
+// the session decodes its next report into the storage of this one's predecessor.
+Status Publisher::Impl::Reported(uint64_t member, wire::MembersReport& report) {
+  const int64_t latest = versions.latest_step();
+  auto check = [&](int64_t step, const std::string& who) {
+    if (step <= latest) return Status::Ok();
+    return Status::ProtocolError("members_report: ", who.empty() ? "the reporter" : "'" + who + "'",
+                                 " holds step ", step, ", this publisher's latest is ", latest);
+  };
+  WS_RETURN_IF_ERROR(check(report.held_step, ""));
+  for (const wire::ReportedMember& e : report.members) {
+    for (int64_t step : {e.held_step, e.sent_step, e.receiving_step}) {
+      WS_RETURN_IF_ERROR(check(step, e.peer));
+    }
+  }
+  {
+    util::MutexLock lock(&members_mu);
+    Member* m = FindMember(member);
+    if (m != nullptr && m->info.serves.empty() && !report.members.empty()) {
+      return Status::ProtocolError("members_report: lists ", report.members.size(),
+                                   " members, but its hello announced no endpoint to serve on");
+    }
+    if (m != nullptr) {
+      m->info.held_step = report.held_step;
+      m->info.below = report.below;
+      m->subtree.swap(report.members);
+    }
+  }
+  MembersChanged();
+  return Status::Ok();
+}
+
+void Publisher::Impl::FillTree(std::vector<wire::ReportedMember>* out, size_t max,
+                               uint32_t max_depth) const {
+  size_t n = 0;
+  auto add = [&]() -> wire::ReportedMember& {
+    if (n == out->size()) out->emplace_back();
+    return (*out)[n++];
+  };
+  for (const Member& m : members) {
+    if (!m.ready || n == max) continue;
+    wire::ReportedMember& own = add();
+    own.peer.assign(m.info.peer, 0, wire::kMaxPeerBytes);
+    own.serves = m.info.serves;
+    own.locality = m.info.locality;
+    own.via.clear();
+    own.held_step = m.info.held_step;
+    own.sent_step = m.info.sent_step;
+    own.receiving_step = m.info.receiving_step;
+    own.below = static_cast<uint32_t>(std::clamp<int64_t>(m.info.below, 0, UINT32_MAX));
+    own.depth = 1;
+    for (const wire::ReportedMember& e : m.subtree) {
+      if (n == max) break;
+      if (e.depth + 1 > max_depth) continue;
+      wire::ReportedMember& below = add();
+      below = e;
+      below.depth = e.depth + 1;
+      // The reporter's own children are served by the reporter, known by its endpoint.
+      if (e.via.empty()) below.via = m.info.serves;
+    }
+  }
+  out->resize(n);
+}
+
+std::vector<MemberInfo> Publisher::Tree() const {
+  std::vector<wire::ReportedMember> entries;
+  {
+    util::MutexLock lock(&impl_->members_mu);
+    impl_->FillTree(&entries, SIZE_MAX, UINT32_MAX);
+  }
+  std::vector<MemberInfo> out(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const wire::ReportedMember& e = entries[i];
+    MemberInfo& info = out[i];
+    info.peer = e.peer;
+    info.held_step = e.held_step;
+    info.sent_step = e.sent_step;
+    info.receiving_step = e.receiving_step;
+    info.serves = e.serves;
+    info.below = e.below;
+    info.locality = e.locality;
+    info.depth = static_cast<int>(e.depth);
+    info.via = e.via;
+  }
+  return out;
+}
+
 std::vector<MemberInfo> Publisher::Members() const {
   util::MutexLock lock(&impl_->members_mu);
   std::vector<MemberInfo> out;
@@ -679,6 +796,18 @@ Status Publisher::Close() {
     store->reset();
   }
   return result;
+}
+
+void PublisherRelayAccess::OnMembersChanged(Publisher& publisher, std::function<void()> tell) {
+  Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock lock(&d.members_mu);
+  d.members_changed = std::move(tell);
+}
+
+void PublisherRelayAccess::FillReport(const Publisher& publisher, wire::MembersReport* report) {
+  const Publisher::Impl& d = *publisher.impl_;
+  util::MutexLock lock(&d.members_mu);
+  d.FillTree(&report->members, wire::kMaxReportedMembers, wire::kMaxTreeDepth);
 }
 
 uint32_t PublisherRelayAccess::Below(const Publisher& publisher) {

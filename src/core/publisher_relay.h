@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "transport/store/stream_progress.h"
 #include "util/deadline.h"
 #include "weightsync/publisher.h"
 #include "weightsync/status.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync {
@@ -47,6 +49,12 @@ struct PublisherRelayAccess {
   // How many subscribers it serves, its members and everyone they said they serve (the relay's
   // UpdateRequest::below). Allocates nothing: a relay's steady update asks it every time.
   static uint32_t Below(const Publisher& publisher);
+  // Called (on a session's thread, no lock of the publisher's held) whenever a member joins,
+  // leaves, asks for a step or reports: the relay then reports its subtree upward. Empty: nobody.
+  static void OnMembersChanged(Publisher& publisher, std::function<void()> tell);
+  // Its whole subtree (Publisher::Tree) into `report->members`, as the wire bounds it (the first
+  // wire::kMaxReportedMembers entries no deeper than wire::kMaxTreeDepth), reusing their storage.
+  static void FillReport(const Publisher& publisher, wire::MembersReport* report);
 };
 
 }  // namespace weightsync

@@ -40,6 +40,7 @@ Status RelayServe::Open(const wire::Welcome* upstream) {
   PublisherOptions options = serving_;
   if (!endpoint_.empty()) options.endpoint = endpoint_;  // the port bound first, kept
   WS_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> created, Publisher::Create(options));
+  PublisherRelayAccess::OnMembersChanged(*created, members_changed_);
   {
     util::MutexLock lock(&swap_mu_);
     publisher_ = std::move(created);
@@ -322,6 +323,24 @@ Result<std::string> RelayServe::Announced(const SubscriberOptions& options,
 std::vector<MemberInfo> RelayServe::Members() const {
   util::MutexLock lock(&swap_mu_);
   return publisher_ ? publisher_->Members() : std::vector<MemberInfo>();
+}
+
+void RelayServe::OnMembersChanged(std::function<void()> tell) {
+  members_changed_ = std::move(tell);
+  if (publisher_) PublisherRelayAccess::OnMembersChanged(*publisher_, members_changed_);
+}
+
+void RelayServe::FillReport(wire::MembersReport* report) const {
+  if (publisher_) {
+    PublisherRelayAccess::FillReport(*publisher_, report);
+  } else {
+    report->members.clear();
+  }
+}
+
+std::vector<MemberInfo> RelayServe::Tree() const {
+  util::MutexLock lock(&swap_mu_);
+  return publisher_ ? publisher_->Tree() : std::vector<MemberInfo>();
 }
 
 Status RelayServe::Sleep() {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -88,6 +89,14 @@ class RelayServe {
 
   // Its children connected now (Publisher::Members); any thread.
   std::vector<MemberInfo> Members() const;
+  // Its whole subtree (Publisher::Tree); any thread.
+  std::vector<MemberInfo> Tree() const;
+  // Its subtree into `report->members` (PublisherRelayAccess::FillReport); under the subscriber's
+  // update lock.
+  void FillReport(wire::MembersReport* report) const;
+  // Told whenever its membership changes (PublisherRelayAccess::OnMembersChanged), by the serving
+  // publisher it has and every one it opens from now on. Under the subscriber's update lock.
+  void OnMembersChanged(std::function<void()> tell);
   // How many subscribers it serves, children and theirs; under the subscriber's update lock.
   uint32_t Below() const;
 
@@ -139,7 +148,7 @@ class RelayServe {
   PublisherOptions serving_;  // the endpoint, token and timeouts children are served with
   std::string endpoint_;
   // Replaced (Open, Close) under the subscriber's update lock and `swap_mu_`; read without
-  // `swap_mu_` under the update lock, with it by Members() from any thread.
+  // `swap_mu_` under the update lock, with it by Members() and Tree() from any thread.
   mutable util::Mutex swap_mu_;
   std::unique_ptr<Publisher> publisher_;
   bool adopted_ = false;  // publisher_ holds a session's identity and layout
@@ -150,6 +159,7 @@ class RelayServe {
   std::vector<const uint8_t*> sources_;
   size_t destination_count_ = 0;
   bool on_gpu_ = false;  // publisher_ serves from a GPU store (CUDA destinations)
+  std::function<void()> members_changed_;
   Forward forward_{this};
 };
 

@@ -11,6 +11,7 @@
 
 #include "core/destination_set.h"
 #include "core/relay_serve.h"
+#include "core/subtree_reporter.h"
 #include "core/weights_check.h"
 #include "cuda/vmm.h"
 #include "plan/mismatch_list.h"
@@ -33,6 +34,12 @@ using util::Deadline;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+// A relay's subtree changes in bursts (a step reaching each child): one report upward for what
+// changed within this (docs/relays.md, "Membership").
+constexpr std::chrono::milliseconds kReportCoalesce{20};
+// A members report is one small frame into the socket's buffer.
+constexpr std::chrono::milliseconds kReportBound{2000};
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -113,6 +120,22 @@ struct Subscriber::Impl {
   std::unique_ptr<util::WorkerPool> pool WS_GUARDED_BY(update_mu);
   bool closed WS_GUARDED_BY(update_mu) = false;
   uint64_t prepare_count WS_GUARDED_BY(update_mu) = 0;
+  // A relay reports its subtree upward between its updates too (core/subtree_reporter.h); set at
+  // Create, stopped by Close(). Declared before `relay`, whose serving publisher tells it of
+  // changes, so that it outlives the relay.
+  std::unique_ptr<core::SubtreeReporter> reporter;
+  // Set while the reporter takes update_mu for one report: a call that finds update_mu taken
+  // then waits for it instead of answering Busy.
+  std::atomic<bool> reporting{false};
+  // A report that could not be sent may have left part of a frame on the connection: the next
+  // update prepares anew before asking for a step.
+  bool report_failed WS_GUARDED_BY(update_mu) = false;
+  // What the last report said (its handles' prepare_count and held step): an up-to-date update of
+  // a leaf, or of a relay whose subtree did not change, reports nothing new.
+  uint64_t reported_prepare WS_GUARDED_BY(update_mu) = 0;
+  uint64_t reported_changes WS_GUARDED_BY(update_mu) = 0;
+  int64_t reported_held WS_GUARDED_BY(update_mu) = -2;
+  wire::MembersReport report WS_GUARDED_BY(update_mu);
   // A relay (SubscriberOptions::serve_endpoint): serves each committed version to children.
   std::unique_ptr<core::RelayServe> relay WS_GUARDED_BY(update_mu);
   std::string serve_endpoint;  // as bound at Create; constant after
@@ -141,6 +164,19 @@ struct Subscriber::Impl {
   mutable util::Mutex lineage_mu;
   std::string committed_lineage WS_GUARDED_BY(lineage_mu);  // the first active source's
 
+  // Takes update_mu for a user's call (Update, Register, Sleep, ...); false: another call holds
+  // it (the caller answers Busy). The reporter holds it only for one report: that is waited for.
+  bool TryLockForCall() WS_TRY_ACQUIRE(true, update_mu) {
+    if (update_mu.TryLock()) return true;
+    if (!reporting.load()) return false;
+    update_mu.Lock();
+    return true;
+  }
+  // Tells each publisher the step committed and, a relay, its subtree (docs/relays.md,
+  // "Membership"); `force`: even if it said so already.
+  void ReportMembers(bool force) WS_REQUIRES(update_mu);
+  // The reporter's send: false when a call holds update_mu.
+  bool ReportBetweenUpdates();
   Status ReleaseHandles(std::string_view why) WS_REQUIRES(update_mu);
   // A step failed: each source reached through a relay asks not to be sent to that relay again.
   void AvoidRelays() WS_REQUIRES(update_mu) {
@@ -305,6 +341,10 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
       WS_ASSIGN_OR_RETURN(impl->relay, core::RelayServe::Listen(options));
       impl->serve_endpoint = impl->relay->endpoint();
       impl->serving = impl->relay.get();
+      Impl* d = impl.get();
+      impl->reporter = std::make_unique<core::SubtreeReporter>(
+          [d] { return d->ReportBetweenUpdates(); }, kReportCoalesce);
+      impl->relay->OnMembersChanged([r = impl->reporter.get()] { r->Changed(); });
       WS_ASSIGN_OR_RETURN(impl->announce,
                           core::RelayServe::Announced(options, impl->serve_endpoint));
     }
@@ -325,7 +365,7 @@ Status Subscriber::Impl::CheckCanRegister(const char* what) const {
 
 Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("Register() during an update");
+  if (!d.TryLockForCall()) return Status::Busy("Register() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   WS_RETURN_IF_ERROR(d.CheckCanRegister("Register()"));
   WS_RETURN_IF_ERROR(d.registered.Add(tensors));
@@ -335,7 +375,7 @@ Status Subscriber::Register(const std::vector<NamedTensor>& tensors) {
 
 Status Subscriber::Unregister(const std::vector<std::string>& names) {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("Unregister() during an update");
+  if (!d.TryLockForCall()) return Status::Busy("Unregister() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   WS_RETURN_IF_ERROR(d.CheckCanRegister("Unregister()"));
   WS_RETURN_IF_ERROR(d.registered.Remove(names));
@@ -345,7 +385,7 @@ Status Subscriber::Unregister(const std::vector<std::string>& names) {
 
 Result<Manifest> Subscriber::PublishedManifest() {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("PublishedManifest() during an update");
+  if (!d.TryLockForCall()) return Status::Busy("PublishedManifest() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   WS_RETURN_IF_ERROR(d.StartCancellable());
@@ -599,7 +639,7 @@ Status Subscriber::Impl::CheckCommitted(const Deadline& deadline, WeightsCheck* 
 
 Result<WeightsCheck> Subscriber::CheckWeights() {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("CheckWeights() during an update");
+  if (!d.TryLockForCall()) return Status::Busy("CheckWeights() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   if (!d.prepared || d.committed.load(std::memory_order_relaxed) < 0) {
@@ -622,7 +662,7 @@ Result<WeightsCheck> Subscriber::CheckWeights() {
 
 Result<UpdateStats> Subscriber::Update(const UpdateOptions& update) {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("another update is in flight on this subscriber");
+  if (!d.TryLockForCall()) return Status::Busy("another update is in flight on this subscriber");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   return d.Update(update);
 }
@@ -655,6 +695,10 @@ Result<int64_t> Subscriber::Impl::OpenStep(UpdateRun& run) {
                                << ": verification asked of region handles prepared without it; "
                                   "preparing again";
     (void)ReleaseHandles("verification asked");
+  }
+  if (report_failed) {
+    report_failed = false;
+    (void)ReleaseHandles("a members report failed");
   }
   for (bool retried = false;; retried = true) {
     if (!prepared) {
@@ -832,6 +876,7 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   // Its own budget, as a publisher's wait for readers (a relay that waited long for its step does
   // not cut off a child that just began reading), ended at once by Cancel() or Close().
   ServeCommitted(&stats, /*moved=*/!stats.up_to_date, Deadline(options.timeout, &cancel));
+  ReportMembers(/*force=*/false);
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
@@ -855,9 +900,60 @@ void Subscriber::Impl::ServeCommitted(UpdateStats* stats, bool moved, const Dead
   stats->served_step = relay->served_step();
 }
 
+void Subscriber::Impl::ReportMembers(bool force) {
+  if (!prepared || active.empty() || report_failed) return;
+  const uint64_t covered = reporter ? reporter->Snapshot() : 0;
+  const int64_t held =
+      HeldVersion() == Held::kSameSession ? committed.load(std::memory_order_relaxed) : -1;
+  const bool tree_changed = reporter && covered != reported_changes;
+  if (!force && !tree_changed && held == reported_held && prepare_count == reported_prepare) {
+    return;
+  }
+  report.held_step = held;
+  report.below = relay ? relay->Below() : 0;
+  if (relay) {
+    relay->FillReport(&report);
+  } else {
+    report.members.clear();
+  }
+  // A small frame into the socket's buffer: bounded on its own, not by what the update left.
+  const Deadline deadline(std::min(options.timeout, kReportBound), &cancel);
+  for (Source* source : active) {
+    Status s = util::FailPoints::Check("subscriber.report").action == util::FailAction::kError
+                   ? Status::Unavailable("injected failure at fail point 'subscriber.report'")
+                   : source->handle->Report(report, deadline);
+    if (!s.ok()) {
+      WS_LOG(INFO, "subscriber") << source->name << ": members report failed (" << s
+                                 << "); the next update prepares anew";
+      report_failed = true;
+      return;
+    }
+  }
+  reported_held = held;
+  reported_prepare = prepare_count;
+  reported_changes = covered;
+  if (reporter) reporter->Reported(covered);
+}
+
+bool Subscriber::Impl::ReportBetweenUpdates() {
+  reporting.store(true);
+  if (!update_mu.TryLock()) {
+    reporting.store(false);
+    return false;
+  }
+  {
+    util::MutexLock lock(&update_mu, util::kAdoptLock);
+    // Tests: a report that holds the subscriber a while (sleep), as a slow socket would.
+    (void)util::FailPoints::Check("subscriber.report_between");
+    if (!closed) ReportMembers(/*force=*/true);
+  }
+  reporting.store(false);
+  return true;
+}
+
 Status Subscriber::Sleep() {
   Impl& d = *impl_;
-  if (!d.update_mu.TryLock()) return Status::Busy("Sleep() during an update");
+  if (!d.TryLockForCall()) return Status::Busy("Sleep() during an update");
   util::MutexLock lock(&d.update_mu, util::kAdoptLock);
   if (d.closed) return Status::FailedPrecondition("subscriber is closed");
   CallerDevice caller_device(d.registered.any_cuda());
@@ -875,6 +971,7 @@ Status Subscriber::Close() {
   // memory from under it or waiting for its whole timeout. One starting later is refused.
   d.closing.store(true);
   d.cancel.store(true);
+  if (d.reporter) d.reporter->Stop();  // it takes update_mu for a report: not once we close
   util::FailPoints::Check("subscriber.closing");  // tests: sleep:<ms> widens the window
   util::MutexLock lock(&d.update_mu);
   if (d.closed) return Status::Ok();
@@ -898,6 +995,9 @@ std::string Subscriber::serve_endpoint() const { return impl_->serve_endpoint; }
 std::vector<MemberInfo> Subscriber::ServedMembers() const {
   // The relay lives from Create to destruction; it swaps its serving publisher under its own lock.
   return impl_->serving != nullptr ? impl_->serving->Members() : std::vector<MemberInfo>();
+}
+std::vector<MemberInfo> Subscriber::ServedTree() const {
+  return impl_->serving != nullptr ? impl_->serving->Tree() : std::vector<MemberInfo>();
 }
 bool Subscriber::weights_valid() const { return impl_->valid.load(std::memory_order_relaxed); }
 std::string Subscriber::committed_lineage() const {

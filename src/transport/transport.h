@@ -64,6 +64,11 @@ class TransferHandle {
   void set_hello(std::string serves, std::string avoid);
   // Before each BeginStep: how many subscribers this one serves (its subtree).
   void set_below(uint32_t below) { link_->set_below(below); }
+  // Between steps: tells the publisher the step committed and, a relay, its subtree
+  // (docs/relays.md, "Membership").
+  Status Report(const wire::MembersReport& report, const util::Deadline& deadline) {
+    return link_ ? link_->Report(report, deadline) : Status::FailedPrecondition("not connected");
+  }
   // Cut-through relays: who is told where the steps' bytes land (DataPath::ObserveLanding), from
   // the next Copy on; null: nobody.
   void ObserveLanding(path::LandingObserver* observer) {

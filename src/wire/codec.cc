@@ -78,7 +78,7 @@ Result<int64_t> Reader::I64(std::string_view field) {
   return static_cast<int64_t>(v);  // two's complement, well-defined since C++20
 }
 
-Result<std::string> Reader::String(std::string_view field, uint32_t max_len) {
+Result<std::string_view> Reader::StringView(std::string_view field, uint32_t max_len) {
   if (remaining() < 2) return Truncated(field, 2);
   const uint16_t len = LoadLittleEndian<uint16_t>(bytes_.data() + pos_);
   // Check the cap before the bytes are present so an oversize length is reported as such, not as
@@ -89,7 +89,33 @@ Result<std::string> Reader::String(std::string_view field, uint32_t max_len) {
   if (remaining() - 2 < len) return Truncated(field, size_t{2} + len);
   const char* start = reinterpret_cast<const char*>(bytes_.data() + pos_ + 2);
   pos_ += size_t{2} + len;
-  return std::string(start, len);
+  return std::string_view(start, len);
+}
+
+Result<std::string> Reader::String(std::string_view field, uint32_t max_len) {
+  WS_ASSIGN_OR_RETURN(std::string_view text, StringView(field, max_len));
+  return std::string(text);
+}
+
+Status Reader::TextInto(std::string_view field, uint32_t max_len, bool may_be_empty, bool spaces,
+                        std::string* out) {
+  WS_ASSIGN_OR_RETURN(std::string_view text, StringView(field, max_len));
+  if (text.empty() && !may_be_empty) return Status::ProtocolError(what_, ": ", field, " is empty");
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<uint8_t>(text[i]);
+    if ((c == 0x20 && spaces) || (c > 0x20 && c < 0x7f)) continue;
+    return Status::ProtocolError(what_, ": ", field, " byte ", i, " is ", unsigned{c},
+                                 ", expected printable ASCII");
+  }
+  out->assign(text);  // into its storage: a steady decode allocates nothing
+  return Status::Ok();
+}
+
+Result<std::string> Reader::Text(std::string_view field, uint32_t max_len, bool may_be_empty,
+                                 bool spaces) {
+  std::string text;
+  WS_RETURN_IF_ERROR(TextInto(field, max_len, may_be_empty, spaces, &text));
+  return text;
 }
 
 Result<uint32_t> Reader::Count(std::string_view field, uint32_t max, uint32_t min_item_bytes) {

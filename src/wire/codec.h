@@ -38,6 +38,14 @@ class Reader {
   Result<int64_t> I64(std::string_view field);
   // u16 length, then bytes; length > max_len → ProtocolError.
   Result<std::string> String(std::string_view field, uint32_t max_len);
+  // A String that a peer names and we log or dial (an endpoint, a locality, a peer's address):
+  // printable ASCII (0x21..0x7E, and the space too where `spaces`), empty only where
+  // `may_be_empty`; anything else → ProtocolError naming the first byte outside.
+  Result<std::string> Text(std::string_view field, uint32_t max_len, bool may_be_empty,
+                           bool spaces = false);
+  // Text into `out`, reusing its storage.
+  Status TextInto(std::string_view field, uint32_t max_len, bool may_be_empty, bool spaces,
+                  std::string* out);
   // Count fields: value > max → ProtocolError; also rejects a count whose minimum encoded size
   // (count * min_item_bytes) exceeds the bytes left, before anything is allocated.
   Result<uint32_t> Count(std::string_view field, uint32_t max, uint32_t min_item_bytes);
@@ -47,6 +55,8 @@ class Reader {
 
  private:
   Status Truncated(std::string_view field, size_t need) const;
+  // String's bounds checks; the bytes stay in the payload.
+  Result<std::string_view> StringView(std::string_view field, uint32_t max_len);
   std::span<const uint8_t> bytes_;
   size_t pos_ = 0;
   std::string_view what_;

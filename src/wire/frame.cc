@@ -7,6 +7,7 @@
 
 #include "util/hash.h"
 #include "wire/handshake.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync::wire {
@@ -81,6 +82,8 @@ std::string_view FrameTypeName(FrameType type) {
       return "delta_begin";
     case FrameType::kRedirect:
       return "redirect";
+    case FrameType::kMembersReport:
+      return "members_report";
   }
   return "unknown";
 }
@@ -134,6 +137,8 @@ uint32_t MaxPayloadOf(FrameType type) {
       return kMaxDeltaBeginBytes;
     case FrameType::kRedirect:
       return kMaxRedirectBytes;
+    case FrameType::kMembersReport:
+      return kMaxMembersReportBytes;
   }
   return 0;
 }

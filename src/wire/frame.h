@@ -26,7 +26,7 @@ inline constexpr uint32_t kMagic = 0x4E595357u;
 // regions, Select names byte ranges; 3: Welcome carries the publisher's lineage, UpdateRequest the
 // subscriber's wait (2: nccl steps are grouped ncclBroadcast calls; 1: grouped ncclSend/ncclRecv).
 // The header check refuses a peer of another version at once.
-inline constexpr uint16_t kProtocolVersion = 10;
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 
@@ -58,9 +58,12 @@ enum class FrameType : uint16_t {
   kDeltaBegin = 17,
   // Publisher → subscriber, answering a Hello instead of a Welcome: dial this relay (Redirect).
   kRedirect = 18,
+  // Subscriber → publisher between updates: the step it committed and, for a relay, its subtree
+  // (MembersReport, wire/members_report.h).
+  kMembersReport = 19,
 };
 inline constexpr uint16_t kMinFrameType = 1;
-inline constexpr uint16_t kMaxFrameType = 18;
+inline constexpr uint16_t kMaxFrameType = 19;
 
 std::string_view FrameTypeName(FrameType type);  // "hello", ..., "unknown"
 

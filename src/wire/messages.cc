@@ -263,24 +263,6 @@ void Encode(const Hello& m, std::vector<uint8_t>* out) {
   w.String(m.locality);
 }
 
-namespace {
-
-// A text a peer names (Hello::serves/avoid/locality, Redirect): bounded printable ASCII, so it is
-// safe to log and to dial (link::ParseEndpoint checks an endpoint's form).
-Result<std::string> PrintableText(Reader& r, std::string_view what, std::string_view field,
-                                  bool may_be_empty, uint32_t max_bytes = kMaxEndpointBytes) {
-  WS_ASSIGN_OR_RETURN(std::string text, r.String(field, max_bytes));
-  if (text.empty() && !may_be_empty) return Status::ProtocolError(what, ": ", field, " is empty");
-  if (const int64_t i = FirstUnprintable(text); i >= 0) {
-    return Status::ProtocolError(what, ": ", field, " byte ", i, " is ",
-                                 unsigned{static_cast<uint8_t>(text[i])},
-                                 ", expected printable ASCII");
-  }
-  return text;
-}
-
-}  // namespace
-
 Status Decode(std::span<const uint8_t> payload, Hello* m) {
   Reader r(payload, kHelloWhat);
   // A different protocol_version is decoded, not rejected: the publisher answers it with an
@@ -296,10 +278,9 @@ Status Decode(std::span<const uint8_t> payload, Hello* m) {
   m->role = static_cast<Role>(role);
   WS_ASSIGN_OR_RETURN(m->pid, r.U32("pid"));
   WS_ASSIGN_OR_RETURN(m->wait_ms, r.U64("wait_ms"));
-  WS_ASSIGN_OR_RETURN(m->serves, PrintableText(r, kHelloWhat, "serves", true));
-  WS_ASSIGN_OR_RETURN(m->avoid, PrintableText(r, kHelloWhat, "avoid", true));
-  WS_ASSIGN_OR_RETURN(m->locality,
-                      PrintableText(r, kHelloWhat, "locality", true, kMaxLocalityBytes));
+  WS_ASSIGN_OR_RETURN(m->serves, r.Text("serves", kMaxEndpointBytes, true));
+  WS_ASSIGN_OR_RETURN(m->avoid, r.Text("avoid", kMaxEndpointBytes, true));
+  WS_ASSIGN_OR_RETURN(m->locality, r.Text("locality", kMaxLocalityBytes, true));
   return r.ExpectEnd();
 }
 
@@ -312,7 +293,7 @@ void Encode(const Redirect& m, std::vector<uint8_t>* out) {
 
 Status Decode(std::span<const uint8_t> payload, Redirect* m) {
   Reader r(payload, kRedirectWhat);
-  WS_ASSIGN_OR_RETURN(m->endpoint, PrintableText(r, kRedirectWhat, "endpoint", false));
+  WS_ASSIGN_OR_RETURN(m->endpoint, r.Text("endpoint", kMaxEndpointBytes, false));
   return r.ExpectEnd();
 }
 

@@ -272,7 +272,8 @@ TEST_P(RelayChain, ATrainerRestartFlowsDownTheChain) {
 }
 
 // Membership at each level: the trainer lists the relay, the relay its child, each with the step
-// it holds (by its latest request), was sent, or is receiving; a child that leaves is dropped.
+// it holds (as it said when it committed it), was sent, or is receiving; a child that leaves is
+// dropped.
 TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
   auto [relay, sub] = ChainAtStepOne(mid, leaf);
@@ -283,15 +284,24 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   ASSERT_OK(sub->Update().status());
   ASSERT_NO_FATAL_FAILURE(Publish(3, 0.02));
   ASSERT_OK(relay->Update().status());  // the child has not asked for step 3 yet
-  std::vector<MemberInfo> direct = publisher_->Members();
-  ASSERT_EQ(direct.size(), 1u);       // the relay
-  EXPECT_EQ(direct[0].held_step, 2);  // what its request for step 3 said it held
+  std::vector<MemberInfo> direct;
+  // Its report after the commit reaches the trainer's session on that session's thread.
+  EXPECT_TRUE(testing::Eventually([&] {
+    direct = publisher_->Members();
+    return direct.size() == 1 && direct[0].held_step == 3;
+  }));
+  ASSERT_EQ(direct.size(), 1u);  // the relay
+  EXPECT_EQ(direct[0].held_step, 3);
   EXPECT_EQ(direct[0].sent_step, 3);
   EXPECT_EQ(direct[0].receiving_step, -1);
   EXPECT_EQ(direct[0].peer.empty(), false);  // 127.0.0.1:PORT (tcp), "subscriber connection N"
-  std::vector<MemberInfo> served = relay->ServedMembers();
-  ASSERT_EQ(served.size(), 1u);  // the child
-  EXPECT_EQ(served[0].held_step, 1);
+  std::vector<MemberInfo> served;
+  EXPECT_TRUE(testing::Eventually([&] {
+    served = relay->ServedMembers();
+    return served.size() == 1 && served[0].held_step == 2;
+  }));
+  ASSERT_EQ(served.size(), 1u);       // the child
+  EXPECT_EQ(served[0].held_step, 2);  // committed, and said so, before it asks for step 3
   EXPECT_EQ(served[0].sent_step, 2);
   // While step 3 is on its way to the child (held up where the link sends it): receiving.
   const char* stall = tcp() ? "publisher.before_send" : "subscriber.before_copy";
@@ -304,9 +314,12 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   EXPECT_EQ(served[0].held_step, 2);
   EXPECT_EQ(served[0].receiving_step, 3);
   ASSERT_OK(receiving.get().status());
-  served = relay->ServedMembers();
+  EXPECT_TRUE(testing::Eventually([&] {
+    served = relay->ServedMembers();
+    return served.size() == 1 && served[0].held_step == 3;
+  }));
   ASSERT_EQ(served.size(), 1u);
-  EXPECT_EQ(served[0].held_step, 2);
+  EXPECT_EQ(served[0].held_step, 3);
   EXPECT_EQ(served[0].sent_step, 3);
   ASSERT_OK(sub->Close());
   // The relay's session notices the child leave on its own thread.
@@ -315,6 +328,98 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   }
   EXPECT_TRUE(relay->ServedMembers().empty());
   EXPECT_EQ(publisher_->Members().size(), 1u);
+}
+
+// A relay's report between its updates holds its update lock for one frame: a call that starts
+// meanwhile waits for it and goes through, never Busy because of it.
+TEST_P(RelayChain, ACallDuringAReportBetweenUpdatesWaitsForItInsteadOfBeingBusy) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  ASSERT_OK(relay->Update().status());
+  FailPoints::Arm("subscriber.report_between", FailAction::kSleep, 500, /*count=*/1);
+  ASSERT_OK(sub->Update().status());  // the child's report makes the relay report upward
+  ASSERT_TRUE(testing::WaitForFailPointHits("subscriber.report_between"));
+  auto stats = relay->Update();  // up to date, while the report holds the lock
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(stats->up_to_date);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// A report that could not be sent may have left part of a frame on the connection: the update that
+// committed stands, and the next one prepares anew before it asks for a step.
+TEST_P(RelayChain, AFailedReportMakesTheNextUpdatePrepareAnew) {
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto [relay, sub] = ChainAtStepOne(mid, leaf);
+  ASSERT_NE(sub, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  ASSERT_OK(relay->Update().status());
+  FailPoints::Arm("subscriber.report", FailAction::kError, 0, /*count=*/1);
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 2);
+  EXPECT_EQ(FailPoints::Hits("subscriber.report"), 1);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+  ASSERT_NO_FATAL_FAILURE(Publish(3, 0.02));
+  ASSERT_OK(relay->Update().status());
+  stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 3);
+  EXPECT_TRUE(stats->handle_created);
+  ASSERT_TRUE(trainer_.HeldBy(leaf));
+}
+
+// The trainer's tree lists every replica of a chain of depth 3: how deep, through which relay, and
+// the step each committed — the leaf's too, though neither relay updates after the leaf commits
+// (each pushes what changed below it to its parent between its own updates). A leaf that leaves
+// is gone from the trainer's tree the same way.
+TEST_P(RelayChain, TheTrainersTreeListsEveryReplicaWithTheStepItCommitted) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Bytes first = trainer_.Poisoned(), second = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto r1 = Connect(endpoint_, first, /*serve=*/true);
+  auto r2 = Connect(r1->serve_endpoint(), second, /*serve=*/true);
+  auto sub = Connect(r2->serve_endpoint(), leaf, /*serve=*/false);
+  std::vector<MemberInfo> tree;
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step > 1) {
+      ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+    }
+    for (Subscriber* s : {r1.get(), r2.get(), sub.get()}) ASSERT_OK(s->Update().status());
+    ASSERT_TRUE(trainer_.HeldBy(leaf));
+    const bool settled = testing::Eventually([&] {
+      tree = publisher_->Tree();
+      return tree.size() == 3 && tree[2].held_step == step && tree[1].held_step == step;
+    });
+    ASSERT_EQ(tree.size(), 3u);
+    EXPECT_TRUE(settled) << "the leaf is listed as holding step " << tree[2].held_step;
+    EXPECT_EQ(tree[0].depth, 1);
+    EXPECT_EQ(tree[0].via, "");
+    EXPECT_EQ(tree[0].serves, r1->serve_endpoint());
+    EXPECT_EQ(tree[0].held_step, step);
+    EXPECT_EQ(tree[0].below, 2);
+    EXPECT_EQ(tree[1].depth, 2);
+    EXPECT_EQ(tree[1].via, r1->serve_endpoint());
+    EXPECT_EQ(tree[1].serves, r2->serve_endpoint());
+    EXPECT_EQ(tree[1].below, 1);
+    EXPECT_EQ(tree[2].depth, 3);
+    EXPECT_EQ(tree[2].via, r2->serve_endpoint());
+    EXPECT_EQ(tree[2].serves, "");
+    EXPECT_EQ(tree[2].sent_step, step);
+    EXPECT_FALSE(tree[2].peer.empty());
+  }
+  // Each relay's own view is the same tree from where it stands.
+  const std::vector<MemberInfo> below_r1 = r1->ServedTree();
+  ASSERT_EQ(below_r1.size(), 2u);
+  EXPECT_EQ(below_r1[0].serves, r2->serve_endpoint());
+  EXPECT_EQ(below_r1[1].via, r2->serve_endpoint());
+  EXPECT_EQ(below_r1[1].depth, 2);
+  EXPECT_EQ(publisher_->Members().size(), 1u);  // Members() stays the direct ones
+  ASSERT_OK(sub->Close());
+  EXPECT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 2; }))
+      << publisher_->Tree().size();
 }
 
 // A child stalled in the middle of reading an older version never holds its relay past the

@@ -130,6 +130,14 @@ TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
     ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
     ASSERT_NO_FATAL_FAILURE(UpdateAll(step));
   }
+  // Every replica said it committed step 4 (each relay's session reads its children's reports
+  // on its own thread, and pushes them up): the trainer's tree lists all seven.
+  std::vector<MemberInfo> tree;
+  EXPECT_TRUE(testing::Eventually([&] {
+    tree = publisher_->Tree();
+    return tree.size() == 7 && std::all_of(tree.begin(), tree.end(),
+                                           [](const MemberInfo& m) { return m.held_step == 4; });
+  }));
   // The fan-out bound holds at every node, and every replica has exactly one parent.
   const std::vector<MemberInfo> direct = publisher_->Members();
   ASSERT_EQ(direct.size(), 2u);
@@ -147,7 +155,7 @@ TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
       ASSERT_GE(child, 0) << m.serves;
       EXPECT_EQ(parent[child], -2) << "replica " << child << " has two parents";
       parent[child] = static_cast<int>(i);
-      EXPECT_EQ(m.held_step, 3);  // what its request for step 4 said
+      EXPECT_EQ(m.held_step, 4);  // as it said when it committed step 4
       EXPECT_EQ(m.sent_step, 4);
     }
   }
@@ -159,6 +167,19 @@ TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
     deepest = std::max(deepest, depth);
   }
   EXPECT_EQ(deepest, 3);
+  // The trainer's tree says the same: each replica once, at its depth, under its parent.
+  ASSERT_EQ(tree.size(), 7u);
+  std::vector<int> listed(replicas_.size(), 0);
+  for (const MemberInfo& m : tree) {
+    const int i = ServedBy(m.serves);
+    ASSERT_GE(i, 0) << m.serves;
+    ++listed[i];
+    EXPECT_EQ(m.via.empty() ? -1 : ServedBy(m.via), parent[i]) << "replica " << i;
+    int depth = 1;
+    for (int p = parent[i]; p >= 0; p = parent[p]) ++depth;
+    EXPECT_EQ(m.depth, depth) << "replica " << i;
+  }
+  EXPECT_EQ(listed, std::vector<int>(replicas_.size(), 1));
   // Newcomers were spread over both direct relays, not piled onto the first.
   EXPECT_EQ(replicas_[0]->sub->ServedMembers().size(), 2u);
   EXPECT_EQ(replicas_[1]->sub->ServedMembers().size(), 2u);

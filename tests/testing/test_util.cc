@@ -153,6 +153,15 @@ bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last, int t
   }
 }
 
+bool Eventually(const std::function<bool()>& holds, int timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!holds()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views) {
   std::vector<uint64_t> out;
   for (const auto& v : views) out.push_back(util::Hash64(v.view.data, *v.view.NumBytes()));

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -89,6 +90,10 @@ std::unique_ptr<Subscriber> NewSubscriber(const SubscriberOptions& options,
 // Waits (bounded) until the ledger's live counts equal `expected`: a publisher notices a departed
 // subscriber on its own thread, so its side of the cleanup lands a few ms later.
 bool LedgerSettlesTo(const LedgerSnapshot& expected, LedgerSnapshot* last, int timeout_ms = 3000);
+
+// Polls `holds` every 5 ms until it is true (true) or `timeout_ms` passed (false): for what
+// another thread or process does on its own (a publisher's session reading a report).
+bool Eventually(const std::function<bool()>& holds, int timeout_ms = 5000);
 
 // A digest per tensor, to compare "unchanged bit for bit".
 std::vector<uint64_t> Digests(const std::vector<NamedTensor>& views);

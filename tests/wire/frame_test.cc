@@ -50,7 +50,7 @@ TEST(WireFrameTest, GoldenLayoutIsLittleEndian) {
   const std::vector<uint8_t> payload = Bytes("abc");
   const Header h = EncodeFor(FrameType::kStepEnd, payload);
   // "WSYN" as bytes, then version 10, type 6, length 3, reserved 0.
-  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 10, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
+  const uint8_t expected_prefix[16] = {'W', 'S', 'Y', 'N', 11, 0, 6, 0, 3, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(h[i], expected_prefix[i]) << "byte " << i;
   const uint64_t hash = util::Hash64(payload.data(), payload.size());
   for (size_t i = 0; i < 8; ++i) {
@@ -137,7 +137,7 @@ TEST(WireFrameTest, BadVersionRejected) {
   // zero-copy and GPU ring publishers served over tcp; 8: before delta updates; 9: before relay
   // topology (hello's serves/avoid, update_request's below, redirect) — their peers must be
   // refused.
-  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 0x100, 0xFFFF}) {
+  for (uint16_t version : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 0x100, 0xFFFF}) {
     Header h = EncodeFor(FrameType::kHello, {});
     Put16(h, 4, version);
     EXPECT_TRUE(IsError(DecodeHeader(h).status(), StatusCode::kProtocolError,

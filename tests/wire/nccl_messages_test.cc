@@ -41,7 +41,7 @@ TEST(WireNcclFrames, TypesAndNames) {
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kAllocationFd), 14);
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kRingBucketReady), 15);
   EXPECT_EQ(static_cast<uint16_t>(FrameType::kRingBucketDone), 16);
-  EXPECT_EQ(kMaxFrameType, 18);  // redirect (messages_test.cc) is the last
+  EXPECT_EQ(kMaxFrameType, 19);  // members_report (members_report_test.cc) is the last
   EXPECT_EQ(FrameTypeName(FrameType::kRingBucketReady), "ring_bucket_ready");
   EXPECT_EQ(FrameTypeName(FrameType::kRingBucketDone), "ring_bucket_done");
   EXPECT_EQ(FrameTypeName(FrameType::kNcclSetup), "nccl_setup");

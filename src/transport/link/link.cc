@@ -210,6 +210,11 @@ Result<std::span<const uint64_t>> Link::EndStep(uint32_t digest_count, const Dea
   return ReceiveStepEnd(*channel_, peer_, begin_.step, digest_count, &end_, deadline);
 }
 
+Status Link::Report(const wire::MembersReport& report, const Deadline& deadline) {
+  if (!channel_) return Status::FailedPrecondition(peer_, ": not connected");
+  return channel_->Send(wire::FrameType::kMembersReport, report, deadline);
+}
+
 Status Link::PublisherReason(const Status& seen) {
   if (seen.code() != StatusCode::kPeerLost || !channel_) return seen;
   Result<wire::FrameHeader> h = channel_->Receive(Deadline(std::chrono::milliseconds(100)));

@@ -25,6 +25,7 @@
 #include "util/unique_fd.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::link {
@@ -78,6 +79,9 @@ class Link {
                             const util::Deadline& deadline, bool delta = false);
   const wire::StepBegin& begin() const { return begin_; }
   Result<std::span<const uint64_t>> EndStep(uint32_t digest_count, const util::Deadline& deadline);
+  // Between steps only (the publisher reads it where it waits for the next request): the step
+  // committed and, a relay, its subtree. FailedPrecondition when not connected.
+  Status Report(const wire::MembersReport& report, const util::Deadline& deadline);
 
   Channel& channel() { return *channel_; }
   // ", authenticated" and the like, for the handle's prepare log line.

@@ -6,6 +6,7 @@
 
 #include "util/logging.h"
 #include "wire/handshake.h"
+#include "wire/members_report.h"
 
 namespace weightsync::transport::link {
 namespace {
@@ -57,6 +58,7 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
   };
   wire::UpdateRequest request;
   wire::StepEnd end;
+  wire::MembersReport report;
   config.source->Ready(member);
   while (!config.stopping->load(std::memory_order_acquire)) {
     // Idle between updates: wait for the next request without a deadline, but wake to notice
@@ -69,6 +71,11 @@ Status ServeSteps(Channel& ch, const SessionConfig& config, const wire::Welcome&
       wire::ErrorMessage err;
       WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &err));
       return wire::ToStatus(err);
+    }
+    if (header.type == wire::FrameType::kMembersReport) {
+      WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &report).WithContext(ch.peer()));
+      WS_RETURN_IF_ERROR(config.source->Reported(member, report).WithContext(ch.peer()));
+      continue;
     }
     if (header.type != wire::FrameType::kUpdateRequest) return delivery.Unexpected(header.type);
     WS_RETURN_IF_ERROR(wire::Decode(ch.payload(), &request).WithContext(ch.peer()));

@@ -12,6 +12,7 @@
 #include "util/deadline.h"
 #include "util/unique_fd.h"
 #include "weightsync/status.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::link {
@@ -82,6 +83,12 @@ class VersionSource {
                          uint32_t /*below*/) {}
   virtual void Sent(uint64_t /*member*/, int64_t /*step*/) {}
   virtual void Left(uint64_t /*member*/) {}
+  // Between updates a member reports the step it committed and, a relay, its subtree
+  // (wire::MembersReport; the source may swap its contents out); an error (a step never
+  // published) ends its session.
+  virtual Status Reported(uint64_t /*member*/, wire::MembersReport& /*report*/) {
+    return Status::Ok();
+  }
   // Whether the version is the registered tensors (a ring or zero-copy publisher's: TensorBytes
   // answers), which a tcp session sends from, rather than a slot of the store.
   virtual bool VersionIsTensors() const { return false; }

@@ -16,6 +16,7 @@
 #include "util/hash.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
+#include "wire/members_report.h"
 #include "wire/messages.h"
 
 namespace weightsync {
@@ -247,6 +248,45 @@ TEST_F(HostileClient, ManyHalfOpenConnectionsDoNotBlockTheLegitimatePeer) {
   for (int i = 0; i < 40; ++i) idle.push_back(Dial());  // connect, say nothing
   ExpectStillServing(2);
   ExpectStillServing(3);
+}
+
+// A member's report (between updates) is checked against what the publisher published: a step
+// it never published, or a subtree from a member that announced nothing to serve on, ends that
+// session with an error naming it, and nobody else notices.
+TEST_F(HostileClient, AReportOfAStepNeverPublishedOrOfChildrenOfALeafEndsItsSession) {
+  auto report_after_hello = [&](const wire::MembersReport& report) {
+    util::UniqueFd fd = Dial();
+    std::vector<uint8_t> payload;
+    wire::Encode(report, &payload);
+    std::vector<uint8_t> frames = Frame(1, HelloPayload());
+    const std::vector<uint8_t> second =
+        Frame(static_cast<uint16_t>(wire::FrameType::kMembersReport), payload);
+    frames.insert(frames.end(), second.begin(), second.end());
+    SendRaw(fd.get(), frames);
+    return Answer(std::move(fd));
+  };
+  wire::MembersReport lie;
+  lie.held_step = 99;
+  std::string answer = report_after_hello(lie);
+  EXPECT_NE(answer.find("members_report: the reporter holds step 99, this publisher's latest is 1"),
+            std::string::npos)
+      << answer;
+  wire::MembersReport below;
+  below.held_step = 1;
+  below.below = 1;
+  below.members.push_back(wire::ReportedMember{"10.0.0.9:4000", "", "", "", 7, 1, -1, 0, 1});
+  answer = report_after_hello(below);
+  EXPECT_NE(answer.find("'10.0.0.9:4000' holds step 7"), std::string::npos) << answer;
+  below.members[0].held_step = 1;
+  answer = report_after_hello(below);
+  EXPECT_NE(answer.find("lists 1 members, but its hello announced no endpoint to serve on"),
+            std::string::npos)
+      << answer;
+  // What is true is taken: a report of the step it holds keeps the session (silent, no error).
+  wire::MembersReport truth;
+  truth.held_step = 1;
+  EXPECT_EQ(report_after_hello(truth), "silent");
+  ExpectStillServing(2);
 }
 
 }  // namespace
