@@ -278,6 +278,7 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
   auto [relay, sub] = ChainAtStepOne(mid, leaf);
   ASSERT_NE(sub, nullptr);
+  Subscriber* serving = relay.get();          // (clang 14 captures no structured binding)
   EXPECT_TRUE(sub->ServedMembers().empty());  // not a relay
   ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
   ASSERT_OK(relay->Update().status());
@@ -297,7 +298,7 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   EXPECT_EQ(direct[0].peer.empty(), false);  // 127.0.0.1:PORT (tcp), "subscriber connection N"
   std::vector<MemberInfo> served;
   EXPECT_TRUE(testing::Eventually([&] {
-    served = relay->ServedMembers();
+    served = serving->ServedMembers();
     return served.size() == 1 && served[0].held_step == 2;
   }));
   ASSERT_EQ(served.size(), 1u);       // the child
@@ -315,7 +316,7 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   EXPECT_EQ(served[0].receiving_step, 3);
   ASSERT_OK(receiving.get().status());
   EXPECT_TRUE(testing::Eventually([&] {
-    served = relay->ServedMembers();
+    served = serving->ServedMembers();
     return served.size() == 1 && served[0].held_step == 3;
   }));
   ASSERT_EQ(served.size(), 1u);
