@@ -120,13 +120,30 @@ def parse(argv=None):
 
 def member_dict(m):
     return {"peer": m.peer, "held_step": m.held_step, "sent_step": m.sent_step,
-            "receiving_step": m.receiving_step, "serves": m.serves, "below": m.below}
+            "receiving_step": m.receiving_step, "serves": m.serves, "below": m.below,
+            "depth": m.depth, "via": m.via}
+
+
+def tree_settled(pub, step, n, seconds):
+    """Polls the trainer's own Publisher.tree() every millisecond until it lists n replicas all
+    holding step (or seconds pass): when the trainer knew that every replica held the step."""
+    until = time.time() + seconds
+    while True:
+        tree = pub.tree()
+        now = time.time()
+        if len(tree) == n and all(m.held_step >= step for m in tree):
+            return {"settled": True, "settled_at": now,
+                    "tree": [member_dict(m) for m in tree]}
+        if now > until:
+            return {"settled": False, "at": now, "tree": [member_dict(m) for m in tree]}
+        time.sleep(0.001)
 
 
 def trainer(args):
     """Serves the model on args.endpoint (at most args.max_direct subscribers directly when > 0);
     'publish STEP' draws new bytes (after step 1) and publishes, 'digest' answers the model's
-    digest, 'members' the subscribers connected now (Publisher.members())."""
+    digest, 'members' the subscribers connected now (Publisher.members()), 'tree_settled STEP N
+    SECONDS' when its Publisher.tree() listed N replicas all holding STEP."""
     import weightsync
 
     rng = np.random.default_rng(43)
@@ -143,6 +160,9 @@ def trainer(args):
                 continue
             if cmd == "members":
                 send({"members": [member_dict(m) for m in pub.members()], "at": time.time()})
+                continue
+            if cmd == "tree_settled":
+                send(tree_settled(pub, int(rest[0]), int(rest[1]), float(rest[2])))
                 continue
             step = int(rest[0])
             if step > 1:
@@ -446,6 +466,26 @@ def derive_tree(pub, subs, serve_eps, addrs, alive, fanout, deadline):
             "members": {name(k): v for k, v in listed.items()}, "problems": problems}
 
 
+def check_trainers_tree(settled, step, parents, serve_eps, mode):
+    """The trainer's Publisher.tree() lists every replica holding `step`, each under the parent
+    the replicas' own lists gave it (relays by their serve endpoint; direct: all at depth 1)."""
+    if not settled["settled"]:
+        raise RuntimeError(f"step {step}: the trainer's tree never listed every replica holding "
+                           f"it: {json.dumps(settled['tree'])}")
+    if mode == "direct":
+        if any(m["depth"] != 1 for m in settled["tree"]):
+            raise RuntimeError(f"direct: the trainer's tree has depths: {settled['tree']}")
+        return
+    by_serve = {ep: i for i, ep in enumerate(serve_eps)}
+    for m in settled["tree"]:
+        i = by_serve.get(m["serves"])
+        want = parents[i] if i is not None else None
+        got = TRAINER if m["via"] == "" else by_serve.get(m["via"])
+        if i is None or got != want:
+            raise RuntimeError(f"step {step}: the trainer's tree puts {m} under {name(got)}, the "
+                               f"relays' lists under {name(want) if i is not None else '?'}")
+
+
 def children_of(tree):
     return {TRAINER if k == "trainer" else int(k[1:]): v for k, v in tree["children"].items()}
 
@@ -586,8 +626,12 @@ def measure(net, args, n, mode, one=None, kill_after=None):
                 got = {i: s.reply(deadline) for i, s in enumerate(subs)}
             tx1 = net.trainer_tx_bytes()
             check_step(got, step, relays=mode != "direct")
+            settled = pub.ask(f"tree_settled {step} {n} 10", deadline)
+            check_trainers_tree(settled, step, parents, serve_eps, mode)
             check_digests(pub, subs, range(n), step, deadline)
             steps.append(step_record(step, published, got, tx0, tx1, depth_of))
+            last = max(g["committed_at"] for g in got.values())
+            steps[-1]["tree_settled_after_all_hold_seconds"] = settled["settled_at"] - last
         extra["parents"] = parents
         extra["depth"] = max(depth_of)
         if mode == "placed" and args.kill:
@@ -731,6 +775,9 @@ def summarize(n, mode, fanout, steps, d):
         "whole_transfers": all(b == model and d == 0 for s in measured
                                for b, d in zip(s["received_bytes"], s["delta_segments"])),
         "serve_seconds_median": statistics.median(x for s in measured for x in s["serve_seconds"]),
+        # When the trainer's Publisher.tree() listed every replica holding the step, after the
+        # last replica's update returned (reports climb the tree between updates).
+        "tree_settled_after_all_hold_seconds": med("tree_settled_after_all_hold_seconds"),
         "per_step": steps,
     }
 
@@ -834,6 +881,11 @@ def print_rows(rows, args):
           f"{'trainer egress':>21s}  {'direct/':>7s}  {'fanout-sim':>10s}  transfers", flush=True)
     for r in rows:
         line(r)
+    for r in rows:
+        print(f"          {label(r)}: the trainer's Publisher.tree() listed all {r['replicas']} "
+              f"holding the step {r['tree_settled_after_all_hold_seconds'] * 1e3:.1f} ms (median) "
+              f"after the last replica's update returned, each under the parent the relays' own "
+              f"lists give it", flush=True)
     for r in rows:
         if r["mode"] == "direct":
             continue
