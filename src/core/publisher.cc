@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
+#include <tuple>
 #include <unordered_map>
 
 #include "core/destination_set.h"
@@ -124,6 +126,11 @@ struct Publisher::Impl final : transport::VersionSource {
     bool ready = false;
     int64_t redirected = 0;
     std::vector<wire::ReportedMember> subtree;  // as its latest report said (a relay's)
+    // As its latest report said: how many more children it takes directly (a relay that has not
+    // reported yet: no bound known).
+    uint32_t room = wire::kNoBound;
+    // Newcomers sent to relays of its subtree (by endpoint) since its latest report.
+    std::unordered_map<std::string, int64_t> subtree_redirected;
   };
   mutable util::Mutex members_mu;
   std::vector<Member> members WS_GUARDED_BY(members_mu);
@@ -146,32 +153,74 @@ struct Publisher::Impl final : transport::VersionSource {
     }
     return nullptr;
   }
-  // The relay a newcomer past max_direct goes to: one of its own locality if there is one, and
-  // among those the one with the fewest below it; never the one it just lost (hello.avoid) nor
-  // itself (a relay re-attaching); null when there is none.
-  Member* RelayFor(const wire::Hello& hello) WS_REQUIRES(members_mu) {
-    Member* best = nullptr;
-    auto near = [&](const Member& m) {
-      return !hello.locality.empty() && m.info.locality == hello.locality;
+  // The relay a newcomer past max_direct goes to (docs/relays.md, "Topology"): anywhere in the
+  // tree as the members' reports list it, one with room for a child of its own (its bound less
+  // the children it reported and the newcomers sent to it since), the nearest first: of the
+  // newcomer's locality, then the shallowest (a relay re-attaching with its subtree lands high),
+  // then the one with the fewest below it. Never the relay it just lost (hello.avoid) nor itself
+  // (a relay re-attaching), nor anything below either (its steps would go through them). With no
+  // relay that has room: the direct relay with the fewest below it, which sends it further down.
+  // Empty when there is no relay at all.
+  struct Placement {
+    Member* member = nullptr;  // the direct member it goes to, or whose subtree holds the relay
+    const wire::ReportedMember* below = nullptr;  // that relay, when deeper than depth 1
+    const std::string& endpoint() const { return below ? below->serves : member->info.serves; }
+  };
+  Placement RelayFor(const wire::Hello& hello) WS_REQUIRES(members_mu) {
+    auto near = [&](const std::string& locality) {
+      return !hello.locality.empty() && locality == hello.locality;
+    };
+    auto shunned = [&](const std::string& serves) {
+      return serves.empty() || serves == hello.avoid || serves == hello.serves;
+    };
+    Placement best, fallback;
+    // Ordered by: locality, then depth, then load (below + newcomers sent since it said).
+    std::tuple<bool, uint32_t, int64_t> best_key{}, fallback_key{};
+    auto consider = [&](Placement p, bool is_near, uint32_t depth, int64_t load, int64_t room) {
+      const std::tuple<bool, uint32_t, int64_t> key{!is_near, depth, load};
+      if (room > 0 && (best.member == nullptr || key < best_key)) {
+        best = p;
+        best_key = key;
+      }
+      if (depth == 1 && (fallback.member == nullptr || key < fallback_key)) {
+        fallback = p;
+        fallback_key = key;
+      }
+    };
+    auto room_left = [](uint32_t room, int64_t sent) {
+      return room == wire::kNoBound ? INT64_MAX : static_cast<int64_t>(room) - sent;
     };
     for (Member& m : members) {
-      if (m.info.serves.empty() || m.info.serves == hello.avoid || m.info.serves == hello.serves) {
-        continue;
-      }
-      if (best == nullptr || near(m) > near(*best) ||
-          (near(m) == near(*best) &&
-           m.info.below + m.redirected < best->info.below + best->redirected)) {
-        best = &m;
+      if (shunned(m.info.serves)) continue;
+      consider({&m, nullptr}, near(m.info.locality), 1, m.info.below + m.redirected,
+               room_left(m.room, m.redirected));
+      uint32_t skip_below = 0;  // > 0: inside the subtree of a shunned relay at this depth
+      for (const wire::ReportedMember& e : m.subtree) {
+        if (skip_below > 0 && e.depth > skip_below) continue;
+        skip_below = 0;
+        if (e.serves.empty()) continue;
+        if (shunned(e.serves)) {
+          skip_below = e.depth;
+          continue;
+        }
+        const auto sent = m.subtree_redirected.find(e.serves);
+        const int64_t since = sent == m.subtree_redirected.end() ? 0 : sent->second;
+        consider({&m, &e}, near(e.locality), e.depth + 1, e.below + since,
+                 room_left(e.room, since));
       }
     }
-    return best;
+    return best.member != nullptr ? best : fallback;
   }
   std::string Admit(const std::string& peer, const wire::Hello& hello, uint64_t* member) override {
     util::MutexLock lock(&members_mu);
     if (options.max_direct > 0 && members.size() >= static_cast<size_t>(options.max_direct)) {
-      if (Member* relay = RelayFor(hello); relay != nullptr) {
-        ++relay->redirected;
-        return relay->info.serves;
+      if (Placement relay = RelayFor(hello); relay.member != nullptr) {
+        if (relay.below == nullptr) {
+          ++relay.member->redirected;
+        } else {
+          ++relay.member->subtree_redirected[relay.below->serves];
+        }
+        return relay.endpoint();
       }
       if (!said_no_relay) {
         said_no_relay = true;
@@ -696,7 +745,12 @@ Status Publisher::Impl::Reported(uint64_t member, wire::MembersReport& report) {
     if (m != nullptr) {
       m->info.held_step = report.held_step;
       m->info.below = report.below;
+      m->room = report.room;
       m->subtree.swap(report.members);
+      // What it reports now counts the newcomers sent to it and below it that joined; one still
+      // on its way is placed by the relay it was sent to, further down if that one is full.
+      m->redirected = 0;
+      m->subtree_redirected.clear();
     }
   }
   MembersChanged();
@@ -722,6 +776,7 @@ void Publisher::Impl::FillTree(std::vector<wire::ReportedMember>* out, size_t ma
     own.receiving_step = m.info.receiving_step;
     own.below = static_cast<uint32_t>(std::clamp<int64_t>(m.info.below, 0, UINT32_MAX));
     own.depth = 1;
+    own.room = m.info.serves.empty() ? 0 : m.room;
     for (const wire::ReportedMember& e : m.subtree) {
       if (n == max) break;
       if (e.depth + 1 > max_depth) continue;
@@ -808,6 +863,14 @@ void PublisherRelayAccess::FillReport(const Publisher& publisher, wire::MembersR
   const Publisher::Impl& d = *publisher.impl_;
   util::MutexLock lock(&d.members_mu);
   d.FillTree(&report->members, wire::kMaxReportedMembers, wire::kMaxTreeDepth);
+}
+
+uint32_t PublisherRelayAccess::Room(const Publisher& publisher) {
+  const Publisher::Impl& d = *publisher.impl_;
+  if (d.options.max_direct <= 0) return wire::kNoBound;
+  util::MutexLock lock(&d.members_mu);
+  const auto bound = static_cast<size_t>(d.options.max_direct);
+  return static_cast<uint32_t>(bound > d.members.size() ? bound - d.members.size() : 0);
 }
 
 uint32_t PublisherRelayAccess::Below(const Publisher& publisher) {

@@ -293,6 +293,10 @@ uint32_t RelayServe::Below() const {
   return publisher_ ? PublisherRelayAccess::Below(*publisher_) : 0;
 }
 
+uint32_t RelayServe::Room() const {
+  return publisher_ ? PublisherRelayAccess::Room(*publisher_) : 0;
+}
+
 Result<std::string> RelayServe::Announced(const SubscriberOptions& options,
                                           const std::string& bound) {
   if (!options.serve_announce.empty()) {

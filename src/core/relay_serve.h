@@ -99,6 +99,8 @@ class RelayServe {
   void OnMembersChanged(std::function<void()> tell);
   // How many subscribers it serves, children and theirs; under the subscriber's update lock.
   uint32_t Below() const;
+  // How many more children it takes directly (PublisherRelayAccess::Room); likewise.
+  uint32_t Room() const;
 
   // The relay's engine sleeps (Subscriber::Sleep): a GPU store is given back, so that sleeping
   // frees the GPU memory the relay holds. Its children's reads fail and they find no publisher on

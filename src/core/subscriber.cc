@@ -911,6 +911,7 @@ void Subscriber::Impl::ReportMembers(bool force) {
   }
   report.held_step = held;
   report.below = relay ? relay->Below() : 0;
+  report.room = relay ? relay->Room() : 0;
   if (relay) {
     relay->FillReport(&report);
   } else {

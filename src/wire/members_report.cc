@@ -8,8 +8,8 @@ namespace weightsync::wire {
 namespace {
 
 constexpr std::string_view kWhat = "members_report";
-// Smallest encoding of one member: four empty strings, three steps, below, depth.
-constexpr uint32_t kMinMemberBytes = 4 * 2 + 3 * 8 + 2 * 4;
+// Smallest encoding of one member: four empty strings, three steps, below, depth, room.
+constexpr uint32_t kMinMemberBytes = 4 * 2 + 3 * 8 + 3 * 4;
 
 Result<int64_t> Step(Reader& r, std::string_view field) {
   WS_ASSIGN_OR_RETURN(int64_t step, r.I64(field));
@@ -19,14 +19,15 @@ Result<int64_t> Step(Reader& r, std::string_view field) {
 
 }  // namespace
 
-// ---- MembersReport: i64 held_step, u32 below, u32 count, then per member: string peer,
-// string serves, string locality, string via, i64 held_step, i64 sent_step, i64 receiving_step,
-// u32 below, u32 depth ----
+// ---- MembersReport: i64 held_step, u32 below, u32 room, u32 count, then per member: string
+// peer, string serves, string locality, string via, i64 held_step, i64 sent_step,
+// i64 receiving_step, u32 below, u32 depth, u32 room ----
 
 void Encode(const MembersReport& m, std::vector<uint8_t>* out) {
   Writer w(out);
   w.I64(m.held_step);
   w.U32(m.below);
+  w.U32(m.room);
   w.U32(static_cast<uint32_t>(m.members.size()));
   for (const ReportedMember& e : m.members) {
     w.String(e.peer);
@@ -38,6 +39,7 @@ void Encode(const MembersReport& m, std::vector<uint8_t>* out) {
     w.I64(e.receiving_step);
     w.U32(e.below);
     w.U32(e.depth);
+    w.U32(e.room);
   }
 }
 
@@ -45,6 +47,7 @@ Status Decode(std::span<const uint8_t> payload, MembersReport* m) {
   Reader r(payload, kWhat);
   WS_ASSIGN_OR_RETURN(m->held_step, Step(r, "held_step"));
   WS_ASSIGN_OR_RETURN(m->below, r.U32("below"));
+  WS_ASSIGN_OR_RETURN(m->room, r.U32("room"));
   WS_ASSIGN_OR_RETURN(uint32_t count, r.Count("members", kMaxReportedMembers, kMinMemberBytes));
   m->members.resize(count);
   uint32_t previous_depth = 0;
@@ -59,6 +62,7 @@ Status Decode(std::span<const uint8_t> payload, MembersReport* m) {
     WS_ASSIGN_OR_RETURN(e.receiving_step, Step(r, "receiving_step"));
     WS_ASSIGN_OR_RETURN(e.below, r.U32("below"));
     WS_ASSIGN_OR_RETURN(e.depth, r.U32("depth"));
+    WS_ASSIGN_OR_RETURN(e.room, r.U32("room"));
     // Depth-first: a member is the reporter's child (1) or a child of the relay listed before it
     // (at most one deeper than the entry before); `via` names that relay below depth 1.
     if (e.depth < 1 || e.depth > previous_depth + 1 || e.depth > kMaxTreeDepth) {

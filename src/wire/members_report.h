@@ -16,6 +16,8 @@ namespace weightsync::wire {
 // One subscriber below the reporting relay, depth-first: each relay is followed by its own
 // subtree. `depth` 1 is the reporter's own child; `via` is the endpoint of the relay that serves
 // it (empty at depth 1: the reporter itself, which its parent knows by MemberInfo::serves).
+inline constexpr uint32_t kNoBound = 0xFFFFFFFFu;  // ReportedMember/MembersReport::room
+
 struct ReportedMember {
   std::string peer;      // as its relay saw it: ≤ kMaxPeerBytes printable ASCII (spaces allowed)
   std::string serves;    // its own serve endpoint (a relay), or empty
@@ -26,12 +28,16 @@ struct ReportedMember {
   int64_t receiving_step = -1;
   uint32_t below = 0;
   uint32_t depth = 1;
+  uint32_t room = kNoBound;  // a relay: how many more children it takes directly (see below)
   bool operator==(const ReportedMember&) const = default;
 };
 
 struct MembersReport {
   int64_t held_step = -1;  // the reporter's committed step of the publisher's session, or -1
   uint32_t below = 0;      // how many it serves below it (its subtree), as UpdateRequest::below
+  // A relay: how many more children it takes directly before it redirects them
+  // (SubscriberOptions::serve_max_direct less those it has); kNoBound: no bound; 0 for a leaf.
+  uint32_t room = 0;
   std::vector<ReportedMember> members;  // its subtree, depth-first, ≤ kMaxReportedMembers
 };
 inline constexpr uint32_t kMaxPeerBytes = 128;
@@ -39,12 +45,13 @@ inline constexpr uint32_t kMaxPeerBytes = 128;
 // with more reports the first ones it lists and says how many there are in `below`.
 inline constexpr uint32_t kMaxReportedMembers = 1u << 14;
 inline constexpr uint32_t kMaxTreeDepth = 64;
-// The largest encoded ReportedMember: four u16-length strings, three i64 steps, two u32.
+// The largest encoded ReportedMember: four u16-length strings, three i64 steps, three u32.
 inline constexpr uint32_t kMaxReportedMemberBytes =
-    2 + kMaxPeerBytes + 2 * (2 + kMaxEndpointBytes) + 2 + kMaxLocalityBytes + 3 * 8 + 2 * 4;
-// The largest encoded MembersReport: i64 held_step, u32 below, u32 count, the members (≈ 12 MiB).
+    2 + kMaxPeerBytes + 2 * (2 + kMaxEndpointBytes) + 2 + kMaxLocalityBytes + 3 * 8 + 3 * 4;
+// The largest encoded MembersReport: i64 held_step, u32 below, u32 room, u32 count, the members
+// (≈ 12 MiB).
 inline constexpr uint32_t kMaxMembersReportBytes =
-    8 + 4 + 4 + kMaxReportedMembers * kMaxReportedMemberBytes;
+    8 + 4 + 4 + 4 + kMaxReportedMembers * kMaxReportedMemberBytes;
 
 void Encode(const MembersReport& m, std::vector<uint8_t>* out);
 // Checks the form (texts, steps ≥ -1, a depth-first tree: the first entry at depth 1, each at

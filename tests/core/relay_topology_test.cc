@@ -67,15 +67,16 @@ class RelayTopology : public ::testing::TestWithParam<bool> {
     auto r = publisher_->Publish(step);
     ASSERT_TRUE(r.ok()) << r.status();
   }
-  // A replica that dials the trainer's endpoint; `serve`: it relays, with at most `fan_out`
-  // children of its own; `announce`: SubscriberOptions::serve_announce; `locality`: its label.
+  // A replica that dials the trainer's endpoint (or `dial`); `serve`: it relays, with at most
+  // `fan_out` children of its own; `announce`: SubscriberOptions::serve_announce; `locality`: its
+  // label.
   Replica& AddReplica(bool serve, int fan_out = 0, const std::string& announce = "",
-                      const std::string& locality = "") {
+                      const std::string& locality = "", const std::string& dial = "") {
     replicas_.push_back(std::make_unique<Replica>());
     Replica& r = *replicas_.back();
     r.weights = trainer_.Poisoned();
     SubscriberOptions o;
-    o.endpoint = publisher_->endpoint();
+    o.endpoint = dial.empty() ? publisher_->endpoint() : dial;
     o.verify = true;
     o.timeout = std::chrono::milliseconds(5000);
     o.locality = locality;
@@ -189,6 +190,86 @@ TEST_P(RelayTopology, NewcomersPastTheBoundFormATreeOfBoundedFanOut) {
   EXPECT_GE(direct[1].below, 2);
 }
 
+// The trainer places a newcomer on the shallowest relay with room anywhere in the tree, as the
+// relays' reports list it: here relay B (one child, room for another), not relay A, which serves
+// fewer below it but is full and has no relay to send it on to (it would serve a third child past
+// its bound).
+TEST_P(RelayTopology, ANewcomerGoesToTheShallowestRelayWithRoom) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& a = AddReplica(/*serve=*/true, /*fan_out=*/2);
+  ASSERT_OK(a.sub->Update().status());
+  Replica& b = AddReplica(/*serve=*/true, /*fan_out=*/2);
+  ASSERT_OK(b.sub->Update().status());
+  const std::string a_at = a.sub->serve_endpoint(), b_at = b.sub->serve_endpoint();
+  for (int i = 0; i < 2; ++i) ASSERT_OK(AddReplica(false, 0, "", "", a_at).sub->Update().status());
+  Replica& c = AddReplica(/*serve=*/true, /*fan_out=*/0, "", "", b_at);  // unbounded, depth 2
+  ASSERT_OK(c.sub->Update().status());
+  const std::string c_at = c.sub->serve_endpoint();
+  for (int i = 0; i < 3; ++i) ASSERT_OK(AddReplica(false, 0, "", "", c_at).sub->Update().status());
+  // A: 2 leaves (full); B: C, which serves 3 leaves. The trainer knows it once reports arrive.
+  ASSERT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 8; }))
+      << publisher_->Tree().size();
+  Replica& newcomer = AddReplica(/*serve=*/false);
+  ASSERT_OK(newcomer.sub->Update().status());
+  ASSERT_TRUE(trainer_.HeldBy(newcomer.weights));
+  EXPECT_EQ(a.sub->ServedMembers().size(), 2u);
+  EXPECT_EQ(b.sub->ServedMembers().size(), 2u);  // C and the newcomer
+  EXPECT_EQ(c.sub->ServedMembers().size(), 3u);
+  std::vector<MemberInfo> tree;
+  EXPECT_TRUE(testing::Eventually([&] {
+    tree = publisher_->Tree();
+    return tree.size() == 9;
+  }));
+  int under_b = 0;
+  for (const MemberInfo& m : tree) under_b += m.via == b_at && m.depth == 2;
+  EXPECT_EQ(under_b, 2);
+}
+
+// With every direct relay full, the newcomer still goes to the shallowest relay with room, not
+// down the branch that serves the fewest: A -> A1 -> A2 (room at depth 3) serves 2 below A, and
+// B -> B1 (room for one at depth 2) -> two leaves serves 3 below B; the newcomer joins B1, at
+// depth 3, not A2's children at depth 4. The next one, before B1 said it is full, goes to A2.
+TEST_P(RelayTopology, ANewcomerGoesToTheShallowestRoomNotDownTheLightestBranch) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  auto join = [&](int fan_out, const std::string& dial) -> Replica& {
+    Replica& r = AddReplica(/*serve=*/fan_out >= 0, std::max(fan_out, 0), "", "", dial);
+    EXPECT_OK(r.sub->Update().status());
+    return r;
+  };
+  Replica& a = join(1, "");
+  Replica& b = join(1, "");
+  Replica& a1 = join(1, a.sub->serve_endpoint());
+  Replica& a2 = join(2, a1.sub->serve_endpoint());
+  Replica& b1 = join(3, b.sub->serve_endpoint());
+  for (int i = 0; i < 2; ++i) join(-1, b1.sub->serve_endpoint());  // leaves
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 7; }))
+      << publisher_->Tree().size();
+  // B1's report of the newcomer is held back (its reporter sleeps): a second newcomer right
+  // after is placed by what the trainer sent where since, so it goes to A2, not to a full B1.
+  FailPoints::Arm("subscriber.report_between", FailAction::kSleep, 2000, /*count=*/1);
+  Replica& newcomer = join(-1, "");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(trainer_.HeldBy(newcomer.weights));
+  EXPECT_EQ(b1.sub->ServedMembers().size(), 3u);
+  EXPECT_TRUE(a2.sub->ServedMembers().empty());
+  Replica& second = join(-1, "");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(trainer_.HeldBy(second.weights));
+  EXPECT_EQ(b1.sub->ServedMembers().size(), 3u);  // never past its bound
+  EXPECT_EQ(a2.sub->ServedMembers().size(), 1u);
+  std::vector<MemberInfo> tree;
+  EXPECT_TRUE(testing::Eventually([&] {
+    tree = publisher_->Tree();
+    return tree.size() == 9;
+  }));
+  int deepest = 0;
+  for (const MemberInfo& m : tree) deepest = std::max(deepest, m.depth);
+  EXPECT_EQ(deepest, 4);  // the second one, under A2
+}
+
 // A newcomer goes to a relay of its own locality (host, rack) first, whatever the others serve;
 // with none of its locality, to the one with the fewest below it.
 TEST_P(RelayTopology, NewcomersGoToARelayOfTheirOwnLocalityFirst) {
@@ -296,6 +377,37 @@ TEST_P(RelayTopology, AReplicaIsNotSentBackToTheRelayItLostAStepThrough) {
   EXPECT_TRUE(trainer_.HeldBy(leaf.weights));
   EXPECT_TRUE(bad.sub->ServedMembers().empty());
   EXPECT_EQ(good.sub->ServedMembers().size(), 2u);
+}
+
+// Nor below it: every step of a relay under the one it lost goes through that one too. Here the
+// relay it lost (`bad`, under `top`) has a child with room; the trainer sends it to `top`, which,
+// told to avoid `bad` and all below it, serves it directly past its bound.
+TEST_P(RelayTopology, AReplicaIsNotSentBelowTheRelayItLostAStepThrough) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/1));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& top = AddReplica(/*serve=*/true, /*fan_out=*/1);
+  ASSERT_OK(top.sub->Update().status());
+  Replica& bad = AddReplica(/*serve=*/true, /*fan_out=*/2, "", "", top.sub->serve_endpoint());
+  FailPoints::Arm("relay.corrupt_served", FailAction::kFlip, 0, /*count=*/1);
+  ASSERT_OK(bad.sub->Update().status());
+  ASSERT_EQ(FailPoints::Hits("relay.corrupt_served"), 1);
+  ASSERT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 2; }));
+  Replica& leaf = AddReplica(/*serve=*/false);  // sent to `bad`, the one with room
+  ASSERT_STATUS_IS(kCorruption, leaf.sub->Update());
+  // Step 2 goes through `bad` uncorrupted to a relay of its own, which has room.
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  ASSERT_OK(top.sub->Update().status());
+  ASSERT_OK(bad.sub->Update().status());
+  Replica& below = AddReplica(/*serve=*/true, /*fan_out=*/2, "", "", bad.sub->serve_endpoint());
+  ASSERT_OK(below.sub->Update().status());
+  ASSERT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 3; }))
+      << publisher_->Tree().size();
+  auto stats = leaf.sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(trainer_.HeldBy(leaf.weights));
+  EXPECT_TRUE(below.sub->ServedMembers().empty());
+  EXPECT_EQ(bad.sub->ServedMembers().size(), 1u);  // `below` only
+  EXPECT_EQ(top.sub->ServedMembers().size(), 2u);  // `bad`, and the leaf past its bound
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, RelayTopology, ::testing::Values(false, true),

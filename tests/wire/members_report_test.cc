@@ -41,6 +41,7 @@ MembersReport Tree() {
   MembersReport m;
   m.held_step = 5;
   m.below = 4;
+  m.room = 1;
   m.members = {At(1, ""), At(2, "tcp://a:1"), At(3, "tcp://b:1", "subscriber connection 3"),
                At(1, "")};
   m.members[0].serves = "tcp://a:1";
@@ -49,6 +50,8 @@ MembersReport Tree() {
   m.members[1].below = 1;
   m.members[0].below = 2;
   m.members[2].receiving_step = 6;
+  m.members[1].room = 3;
+  m.members[2].room = 0;
   return m;
 }
 
@@ -60,6 +63,7 @@ TEST(WireMembersReport, RoundTripsEveryFieldAndRefusesEveryPrefixAndTrailingByte
   ASSERT_OK(Decode(bytes, &out));
   EXPECT_EQ(out.held_step, 5);
   EXPECT_EQ(out.below, 4u);
+  EXPECT_EQ(out.room, 1u);
   EXPECT_EQ(out.members, m.members);
   for (size_t len = 0; len < bytes.size(); ++len) {
     std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(len));
@@ -140,13 +144,13 @@ TEST(WireMembersReport, CountIsBoundedAndTheLargestFitsItsFrame) {
   big.serves = std::string(kMaxEndpointBytes, 's');
   big.locality = std::string(kMaxLocalityBytes, 'l');
   m.members.push_back(big);
-  EXPECT_EQ(EncodeOf(m).size(), 16u + kMaxReportedMemberBytes - kMaxEndpointBytes);
+  EXPECT_EQ(EncodeOf(m).size(), 20u + kMaxReportedMemberBytes - kMaxEndpointBytes);
   // A count the payload cannot hold, or past the bound, is refused before anything is reserved.
   std::vector<uint8_t> bytes = EncodeOf(MembersReport{});
-  bytes[12] = 0xff;
-  bytes[13] = 0xff;
-  bytes[14] = 0xff;
-  bytes[15] = 0x7f;
+  bytes[16] = 0xff;
+  bytes[17] = 0xff;
+  bytes[18] = 0xff;
+  bytes[19] = 0x7f;
   MembersReport out;
   EXPECT_TRUE(IsProtocolError(Decode(bytes, &out), {"members"}));
   EXPECT_LE(kMaxMembersReportBytes, kMaxPayloadBytes);
