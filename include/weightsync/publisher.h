@@ -86,7 +86,8 @@ struct MemberInfo {
   // The step it holds, as it last said: in its latest update request, or after it committed a
   // step (its committed step of this publisher's session; -1: none, a version of another
   // session, or weights it no longer vouches for after a weights check found differences or its
-  // registration changed). Never newer than what it holds.
+  // registration changed; a request naming a step past this publisher's latest, a strict
+  // subscriber's step of the session before a restart, is listed as -1).
   int64_t held_step = -1;
   int64_t sent_step = -1;       // the latest step it was sent whole (it may still be verifying)
   int64_t receiving_step = -1;  // the step being sent to it now; -1: none

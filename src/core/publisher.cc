@@ -119,21 +119,48 @@ struct Publisher::Impl final : transport::VersionSource {
   std::vector<uint64_t> stream_bytes WS_GUARDED_BY(publish_mu);
 
   // Membership (Publisher::Members): the sessions admitted, in the order they came; listed once
-  // ready. `redirected`: newcomers sent to this relay since it last said how many it serves.
+  // ready.
   struct Member {
     uint64_t id = 0;
     MemberInfo info;
     bool ready = false;
-    int64_t redirected = 0;
     std::vector<wire::ReportedMember> subtree;  // as its latest report said (a relay's)
     // As its latest report said: how many more children it takes directly (a relay that has not
     // reported yet: no bound known).
     uint32_t room = wire::kNoBound;
-    // Newcomers sent to relays of its subtree (by endpoint) since its latest report.
-    std::unordered_map<std::string, int64_t> subtree_redirected;
   };
   mutable util::Mutex members_mu;
   std::vector<Member> members WS_GUARDED_BY(members_mu);
+  // Newcomers redirected to each relay (by endpoint) that its reports do not show yet: counted
+  // against its room and load until a report shows its room smaller by as many, or
+  // kSentForgottenAfter passed (a newcomer that never arrived, or children that left meanwhile).
+  struct Redirects {
+    int64_t count = 0;
+    uint32_t room_seen = wire::kNoBound;  // its room as reported when they were sent
+    std::chrono::steady_clock::time_point last;
+  };
+  std::unordered_map<std::string, Redirects> sent_to WS_GUARDED_BY(members_mu);
+  static constexpr std::chrono::seconds kSentForgottenAfter{5};
+  int64_t SentTo(const std::string& relay) const WS_REQUIRES(members_mu) {
+    const auto it = sent_to.find(relay);
+    if (it == sent_to.end()) return 0;
+    return std::chrono::steady_clock::now() - it->second.last > kSentForgottenAfter
+               ? 0
+               : it->second.count;
+  }
+  // A report says relay `relay` has room `room` now: the newcomers it took since count no more.
+  void Arrived(const std::string& relay, uint32_t room) WS_REQUIRES(members_mu) {
+    const auto it = sent_to.find(relay);
+    if (it == sent_to.end()) return;
+    Redirects& sent = it->second;
+    if (sent.room_seen != wire::kNoBound && room < sent.room_seen) {
+      sent.count -= sent.room_seen - room;
+    }
+    sent.room_seen = room;
+    if (sent.count <= 0 || std::chrono::steady_clock::now() - sent.last > kSentForgottenAfter) {
+      sent_to.erase(it);
+    }
+  }
   // A relay's serving publisher tells its relay when its membership changed (a member joined,
   // left, asked or reported), so the relay reports its subtree upward (PublisherRelayAccess).
   std::function<void()> members_changed WS_GUARDED_BY(members_mu);
@@ -192,8 +219,9 @@ struct Publisher::Impl final : transport::VersionSource {
     };
     for (Member& m : members) {
       if (shunned(m.info.serves)) continue;
-      consider({&m, nullptr}, near(m.info.locality), 1, m.info.below + m.redirected,
-               room_left(m.room, m.redirected));
+      const int64_t sent = SentTo(m.info.serves);
+      consider({&m, nullptr}, near(m.info.locality), 1, m.info.below + sent,
+               room_left(m.room, sent));
       uint32_t skip_below = 0;  // > 0: inside the subtree of a shunned relay at this depth
       for (const wire::ReportedMember& e : m.subtree) {
         if (skip_below > 0 && e.depth > skip_below) continue;
@@ -203,8 +231,7 @@ struct Publisher::Impl final : transport::VersionSource {
           skip_below = e.depth;
           continue;
         }
-        const auto sent = m.subtree_redirected.find(e.serves);
-        const int64_t since = sent == m.subtree_redirected.end() ? 0 : sent->second;
+        const int64_t since = SentTo(e.serves);
         consider({&m, &e}, near(e.locality), e.depth + 1, e.below + since,
                  room_left(e.room, since));
       }
@@ -215,11 +242,10 @@ struct Publisher::Impl final : transport::VersionSource {
     util::MutexLock lock(&members_mu);
     if (options.max_direct > 0 && members.size() >= static_cast<size_t>(options.max_direct)) {
       if (Placement relay = RelayFor(hello); relay.member != nullptr) {
-        if (relay.below == nullptr) {
-          ++relay.member->redirected;
-        } else {
-          ++relay.member->subtree_redirected[relay.below->serves];
-        }
+        Redirects& sent = sent_to[relay.endpoint()];
+        sent.count = SentTo(relay.endpoint()) + 1;
+        sent.room_seen = relay.below ? relay.below->room : relay.member->room;
+        sent.last = std::chrono::steady_clock::now();
         return relay.endpoint();
       }
       if (!said_no_relay) {
@@ -244,18 +270,36 @@ struct Publisher::Impl final : transport::VersionSource {
     MembersChanged();
   }
   void Requested(uint64_t member, int64_t held, int64_t sending, uint32_t below) override {
+    // A request names the step it holds to be answered "up to date" or sent a newer one; under
+    // the strict lineage policy, after a restart, that is a step of the session before, which may
+    // lie past this session's latest: not one it holds here (MemberInfo::held_step).
+    const int64_t latest = versions.latest_step();
     {
       util::MutexLock lock(&members_mu);
       if (Member* m = FindMember(member); m != nullptr) {
-        m->info.held_step = held;
+        m->info.held_step = held > latest ? -1 : held;
         m->info.receiving_step = sending;
         m->info.below = below;
-        m->redirected = 0;
       }
     }
     MembersChanged();
   }
   Status Reported(uint64_t member, wire::MembersReport& report) override;
+  // How many it serves: its ready members and everyone they said they serve.
+  uint32_t Below() const WS_REQUIRES(members_mu) {
+    uint64_t below = 0;
+    for (const Member& m : members) {
+      if (m.ready) below += 1 + static_cast<uint64_t>(m.info.below);
+    }
+    return static_cast<uint32_t>(std::min<uint64_t>(below, UINT32_MAX));
+  }
+  // How many more members it takes directly before it redirects newcomers (wire::kNoBound: no
+  // bound); the sessions admitted count, as Admit counts them.
+  uint32_t Room() const WS_REQUIRES(members_mu) {
+    if (options.max_direct <= 0) return wire::kNoBound;
+    const auto bound = static_cast<size_t>(options.max_direct);
+    return static_cast<uint32_t>(bound > members.size() ? bound - members.size() : 0);
+  }
   // Every ready member followed by the subtree it reported, depth-first (Publisher::Tree), into
   // `out`'s entries (their storage reused: a steady relay's report allocates nothing): at most
   // `max` of them, none deeper than `max_depth` (dropping deeper ones keeps it depth-first).
@@ -747,10 +791,13 @@ Status Publisher::Impl::Reported(uint64_t member, wire::MembersReport& report) {
       m->info.below = report.below;
       m->room = report.room;
       m->subtree.swap(report.members);
-      // What it reports now counts the newcomers sent to it and below it that joined; one still
-      // on its way is placed by the relay it was sent to, further down if that one is full.
-      m->redirected = 0;
-      m->subtree_redirected.clear();
+      // The newcomers sent to these relays that their rooms now show count no more.
+      if (!sent_to.empty()) {
+        if (!m->info.serves.empty()) Arrived(m->info.serves, m->room);
+        for (const wire::ReportedMember& e : m->subtree) {
+          if (!e.serves.empty()) Arrived(e.serves, e.room);
+        }
+      }
     }
   }
   MembersChanged();
@@ -861,26 +908,16 @@ void PublisherRelayAccess::OnMembersChanged(Publisher& publisher, std::function<
 
 void PublisherRelayAccess::FillReport(const Publisher& publisher, wire::MembersReport* report) {
   const Publisher::Impl& d = *publisher.impl_;
-  util::MutexLock lock(&d.members_mu);
+  util::MutexLock lock(&d.members_mu);  // one look: `below` and `room` count what it lists
   d.FillTree(&report->members, wire::kMaxReportedMembers, wire::kMaxTreeDepth);
-}
-
-uint32_t PublisherRelayAccess::Room(const Publisher& publisher) {
-  const Publisher::Impl& d = *publisher.impl_;
-  if (d.options.max_direct <= 0) return wire::kNoBound;
-  util::MutexLock lock(&d.members_mu);
-  const auto bound = static_cast<size_t>(d.options.max_direct);
-  return static_cast<uint32_t>(bound > d.members.size() ? bound - d.members.size() : 0);
+  report->below = d.Below();
+  report->room = d.Room();
 }
 
 uint32_t PublisherRelayAccess::Below(const Publisher& publisher) {
   const Publisher::Impl& d = *publisher.impl_;
   util::MutexLock lock(&d.members_mu);
-  uint64_t below = 0;
-  for (const Publisher::Impl::Member& m : d.members) {
-    if (m.ready) below += 1 + static_cast<uint64_t>(m.info.below);
-  }
-  return static_cast<uint32_t>(std::min<uint64_t>(below, UINT32_MAX));
+  return d.Below();
 }
 
 Status PublisherRelayAccess::AdoptIdentity(Publisher& publisher, const wire::Welcome& upstream) {

@@ -49,14 +49,15 @@ struct PublisherRelayAccess {
   // How many subscribers it serves, its members and everyone they said they serve (the relay's
   // UpdateRequest::below). Allocates nothing: a relay's steady update asks it every time.
   static uint32_t Below(const Publisher& publisher);
-  // How many more members it takes directly before it redirects newcomers
-  // (PublisherOptions::max_direct less those it has); wire::kNoBound without a bound.
-  static uint32_t Room(const Publisher& publisher);
+
   // Called (on a session's thread, no lock of the publisher's held) whenever a member joins,
   // leaves, asks for a step or reports: the relay then reports its subtree upward. Empty: nobody.
   static void OnMembersChanged(Publisher& publisher, std::function<void()> tell);
   // Its whole subtree (Publisher::Tree) into `report->members`, as the wire bounds it (the first
-  // wire::kMaxReportedMembers entries no deeper than wire::kMaxTreeDepth), reusing their storage.
+  // wire::kMaxReportedMembers entries no deeper than wire::kMaxTreeDepth), reusing their storage,
+  // with `below` (as Below) and `room` (how many more members it takes directly before it
+  // redirects newcomers: PublisherOptions::max_direct less those it has; wire::kNoBound without
+  // a bound), all as of one moment.
   static void FillReport(const Publisher& publisher, wire::MembersReport* report);
 };
 

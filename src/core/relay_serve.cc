@@ -293,10 +293,6 @@ uint32_t RelayServe::Below() const {
   return publisher_ ? PublisherRelayAccess::Below(*publisher_) : 0;
 }
 
-uint32_t RelayServe::Room() const {
-  return publisher_ ? PublisherRelayAccess::Room(*publisher_) : 0;
-}
-
 Result<std::string> RelayServe::Announced(const SubscriberOptions& options,
                                           const std::string& bound) {
   if (!options.serve_announce.empty()) {
@@ -339,6 +335,8 @@ void RelayServe::FillReport(wire::MembersReport* report) const {
     PublisherRelayAccess::FillReport(*publisher_, report);
   } else {
     report->members.clear();
+    report->below = 0;
+    report->room = 0;
   }
 }
 

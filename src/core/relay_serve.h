@@ -91,16 +91,14 @@ class RelayServe {
   std::vector<MemberInfo> Members() const;
   // Its whole subtree (Publisher::Tree); any thread.
   std::vector<MemberInfo> Tree() const;
-  // Its subtree into `report->members` (PublisherRelayAccess::FillReport); under the subscriber's
-  // update lock.
+  // Its subtree, `below` and `room` into `report` (PublisherRelayAccess::FillReport); under the
+  // subscriber's update lock. A relay not serving yet: nobody below, no room.
   void FillReport(wire::MembersReport* report) const;
   // Told whenever its membership changes (PublisherRelayAccess::OnMembersChanged), by the serving
   // publisher it has and every one it opens from now on. Under the subscriber's update lock.
   void OnMembersChanged(std::function<void()> tell);
   // How many subscribers it serves, children and theirs; under the subscriber's update lock.
   uint32_t Below() const;
-  // How many more children it takes directly (PublisherRelayAccess::Room); likewise.
-  uint32_t Room() const;
 
   // The relay's engine sleeps (Subscriber::Sleep): a GPU store is given back, so that sleeping
   // frees the GPU memory the relay holds. Its children's reads fail and they find no publisher on

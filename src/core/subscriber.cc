@@ -93,6 +93,11 @@ enum class Held : uint8_t {
 };
 
 struct Subscriber::Impl {
+  // The reporter's thread uses everything below: it ends before any of it goes (Close() stops it
+  // too, before it takes update_mu).
+  ~Impl() {
+    if (reporter) reporter->Stop();
+  }
   SubscriberOptions options;
   std::string sources_text;  // "local://a" or "local://a, local://b" for error context
 
@@ -124,9 +129,6 @@ struct Subscriber::Impl {
   // Create, stopped by Close(). Declared before `relay`, whose serving publisher tells it of
   // changes, so that it outlives the relay.
   std::unique_ptr<core::SubtreeReporter> reporter;
-  // Set while the reporter takes update_mu for one report: a call that finds update_mu taken
-  // then waits for it instead of answering Busy.
-  std::atomic<bool> reporting{false};
   // A report that could not be sent may have left part of a frame on the connection: the next
   // update prepares anew before asking for a step.
   bool report_failed WS_GUARDED_BY(update_mu) = false;
@@ -166,15 +168,24 @@ struct Subscriber::Impl {
 
   // Takes update_mu for a user's call (Update, Register, Sleep, ...); false: another call holds
   // it (the caller answers Busy). The reporter holds it only for one report: that is waited for.
+  // `report_gate` makes "the reporter holds it" exact: the reporter takes update_mu and says so,
+  // and says so no more and lets it go, each under the gate.
   bool TryLockForCall() WS_TRY_ACQUIRE(true, update_mu) {
     if (update_mu.TryLock()) return true;
-    if (!reporting.load()) return false;
+    {
+      util::MutexLock gate(&report_gate);
+      if (update_mu.TryLock()) return true;
+      if (!reporting) return false;
+    }
     update_mu.Lock();
     return true;
   }
+  util::Mutex report_gate;
+  bool reporting WS_GUARDED_BY(report_gate) = false;
   // Tells each publisher the step committed and, a relay, its subtree (docs/relays.md,
-  // "Membership"); `force`: even if it said so already.
-  void ReportMembers(bool force) WS_REQUIRES(update_mu);
+  // "Membership"); `between_updates`: sent by the reporter (always; its own deadline, which
+  // Cancel() does not end), else at the end of an update (when something changed).
+  void ReportMembers(bool between_updates) WS_REQUIRES(update_mu);
   // The reporter's send: false when a call holds update_mu.
   bool ReportBetweenUpdates();
   Status ReleaseHandles(std::string_view why) WS_REQUIRES(update_mu);
@@ -341,12 +352,13 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& 
       WS_ASSIGN_OR_RETURN(impl->relay, core::RelayServe::Listen(options));
       impl->serve_endpoint = impl->relay->endpoint();
       impl->serving = impl->relay.get();
+      WS_ASSIGN_OR_RETURN(impl->announce,
+                          core::RelayServe::Announced(options, impl->serve_endpoint));
+      // Last: nothing fails after its thread starts.
       Impl* d = impl.get();
       impl->reporter = std::make_unique<core::SubtreeReporter>(
           [d] { return d->ReportBetweenUpdates(); }, kReportCoalesce);
       impl->relay->OnMembersChanged([r = impl->reporter.get()] { r->Changed(); });
-      WS_ASSIGN_OR_RETURN(impl->announce,
-                          core::RelayServe::Announced(options, impl->serve_endpoint));
     }
   }
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
@@ -876,7 +888,7 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
   // Its own budget, as a publisher's wait for readers (a relay that waited long for its step does
   // not cut off a child that just began reading), ended at once by Cancel() or Close().
   ServeCommitted(&stats, /*moved=*/!stats.up_to_date, Deadline(options.timeout, &cancel));
-  ReportMembers(/*force=*/false);
+  ReportMembers(/*between_updates=*/false);
   stats.seconds = Seconds(t0, t_end);
   stats.gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
   return stats;
@@ -900,29 +912,33 @@ void Subscriber::Impl::ServeCommitted(UpdateStats* stats, bool moved, const Dead
   stats->served_step = relay->served_step();
 }
 
-void Subscriber::Impl::ReportMembers(bool force) {
+void Subscriber::Impl::ReportMembers(bool between_updates) {
   if (!prepared || active.empty() || report_failed) return;
   const uint64_t covered = reporter ? reporter->Snapshot() : 0;
   const int64_t held =
       HeldVersion() == Held::kSameSession ? committed.load(std::memory_order_relaxed) : -1;
   const bool tree_changed = reporter && covered != reported_changes;
-  if (!force && !tree_changed && held == reported_held && prepare_count == reported_prepare) {
+  if (!between_updates && !tree_changed && held == reported_held &&
+      prepare_count == reported_prepare) {
     return;
   }
   report.held_step = held;
-  report.below = relay ? relay->Below() : 0;
-  report.room = relay ? relay->Room() : 0;
   if (relay) {
     relay->FillReport(&report);
   } else {
+    report.below = report.room = 0;
     report.members.clear();
   }
-  // A small frame into the socket's buffer: bounded on its own, not by what the update left.
-  const Deadline deadline(std::min(options.timeout, kReportBound), &cancel);
+  // One frame into the socket's buffer: bounded on its own, not by what the update left; between
+  // updates not ended by a Cancel() meant for an update.
+  const auto bound = std::min(options.timeout, kReportBound);
+  const Deadline deadline = between_updates ? Deadline(bound) : Deadline(bound, &cancel);
   for (Source* source : active) {
-    Status s = util::FailPoints::Check("subscriber.report").action == util::FailAction::kError
-                   ? Status::Unavailable("injected failure at fail point 'subscriber.report'")
-                   : source->handle->Report(report, deadline);
+    // Tests: an update's report that fails (the reporter's are not injected).
+    const bool injected = !between_updates && util::FailPoints::Check("subscriber.report").action ==
+                                                  util::FailAction::kError;
+    Status s = injected ? Status::Unavailable("injected failure at fail point 'subscriber.report'")
+                        : source->handle->Report(report, deadline);
     if (!s.ok()) {
       WS_LOG(INFO, "subscriber") << source->name << ": members report failed (" << s
                                  << "); the next update prepares anew";
@@ -937,18 +953,17 @@ void Subscriber::Impl::ReportMembers(bool force) {
 }
 
 bool Subscriber::Impl::ReportBetweenUpdates() {
-  reporting.store(true);
-  if (!update_mu.TryLock()) {
-    reporting.store(false);
-    return false;
-  }
   {
-    util::MutexLock lock(&update_mu, util::kAdoptLock);
-    // Tests: a report that holds the subscriber a while (sleep), as a slow socket would.
-    (void)util::FailPoints::Check("subscriber.report_between");
-    if (!closed) ReportMembers(/*force=*/true);
+    util::MutexLock gate(&report_gate);
+    if (!update_mu.TryLock()) return false;
+    reporting = true;
   }
-  reporting.store(false);
+  // Tests: a report that holds the subscriber a while (sleep), as a slow socket would.
+  (void)util::FailPoints::Check("subscriber.report_between");
+  if (!closed) ReportMembers(/*between_updates=*/true);
+  util::MutexLock gate(&report_gate);
+  reporting = false;
+  update_mu.Unlock();  // under the gate: a caller sees it held only while `reporting` says whose
   return true;
 }
 

@@ -331,6 +331,40 @@ TEST_P(RelayChain, MembershipSaysWhoHoldsWhichStepAtEachLevel) {
   EXPECT_EQ(publisher_->Members().size(), 1u);
 }
 
+// After the trainer restarts at a lower step, a child under the strict lineage policy asks its
+// relay for a step past the one it holds of the session before; the relay ends that child's
+// session, and its own reports (which never list a step past the trainer's latest) keep its
+// session with the trainer: its next update needs no new handle.
+TEST_P(RelayChain, AStrictChildOfARestartedTrainerNeverGetsItsRelayCutOff) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_NO_FATAL_FAILURE(Publish(step, 0.02));
+  Bytes mid = trainer_.Poisoned(), leaf = trainer_.Poisoned();
+  auto relay = Connect(endpoint_, mid, /*serve=*/true);
+  SubscriberOptions o;
+  o.endpoint = relay->serve_endpoint();
+  o.mode = std::get<1>(GetParam());
+  o.timeout = std::chrono::milliseconds(5000);
+  o.lineage_policy = LineagePolicy::kStrict;
+  auto child = testing::NewSubscriber(o, trainer_.Views(leaf));
+  ASSERT_OK(relay->Update().status());
+  ASSERT_OK(child->Update().status());  // step 3
+  ASSERT_OK(publisher_->Close());
+  publisher_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartPublisher());  // same endpoint and lineage, steps from 1 again
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0.02));
+  ASSERT_OK(relay->Update().status());                     // follows the new session
+  ASSERT_STATUS_IS(kFailedPrecondition, child->Update());  // strict: waits for a step past 3
+  EXPECT_TRUE(testing::Eventually([&] {
+    const std::vector<MemberInfo> tree = publisher_->Tree();
+    return tree.size() == 1 && tree[0].held_step == 1;
+  }));
+  ASSERT_NO_FATAL_FAILURE(Publish(2, 0.02));
+  auto stats = relay->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_FALSE(stats->handle_created);  // its session with the trainer lived on
+  ASSERT_TRUE(trainer_.HeldBy(mid));
+}
+
 // A relay's report between its updates holds its update lock for one frame: a call that starts
 // meanwhile waits for it and goes through, never Busy because of it.
 TEST_P(RelayChain, ACallDuringAReportBetweenUpdatesWaitsForItInsteadOfBeingBusy) {

@@ -245,8 +245,12 @@ TEST_P(RelayTopology, ANewcomerGoesToTheShallowestRoomNotDownTheLightestBranch) 
   Replica& b1 = join(3, b.sub->serve_endpoint());
   for (int i = 0; i < 2; ++i) join(-1, b1.sub->serve_endpoint());  // leaves
   ASSERT_FALSE(HasFailure());
-  ASSERT_TRUE(testing::Eventually([&] { return publisher_->Tree().size() == 7; }))
-      << publisher_->Tree().size();
+  // Every join and commit reported all the way up: nothing is on its way to the trainer now.
+  ASSERT_TRUE(testing::Eventually([&] {
+    const std::vector<MemberInfo> tree = publisher_->Tree();
+    return tree.size() == 7 && std::all_of(tree.begin(), tree.end(),
+                                           [](const MemberInfo& m) { return m.held_step == 1; });
+  })) << publisher_->Tree().size();
   // B1's report of the newcomer is held back (its reporter sleeps): a second newcomer right
   // after is placed by what the trainer sent where since, so it goes to A2, not to a full B1.
   FailPoints::Arm("subscriber.report_between", FailAction::kSleep, 2000, /*count=*/1);
@@ -408,6 +412,26 @@ TEST_P(RelayTopology, AReplicaIsNotSentBelowTheRelayItLostAStepThrough) {
   EXPECT_TRUE(below.sub->ServedMembers().empty());
   EXPECT_EQ(bad.sub->ServedMembers().size(), 1u);  // `below` only
   EXPECT_EQ(top.sub->ServedMembers().size(), 2u);  // `bad`, and the leaf past its bound
+}
+
+// Newcomers that come faster than the relays report are spread by what the trainer sent where:
+// with both relays' reports held back (their reporters asleep), two leaves go one to each relay,
+// not both to the first.
+TEST_P(RelayTopology, ABurstOfNewcomersIsSpreadBeforeTheRelaysReport) {
+  ASSERT_NO_FATAL_FAILURE(StartPublisher(/*max_direct=*/2));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 0));
+  Replica& a = AddReplica(/*serve=*/true);  // no bound of its own
+  ASSERT_OK(a.sub->Update().status());
+  Replica& b = AddReplica(/*serve=*/true);
+  ASSERT_OK(b.sub->Update().status());
+  ASSERT_TRUE(testing::Eventually([&] {
+    const std::vector<MemberInfo> tree = publisher_->Tree();
+    return tree.size() == 2 && tree[0].held_step == 1 && tree[1].held_step == 1;
+  }));
+  FailPoints::Arm("subscriber.report_between", FailAction::kSleep, 2000, /*count=*/2);
+  for (int i = 0; i < 2; ++i) ASSERT_OK(AddReplica(/*serve=*/false).sub->Update().status());
+  EXPECT_EQ(a.sub->ServedMembers().size(), 1u);
+  EXPECT_EQ(b.sub->ServedMembers().size(), 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, RelayTopology, ::testing::Values(false, true),
