@@ -31,6 +31,8 @@ class Mutant:
     edits: list  # (old, new) pairs, each old occurring exactly once
     target: str  # the test binary (CMake target) that must fail
     tests: str  # its --gtest_filter
+    # Seconds its tests may run: a mutant that makes them hang (a deadlock) is killed by that.
+    timeout: int = 900
 
 
 MUTANTS = [
@@ -257,6 +259,38 @@ MUTANTS = [
            "src/transport/path/delta_receiver.cc",
            [("  landing_->workers()->Run(count, &DeltaReceiver::CheckSegment, this);\n", "")],
            "transport_path_delta_receiver_test", "*AMalformedDelta*"),
+    Mutant("encode-await", "a session sends a step's deltas before their encode finished",
+           "src/transport/store/host_store.cc",
+           [("  while (pending_slot_ == static_cast<int64_t>(slot)) {\n    if (deadline.cancelled()",
+             "  while (false) {\n    if (deadline.cancelled()")],
+           "core_delta_update_test", "*PublishReturnsBeforeItsDeltasAreEncoded*"),
+    Mutant("encode-before-write", "a version is written into a slot the running encode reads",
+           "src/transport/store/host_store.cc",
+           [("  // uses the workers.\n  WaitEncoded();\n", "  // uses the workers.\n")],
+           "core_delta_update_test", "*APublishDuringAnEncodeWaits*", timeout=120),
+    Mutant("encode-off-path", "Publish encodes its deltas before it returns",
+           "src/transport/store/host_store.cc",
+           [("  if (!encoder_.joinable()) return Encode(slot, base->slot);",
+             "  return Encode(slot, base->slot);")],
+           "core_delta_update_test", "*PublishReturnsBeforeItsDeltasAreEncoded*"),
+    Mutant("encode-wait-option", "Publish(wait_for_deltas) returns before the deltas are encoded",
+           "src/core/publisher.cc",
+           [("  if (call.wait_for_deltas) WS_RETURN_IF_ERROR(d.AwaitDeltas(step, k));\n", "")],
+           "core_delta_update_test", "*AThousandStepsLandExactly*Staged*"),
+    Mutant("encode-deltas-await", "Publisher::Deltas() counts an encode still running",
+           "src/core/publisher.cc",
+           [("      d.store->AwaitDelta(static_cast<uint32_t>(slot), Deadline(d.options.timeout)));",
+             "      Result<const transport::store::SlotDelta*>("
+             "d.store->delta(static_cast<uint32_t>(slot))));")],
+           "core_delta_update_test", "*DeltasWaitsForTheEncode*"),
+    Mutant("encode-whole-waits", "a session sending the step whole waits for the step's encode",
+           "src/core/publisher.cc",
+           [("    if (delta == nullptr || base_step < 0 || delta->base_step != base_step) return nullptr;\n"
+             "    return store->AwaitDelta(pin.begin.slot, deadline);",
+             "    WS_ASSIGN_OR_RETURN(delta, store->AwaitDelta(pin.begin.slot, deadline));\n"
+             "    if (delta == nullptr || base_step < 0 || delta->base_step != base_step) return nullptr;\n"
+             "    return delta;")],
+           "core_delta_update_test", "*ASubscriberTakingTheStepWholeNeverWaits*"),
     Mutant("delta-commit-whole", "a sparse staged commit leaves out the segments that came whole",
            "src/transport/path/delta_receiver.cc",
            [("  landing_->CommitSegments(whole_segments_);\n", "")],
@@ -280,8 +314,8 @@ MUTANTS = [
            [("    const bool delta = options.delta;", "    const bool delta = true;")],
            "core_delta_update_test", "*EitherSideCanTurnDeltasOff*"),
     Mutant("delta-publisher-base", "the publisher sends deltas against a base the subscriber does not hold",
-           "src/transport/path/tcp_delivery.cc",
-           [("delta->base_step == request.after_step &&", "")],
+           "src/core/publisher.cc",
+           [(" || delta->base_step != base_step) return nullptr;", ") return nullptr;")],
            "core_delta_update_test", "*AMissedStepComesWhole*"),
     Mutant("relay-prepare-check", "a relay starts receiving a version it cannot serve",
            "src/core/subscriber.cc",
@@ -358,7 +392,7 @@ MUTANTS = [
            "core_relay_cut_through_test", "*ASharedMemoryChildWaitsForTheStepWhole*"),
     Mutant("cut-stale-delta", "a slot written by cut-through keeps the delta of its old version",
            "src/transport/store/host_store.cc",
-           [("    SummarizeDelta(slot, nullptr);\n    return arena_->slot(slot);",
+           [("    BeginDelta(slot, nullptr);\n    return arena_->slot(slot);",
              "    return arena_->slot(slot);")],
            "core_relay_cut_through_test", "*AStreamedStepNeverCarriesTheDeltaItsSlotHeldBefore*"),
     Mutant("cut-no-abort", "a failed relay update leaves the step it streamed landing forever",
@@ -459,8 +493,12 @@ def check(m: Mutant, build: str, jobs: str) -> str:
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if built.returncode != 0:
             return "DOES NOT BUILD:\n" + built.stdout[-2000:]
-        tested = run([f"{build}/tests/{m.target}", f"--gtest_filter={m.tests}", "--gtest_brief=1"],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        try:
+            tested = run([f"{build}/tests/{m.target}", f"--gtest_filter={m.tests}",
+                          "--gtest_brief=1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=m.timeout)
+        except subprocess.TimeoutExpired:
+            return f"killed: its tests hung past {m.timeout} s"
         if tested.returncode == 0:
             return "SURVIVED (its tests pass)"
         failed = [line for line in tested.stdout.splitlines() if line.startswith("[  FAILED  ]")]

@@ -11,6 +11,7 @@
 #include "cuda/launch_registry.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_link.h"
+#include "delta/segment_delta.h"
 #include "transport/path_table.h"
 #include "transport/store/store_table.h"
 #include "util/knobs.h"
@@ -59,6 +60,13 @@ int RunInfo(int argc, char** argv) {
   for (const transport::store::StoreEntry& store : transport::store::StoreTable()) {
     std::printf("  %-12s %s\n", std::string(store.name).c_str(), std::string(store.holds).c_str());
   }
+  // Where a step can travel as deltas, and what decides it (docs/deltas.md).
+  std::printf(
+      "deltas (docs/deltas.md): over tcp, from the host-arena store (registered host tensors), "
+      "to host destinations; encoded after Publish returns; delta='auto' sends a segment as its "
+      "delta when that is at most 1/%u of it. Not yet: shm, cuda-ipc, nccl, rings, regions, "
+      "conversions\n",
+      static_cast<unsigned>(delta::kAutoRoomDivisor));
   std::printf("environment knobs (docs/env_vars.md):\n");
   for (const util::KnobInfo& k : util::AllKnobs()) {
     std::optional<std::string> v = util::KnobValue(k.knob);

@@ -46,6 +46,12 @@ struct PublishOptions {
   // current stream — without blocking the host. nullptr: the legacy default stream (where
   // PyTorch works unless told otherwise). Ignored for host tensors.
   void* cuda_stream = nullptr;
+  // Delta updates (docs/deltas.md): Publish returns once the version is copied and hashed, and
+  // its deltas are encoded after that, off the trainer's path (a subscriber asking for them
+  // waits for that encode). true: Publish returns once they are encoded too, and its stats say
+  // what they hold (benchmarks, tests, a trainer that logs them). The version is the latest
+  // before that wait: a wait past PublisherOptions::timeout fails the call, not the version.
+  bool wait_for_deltas = false;
 };
 
 struct PublishStats {
@@ -67,15 +73,29 @@ struct PublishStats {
   // same on every Publish: the store is sized at the first.
   uint64_t store_bytes = 0;
   int store_device = -1;  // where store_bytes is: -1 host memory (a memfd), else the CUDA device
-  // Delta updates (PublisherOptions::delta, docs/deltas.md): the step this version was encoded
-  // against (-1: none: the first Publish, deltas off, or a store that keeps none), its segments
-  // encoded as deltas and left whole (too large for the room, or Allocate()d tensors), the
-  // deltas' bytes, and the bytes of the elements that changed in the encoded segments.
+  // Delta updates (PublisherOptions::delta, docs/deltas.md): the step this version is encoded
+  // against (-1: none: the first Publish, deltas off, or a store that keeps none). Whether that
+  // encode still ran when Publish returned (it runs off the trainer's path unless
+  // PublishOptions::wait_for_deltas); once it finished: its segments encoded as deltas and left
+  // whole (too large for the room, or Allocate()d tensors), the deltas' bytes, and the bytes of
+  // the elements that changed in the encoded segments (all 0 while it runs).
   int64_t delta_base_step = -1;
+  bool delta_pending = false;
   uint32_t delta_segments = 0;
   uint32_t whole_segments = 0;
   uint64_t delta_bytes = 0;
   uint64_t changed_bytes = 0;
+};
+
+// What the encode of one version's deltas found (Publisher::Deltas, docs/deltas.md).
+struct DeltaStats {
+  int64_t step = -1;       // the version
+  int64_t base_step = -1;  // the step it was encoded against; -1: none (every segment whole)
+  uint32_t delta_segments = 0;
+  uint32_t whole_segments = 0;
+  uint64_t delta_bytes = 0;
+  uint64_t changed_bytes = 0;
+  double encode_seconds = 0;  // the encode's own time, after the copy and the hashes
 };
 
 // One subscriber of a publisher (Publisher::Members): prepared (past the Welcome) and still
@@ -128,6 +148,10 @@ class Publisher {
   Result<PublishStats> Publish(int64_t step, const PublishOptions& options);
   Result<PublishStats> Publish(int64_t step) { return Publish(step, PublishOptions{}); }
   int64_t latest_step() const;  // -1 before the first Publish
+  // The latest version's deltas, once encoded: waits for the encode that runs on after Publish
+  // (at most PublisherOptions::timeout). Called before the next Publish (which waits for it
+  // anyway), it costs the trainer nothing. FailedPrecondition before the first Publish.
+  Result<DeltaStats> Deltas();
   const Manifest& manifest() const;
   // The endpoint subscribers connect to (for tcp://HOST:0, with the port actually bound).
   const std::string& endpoint() const;

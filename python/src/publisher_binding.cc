@@ -176,6 +176,28 @@ void BindPublisher(nb::module_& m) {
         return text + ")";
       });
 
+  nb::class_<DeltaStats>(m, "DeltaStats",
+                         "What the encode of one version's deltas found (Publisher.deltas()).")
+      .def_ro("step", &DeltaStats::step)
+      .def_ro("base_step", &DeltaStats::base_step,
+              "The step it was encoded against; -1: none (every segment goes whole).")
+      .def_ro("delta_segments", &DeltaStats::delta_segments)
+      .def_ro("whole_segments", &DeltaStats::whole_segments)
+      .def_ro("delta_bytes", &DeltaStats::delta_bytes)
+      .def_ro("changed_bytes", &DeltaStats::changed_bytes,
+              "Bytes of the elements that changed, in the segments encoded.")
+      .def_ro("encode_seconds", &DeltaStats::encode_seconds,
+              "The encode's own time (after publish() returned, unless it waited for it).")
+      .def("__repr__", [](const DeltaStats& s) {
+        return "DeltaStats(step=" + std::to_string(s.step) +
+               ", base_step=" + std::to_string(s.base_step) +
+               ", delta_segments=" + std::to_string(s.delta_segments) +
+               ", whole_segments=" + std::to_string(s.whole_segments) +
+               ", delta_bytes=" + std::to_string(s.delta_bytes) +
+               ", changed_bytes=" + std::to_string(s.changed_bytes) +
+               ", encode_seconds=" + std::to_string(s.encode_seconds) + ")";
+      });
+
   nb::class_<PublishStats>(m, "PublishStats", "What one Publisher.publish() did.")
       .def_ro("step", &PublishStats::step)
       .def_ro("bytes_copied", &PublishStats::bytes_copied,
@@ -193,8 +215,12 @@ void BindPublisher(nb::module_& m) {
       .def_ro("store_device", &PublishStats::store_device,
               "Where store_bytes is: -1 host memory, else the CUDA device index.")
       .def_ro("delta_base_step", &PublishStats::delta_base_step,
-              "Delta updates (docs/deltas.md): the step this version was encoded against; -1:\n"
+              "Delta updates (docs/deltas.md): the step this version is encoded against; -1:\n"
               "none (the first publish, delta='off', or a store that keeps no deltas).")
+      .def_ro("delta_pending", &PublishStats::delta_pending,
+              "Whether the encode of this version's deltas still ran when publish() returned\n"
+              "(it runs off the trainer's path unless publish(wait_for_deltas=True)); the four\n"
+              "counts below are 0 then.")
       .def_ro("delta_segments", &PublishStats::delta_segments, "Digest segments encoded as deltas.")
       .def_ro("whole_segments", &PublishStats::whole_segments,
               "Digest segments left whole (their delta too large for the room, or allocate()d).")
@@ -210,8 +236,12 @@ void BindPublisher(nb::module_& m) {
                ", store_bytes=" + std::to_string(s.store_bytes) +
                ", store_device=" + std::to_string(s.store_device) +
                ", delta_base_step=" + std::to_string(s.delta_base_step) +
-               ", delta_segments=" + std::to_string(s.delta_segments) +
-               ", delta_bytes=" + std::to_string(s.delta_bytes) + ")";
+               (s.delta_pending ? ", delta_pending=True"
+                                : ", delta_segments=" + std::to_string(s.delta_segments) +
+                                      ", whole_segments=" + std::to_string(s.whole_segments) +
+                                      ", delta_bytes=" + std::to_string(s.delta_bytes) +
+                                      ", changed_bytes=" + std::to_string(s.changed_bytes)) +
+               ")";
       });
 
   nb::class_<PyPublisher>(
@@ -378,22 +408,25 @@ void BindPublisher(nb::module_& m) {
           "returns; the next publish()'s stats say how long it waited and how many it revoked.")
       .def(
           "publish",
-          [](PyPublisher& self, int64_t step, nb::handle stream) {
+          [](PyPublisher& self, int64_t step, nb::handle stream, bool wait_for_deltas) {
             PublishOptions options;
             options.cuda_stream = StreamArg(stream, self.cuda_device);
+            options.wait_for_deltas = wait_for_deltas;
             nb::gil_scoped_release release;
             return ThrowIfError(self.publisher->Publish(step, options));
           },
-          "step"_a, "stream"_a = nb::none(),
-          nb::sig("def publish(self, step: int, stream: int | typing.Any | None = None) -> "
-                  "PublishStats"),
+          "step"_a, "stream"_a = nb::none(), "wait_for_deltas"_a = false,
+          nb::sig("def publish(self, step: int, stream: int | typing.Any | None = None, "
+                  "wait_for_deltas: bool = False) -> PublishStats"),
           "Makes `step` the latest version (steps must increase). Copies registered tensors.\n"
           "CUDA tensors are copied on the GPU after the work queued on `stream` (the kernels that\n"
           "wrote them), without blocking the host or synchronizing the device: a cudaStream_t as\n"
           "an int, or a stream object with .cuda_stream (torch.cuda.Stream) or .ptr\n"
           "(cupy.cuda.Stream), of the tensors' device. None: torch's current stream on that\n"
           "device if torch is imported and has initialised CUDA, else the legacy default stream.\n"
-          "Returns once the version is complete. Host tensors: `stream` is not used.")
+          "Returns once the version is complete. Host tensors: `stream` is not used.\n"
+          "Its deltas (docs/deltas.md) are encoded after it returns, off the trainer's path;\n"
+          "wait_for_deltas=True returns once they are too, with their counts in the stats.")
       .def_prop_ro(
           "latest_step", [](PyPublisher& self) { return self.publisher->latest_step(); },
           "The latest published step, -1 before the first publish().")
@@ -401,6 +434,12 @@ void BindPublisher(nb::module_& m) {
           "members", [](PyPublisher& self) { return self.publisher->Members(); },
           "The subscribers connected now (a relay among them), in the order they connected:\n"
           "which step each holds, was sent, or is receiving (docs/relays.md).")
+      .def(
+          "deltas", [](PyPublisher& self) { return ThrowIfError(self.publisher->Deltas()); },
+          nb::call_guard<nb::gil_scoped_release>(),
+          "The latest version's deltas once encoded (docs/deltas.md): waits for the encode\n"
+          "that runs on after publish(), at most the publisher's timeout. Before the next\n"
+          "publish() (which waits for it anyway) it costs the trainer nothing.")
       .def(
           "tree", [](PyPublisher& self) { return self.publisher->Tree(); },
           "Every subscriber below this publisher, depth-first: each member followed by the\n"

@@ -31,13 +31,23 @@ def test_sparse_steps_arrive_as_deltas_and_land_bit_exact(mode):
             assert (stats.delta_base_step, stats.received_bytes) == (-1, stats.bytes)
             for step in range(2, 6):
                 change_some(model, rng, 0.01)
-                published = pub.publish(step)
+                # Every other publish returns before its deltas are encoded: deltas() waits.
+                waited = step % 2 == 0
+                published = pub.publish(step, wait_for_deltas=waited)
                 assert published.delta_base_step == step - 1
-                assert published.delta_segments > 0
-                assert 0 < published.changed_bytes < published.delta_bytes
+                encoded = pub.deltas()
+                assert (encoded.step, encoded.base_step) == (step, step - 1)
+                assert encoded.delta_segments > 0
+                assert 0 < encoded.changed_bytes < encoded.delta_bytes
+                assert encoded.encode_seconds > 0
+                if waited:
+                    assert not published.delta_pending
+                    assert (published.delta_segments, published.delta_bytes) == (
+                        encoded.delta_segments, encoded.delta_bytes)
+                assert "delta_base_step=" in repr(published)
                 stats = sub.update()
                 assert stats.delta_base_step == step - 1, stats
-                assert stats.delta_segments == published.delta_segments
+                assert stats.delta_segments == encoded.delta_segments
                 assert stats.received_bytes < stats.bytes // 4, stats
                 assert_bit_exact(dst, model)
 
@@ -65,3 +75,9 @@ def test_delta_off_on_either_side_moves_every_byte():
 def test_an_unknown_delta_mode_is_refused_by_name():
     with pytest.raises(weightsync.InvalidArgument, match="delta 'sometimes'"):
         weightsync.Publisher("tcp://127.0.0.1:0", delta="sometimes")
+
+
+def test_deltas_before_any_publish_is_refused_by_name():
+    with weightsync.Publisher("tcp://127.0.0.1:0") as pub:
+        with pytest.raises(weightsync.FailedPrecondition, match="nothing published yet"):
+            pub.deltas()

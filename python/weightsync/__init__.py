@@ -34,6 +34,7 @@ from ._errors import (
 from ._manifest import PublishedTensor
 from ._weightsync import (
     CudaStatus,
+    DeltaStats,
     MemberInfo,
     Publisher,
     PublishStats,
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CudaStatus",
+    "DeltaStats",
     "MemberInfo",
     "Publisher",
     "PublishStats",

@@ -327,6 +327,8 @@ struct Publisher::Impl final : transport::VersionSource {
   // What Publish (and a finished stream) reports of the version written into `slot`.
   PublishStats Report(int64_t step, uint32_t slot, std::chrono::steady_clock::time_point start)
       WS_REQUIRES(publish_mu);
+  // PublishOptions::wait_for_deltas: the version's delta encoded, as Publish's own work.
+  Status AwaitDeltas(int64_t step, uint32_t slot);
   // A relay's version comes with its trainer's digests, one per segment of this store's layout.
   Status CheckGiven(int64_t step, size_t digests) const {
     if (digests == store->digest_count()) return Status::Ok();
@@ -339,7 +341,7 @@ struct Publisher::Impl final : transport::VersionSource {
   // Publish; with `given` (a relay's, PublisherRelayAccess) the version's digests as its trainer
   // published them: the store copies without hashing.
   // `writer`: a relay's update deadline, which also bounds the wait for a slot's readers.
-  Result<PublishStats> PublishVersion(int64_t step, void* cuda_stream,
+  Result<PublishStats> PublishVersion(int64_t step, const PublishOptions& call,
                                       const std::span<const uint64_t>* given,
                                       const Deadline* writer = nullptr);
   Result<std::pair<const wire::Welcome*, int>> WaitLayout(
@@ -365,8 +367,15 @@ struct Publisher::Impl final : transport::VersionSource {
     return versions.ReleaseBucket(pin, bucket);
   }
   const uint8_t* arena_base() const override { return store->base(); }
-  const transport::store::SlotDelta* DeltaOf(const transport::Pin& pin) const override {
-    return pin.begin.slot != wire::kNoSlot ? store->delta(pin.begin.slot) : nullptr;
+  Result<const transport::store::SlotDelta*> AwaitDelta(const transport::Pin& pin,
+                                                        int64_t base_step,
+                                                        const Deadline& deadline) override {
+    if (pin.begin.slot == wire::kNoSlot) return nullptr;
+    // The base is set before the version is published (only the encode runs on after it): a
+    // session that will send the step whole never waits for an encode.
+    const transport::store::SlotDelta* delta = store->delta(pin.begin.slot);
+    if (delta == nullptr || base_step < 0 || delta->base_step != base_step) return nullptr;
+    return store->AwaitDelta(pin.begin.slot, deadline);
   }
   // `tensors` is read-only once frozen (Register refuses then), which sessions wait for. A ring's
   // or a zero-copy publisher's version is its registered tensors.
@@ -642,7 +651,7 @@ Status Publisher::BeginWrite() {
 }
 
 Result<PublishStats> Publisher::Publish(int64_t step, const PublishOptions& options) {
-  return impl_->PublishVersion(step, options.cuda_stream, nullptr);
+  return impl_->PublishVersion(step, options, nullptr);
 }
 
 Status Publisher::Impl::BeginVersion(int64_t step) {
@@ -687,6 +696,10 @@ PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
   stats.store_device = welcome.device;  // read-only once frozen; -1: host memory
   if (const transport::store::SlotDelta* delta = store->delta(slot); delta != nullptr) {
     stats.delta_base_step = delta->base_step;
+    stats.delta_pending = store->DeltaPending(slot);
+  }
+  if (const transport::store::SlotDelta* delta = store->delta(slot);
+      delta != nullptr && !stats.delta_pending) {
     stats.delta_segments = delta->delta_segments;
     stats.whole_segments = delta->whole_segments;
     stats.delta_bytes = delta->delta_bytes;
@@ -700,7 +713,13 @@ PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
   return stats;
 }
 
-Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_stream,
+Status Publisher::Impl::AwaitDeltas(int64_t step, uint32_t slot) {
+  return store->AwaitDelta(slot, Deadline(options.timeout))
+      .status()
+      .WithContext("Publish(" + std::to_string(step) + ", wait_for_deltas)");
+}
+
+Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, const PublishOptions& call,
                                                      const std::span<const uint64_t>* given,
                                                      const Deadline* writer) {
   Impl& d = *this;
@@ -720,7 +739,7 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
   const transport::store::DeltaBase* delta_base = base.step >= 0 ? &base : nullptr;
   Status published;
   if (given == nullptr) {
-    published = d.store->Publish(k, d.versions.digests(k), delta_base, cuda_stream,
+    published = d.store->Publish(k, d.versions.digests(k), delta_base, call.cuda_stream,
                                  Deadline(d.options.timeout));
   } else {
     published = d.store->PublishCopy(k, delta_base, Deadline(d.options.timeout));
@@ -731,6 +750,8 @@ Result<PublishStats> Publisher::Impl::PublishVersion(int64_t step, void* cuda_st
     return published.WithContext("Publish(" + std::to_string(step) + ")");
   }
   d.versions.Published(k, step);
+  // The version is whole and served; a failed wait for its deltas fails only this call.
+  if (call.wait_for_deltas) WS_RETURN_IF_ERROR(d.AwaitDeltas(step, k));
   return d.Report(step, k, start);
 }
 
@@ -756,6 +777,30 @@ Result<util::UniqueFd> Publisher::Impl::ExportAllocationFd(uint32_t index) {
 }
 
 int64_t Publisher::latest_step() const { return impl_->versions.latest_step(); }
+
+Result<DeltaStats> Publisher::Deltas() {
+  Impl& d = *impl_;
+  util::MutexLock publish_lock(&d.publish_mu);  // the latest stays the latest meanwhile
+  {
+    util::MutexLock lock(&d.mu);
+    if (d.closed) return Status::FailedPrecondition("Deltas(): the publisher is closed");
+  }
+  const auto [slot, step] = d.versions.latest();
+  if (slot < 0) return Status::FailedPrecondition("Deltas(): nothing published yet");
+  DeltaStats stats;
+  stats.step = step;
+  WS_ASSIGN_OR_RETURN(
+      const transport::store::SlotDelta* delta,
+      d.store->AwaitDelta(static_cast<uint32_t>(slot), Deadline(d.options.timeout)));
+  if (delta == nullptr) return stats;  // a store that keeps no deltas
+  stats.base_step = delta->base_step;
+  stats.delta_segments = delta->delta_segments;
+  stats.whole_segments = delta->whole_segments;
+  stats.delta_bytes = delta->delta_bytes;
+  stats.changed_bytes = delta->changed_bytes;
+  stats.encode_seconds = delta->encode_seconds;
+  return stats;
+}
 
 const Manifest& Publisher::manifest() const { return impl_->manifest; }
 
@@ -944,7 +989,7 @@ Status PublisherRelayAccess::AdoptIdentity(Publisher& publisher, const wire::Wel
 Result<PublishStats> PublisherRelayAccess::PublishGiven(Publisher& publisher, int64_t step,
                                                         std::span<const uint64_t> digests,
                                                         const util::Deadline& writer) {
-  return publisher.impl_->PublishVersion(step, nullptr, &digests, &writer);
+  return publisher.impl_->PublishVersion(step, PublishOptions{}, &digests, &writer);
 }
 
 Result<PublisherRelayAccess::StreamTarget> PublisherRelayAccess::BeginStream(Publisher& publisher,

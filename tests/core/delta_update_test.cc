@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "testing/sparse_trainer.h"
 #include "testing/test_util.h"
@@ -32,7 +33,7 @@ class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
     o.endpoint = endpoint_.empty() ? std::string("tcp://127.0.0.1:0") : endpoint_;
     o.slots = slots;
     o.segment_bytes = 4096;  // many segments even for a small model
-    o.timeout = std::chrono::milliseconds(5000);
+    o.timeout = publisher_timeout_;
     o.delta = delta;
     ASSERT_OK_AND_ASSIGN(publisher_, Publisher::Create(o));
     std::vector<NamedTensor> tensors = trainer_.Tensors();
@@ -40,9 +41,12 @@ class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
     ASSERT_OK(publisher_->Register(tensors));
     endpoint_ = publisher_->endpoint();
   }
-  PublishStats Publish(int64_t step, double fraction) {
+  // `wait`: Publish returns once its deltas are encoded too, and its stats count them.
+  PublishStats Publish(int64_t step, double fraction, bool wait = true) {
     if (step > 1) trainer_.Step(fraction);
-    auto r = publisher_->Publish(step);
+    PublishOptions options;
+    options.wait_for_deltas = wait;
+    auto r = publisher_->Publish(step, options);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : PublishStats{};
   }
@@ -56,7 +60,7 @@ class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
     o.mode = GetParam();
     o.verify = verify;
     o.delta = delta;
-    o.timeout = std::chrono::milliseconds(5000);
+    o.timeout = subscriber_timeout_;
     std::vector<NamedTensor> views = trainer_.Views(storage);
     views.insert(views.end(), more.begin(), more.end());
     return testing::NewSubscriber(o, views);
@@ -66,6 +70,7 @@ class DeltaUpdate : public ::testing::TestWithParam<UpdateMode> {
   std::string endpoint_;
   std::unique_ptr<Publisher> publisher_;
   std::vector<std::vector<uint8_t>> dst_ = trainer_.Poisoned();
+  std::chrono::milliseconds publisher_timeout_{5000}, subscriber_timeout_{5000};
 };
 
 TEST_P(DeltaUpdate, AThousandStepsLandExactlyWhateverFractionChanged) {
@@ -79,12 +84,18 @@ TEST_P(DeltaUpdate, AThousandStepsLandExactlyWhateverFractionChanged) {
   ASSERT_TRUE(trainer_.HeldBy(dst_));
   const double fractions[] = {0.01, 0, 0.02, 0.3, 1.0, 0.001, 0.05};
   int64_t step = 1;
-  // 1,001 steps, each fraction in turn.
+  // 1,001 steps, each fraction in turn; every other Publish returns before its deltas are
+  // encoded (the default), the update waiting for them.
   for (int round = 0; round < 143; ++round) {
     for (double fraction : fractions) {
       SCOPED_TRACE("step " + std::to_string(step + 1) + ", fraction " + std::to_string(fraction));
-      const PublishStats published = Publish(++step, fraction);
+      ++step;
+      const bool wait = step % 2 == 0;
+      const PublishStats published = Publish(step, fraction, wait);
       EXPECT_EQ(published.delta_base_step, step - 1);
+      if (wait) {
+        EXPECT_FALSE(published.delta_pending);
+      }
       auto stats = sub->Update();
       ASSERT_TRUE(stats.ok()) << stats.status();
       ASSERT_EQ(stats->step, step);
@@ -100,7 +111,9 @@ TEST_P(DeltaUpdate, AThousandStepsLandExactlyWhateverFractionChanged) {
           EXPECT_GT(stats->staging_bytes, first->staging_bytes);
         }
         EXPECT_LT(stats->received_bytes, stats->bytes / 4);
-        EXPECT_EQ(stats->delta_segments, published.delta_segments);
+        if (!published.delta_pending) {
+          EXPECT_EQ(stats->delta_segments, published.delta_segments);
+        }
       }
       if (fraction >= 0.3) {
         // Dense: a quarter of a segment cannot hold its delta, so it comes whole.
@@ -394,7 +407,9 @@ TEST_P(DeltaUpdate, EachPublisherOfAShardedTrainerSendsItsShareAsDeltas) {
     if (step > 1) trainer_.Step(0.01);
     uint32_t encoded = 0;
     for (auto& publisher : publishers) {
-      auto published = publisher->Publish(step);
+      PublishOptions wait;
+      wait.wait_for_deltas = true;
+      auto published = publisher->Publish(step, wait);
       ASSERT_TRUE(published.ok()) << published.status();
       encoded += published->delta_segments;
     }
@@ -430,6 +445,101 @@ TEST_P(DeltaUpdate, ATiedTensorTakesItsOriginalsDeltas) {
     ASSERT_TRUE(trainer_.HeldBy(dst_));
     ASSERT_EQ(head, trainer_.First());
   }
+}
+
+// The encode runs off the trainer's path (docs/deltas.md): Publish returns while it still runs,
+// and a subscriber asking for the step's deltas waits for them instead of getting whatever the
+// slot's delta held before.
+TEST_P(DeltaUpdate, PublishReturnsBeforeItsDeltasAreEncodedAndAnUpdateWaitsForThem) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/true);
+  ASSERT_OK(sub->Update().status());
+  // The encode's first segment takes 1.5 s: far longer than Publish takes to return.
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 1500, /*count=*/1);
+  const PublishStats published = Publish(2, 0.01, /*wait=*/false);
+  EXPECT_EQ(published.delta_base_step, 1);
+  EXPECT_TRUE(published.delta_pending);
+  EXPECT_EQ(published.delta_segments, 0u);  // not counted yet
+  auto stats = sub->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);
+  EXPECT_EQ(stats->delta_base_step, 1);
+  EXPECT_GT(stats->delta_segments, 0u);
+  EXPECT_LT(stats->received_bytes, stats->bytes / 4);
+  EXPECT_TRUE(stats->verified);
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
+}
+
+// The next Publish overwrites the slot the running encode diffs against (two slots: the base's):
+// it waits for that encode, so a subscriber reading the step being encoded gets exact deltas.
+TEST_P(DeltaUpdate, APublishDuringAnEncodeWaitsForItSoTheDeltasStayExact) {
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/false);
+  ASSERT_OK(sub->Update().status());
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 800, /*count=*/1);
+  Publish(2, 0.01, /*wait=*/false);
+  const std::vector<std::vector<uint8_t>> step2 = trainer_.Snapshot();
+  Result<UpdateStats> stats = Status::Internal("not run");
+  std::thread update([&] { stats = sub->Update(); });
+  // Once the subscriber is being sent step 2 (pinned, waiting for its deltas), step 3 rewrites
+  // the slot of step 1, the base step 2 is being encoded against.
+  for (int i = 0; i < 500; ++i) {
+    const std::vector<MemberInfo> members = publisher_->Members();
+    if (!members.empty() && members[0].receiving_step == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  Publish(3, 0.01, /*wait=*/false);
+  update.join();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 2);
+  EXPECT_EQ(stats->delta_base_step, 1);
+  EXPECT_GT(stats->delta_segments, 0u);
+  EXPECT_EQ(dst_, step2);  // not verified: only the bytes tell a wrong delta
+}
+
+// Publisher::Deltas() waits for the encode that runs on after Publish, then counts it.
+TEST_P(DeltaUpdate, DeltasWaitsForTheEncodeThenCountsIt) {
+  StartPublisher();
+  Publish(1, 0);
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 300, /*count=*/1);
+  const PublishStats published = Publish(2, 0.01, /*wait=*/false);
+  EXPECT_TRUE(published.delta_pending);
+  ASSERT_OK_AND_ASSIGN(DeltaStats deltas, publisher_->Deltas());
+  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);
+  EXPECT_EQ(deltas.step, 2);
+  EXPECT_EQ(deltas.base_step, 1);
+  EXPECT_GT(deltas.delta_segments, 0u);
+  EXPECT_GT(deltas.changed_bytes, 0u);
+  EXPECT_GT(deltas.delta_bytes, deltas.changed_bytes);  // the changed elements and their index
+  EXPECT_GT(deltas.encode_seconds, 0);
+  // A Publish that waited says the same of its own step.
+  const PublishStats waited = Publish(3, 0.01, /*wait=*/true);
+  ASSERT_OK_AND_ASSIGN(DeltaStats again, publisher_->Deltas());
+  EXPECT_EQ(again.step, 3);
+  EXPECT_EQ(waited.delta_segments, again.delta_segments);
+  EXPECT_EQ(waited.delta_bytes, again.delta_bytes);
+}
+
+// A subscriber that will take the step whole (it asks for deltas against a step it missed the
+// next of) never waits for the step's encode: its session sends the step well within a deadline
+// shorter than the encode.
+TEST_P(DeltaUpdate, ASubscriberTakingTheStepWholeNeverWaitsForItsEncode) {
+  // A session's deadline for one step, and the update's: both far shorter than the encode.
+  publisher_timeout_ = subscriber_timeout_ = std::chrono::milliseconds(1000);
+  StartPublisher();
+  Publish(1, 0);
+  auto behind = Connect(dst_);
+  ASSERT_OK(behind->Update().status());
+  Publish(2, 0.01);
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 3000, /*count=*/1);
+  Publish(3, 0.01, /*wait=*/false);  // encoded against step 2, which `behind` never had
+  auto stats = behind->Update();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->step, 3);
+  EXPECT_EQ(stats->delta_base_step, -1);
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DeltaUpdate,

@@ -583,6 +583,13 @@ TEST_P(RelayChain, ASteadyRelayUpdateAllocatesNothing) {
     ASSERT_OK(sub->Update().status());
   }
   EXPECT_GT(g_new_calls.load(), at_start) << "operator new is not counted: the zeros prove nothing";
+  // The trainer's session sizes its decode of the relay's reports at the first that lists the
+  // leaf (a report between updates, which a loaded machine may deliver late): wait for it, so
+  // the window below holds the relay's update alone.
+  ASSERT_TRUE(testing::Eventually([&] {
+    const std::vector<MemberInfo> tree = publisher_->Tree();
+    return tree.size() == 2 && tree[1].held_step == 3;
+  }));
   ASSERT_NO_FATAL_FAILURE(Publish(4, 0.005));
   const int64_t before = g_new_calls.load();
   auto stats = relay->Update();

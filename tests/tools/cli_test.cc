@@ -82,6 +82,9 @@ TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
   for (const char* row : {"  shm-ring ", "  nccl-zero-copy ", "  host-arena ", "  zero-copy "}) {
     EXPECT_TRUE(Has(info, row)) << row << " missing from:\n" << info.output;
   }
+  // Where deltas go, and the rule that picks them.
+  EXPECT_TRUE(Has(info, "deltas (docs/deltas.md): over tcp")) << info.output;
+  EXPECT_TRUE(Has(info, "at most 1/4 of it")) << info.output;
   // A knob set to a value it cannot take is named, with the value, and fails the command.
   CliRun bad = RunCli("info", "WEIGHTSYNC_LOG_LEVEL=loud");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;

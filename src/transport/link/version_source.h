@@ -57,9 +57,13 @@ class VersionSource {
   virtual Status ReleaseBucket(const Pin& pin, uint32_t bucket) {
     return Status::FailedPrecondition("bucket ", bucket, ": this publisher has no ring");
   }
-  // The pinned version's delta against the version before it (docs/deltas.md), valid while `pin`
-  // is held; null where the store keeps none.
-  virtual const store::SlotDelta* DeltaOf(const Pin& /*pin*/) const { return nullptr; }
+  // The pinned version's delta against `base_step` (docs/deltas.md), valid while `pin` is held,
+  // once its encode (which runs on after Publish) finished: waits for that until `deadline`
+  // (Timeout). Null, at once, where the store keeps none or the delta is against another step.
+  virtual Result<const store::SlotDelta*> AwaitDelta(const Pin& /*pin*/, int64_t /*base_step*/,
+                                                     const util::Deadline& /*deadline*/) {
+    return nullptr;
+  }
   // Address of arena offset 0 in this process (the TCP server sends from it).
   virtual const uint8_t* arena_base() const = 0;
   // A ring or zero-copy publisher's registered tensor `tensor` (manifest order) in this process

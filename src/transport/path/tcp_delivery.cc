@@ -62,9 +62,12 @@ class SocketDelivery final : public StepDelivery {
       return DeliverLanding(begin, *pin.progress, request, slot_base, ch, deadline, streaming);
     }
     if (request.delta) {
-      const store::SlotDelta* delta = source_->DeltaOf(pin);
-      if (delta != nullptr && delta->base_step >= 0 && delta->base_step == request.after_step &&
-          !segments_.empty()) {
+      // Only a delta against the step the subscriber holds (the source waits for its encode).
+      const store::SlotDelta* delta = nullptr;
+      if (!segments_.empty()) {
+        WS_ASSIGN_OR_RETURN(delta, source_->AwaitDelta(pin, request.after_step, deadline));
+      }
+      if (delta != nullptr) {
         return DeliverDelta(begin, *delta, slot_base, ch, deadline, streaming);
       }
       WS_RETURN_IF_ERROR(

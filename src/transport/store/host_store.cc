@@ -2,13 +2,17 @@
 // tcp sends from. A Publish copies every registered tensor into the slot and hashes each segment
 // (xxHash3) on a pool of worker threads (every hardware thread by default: the copy is bound by
 // memory bandwidth only once enough cores hash), one task per segment, copied and hashed in one
-// pass (util::CopyAndHash64). With delta room (docs/deltas.md) the same task then encodes the
-// segment it just wrote against the previous version's slot, into this slot's delta area: the
-// segment is still in cache, and a tcp session sends the delta to subscribers holding that base.
+// pass (util::CopyAndHash64). With delta room (docs/deltas.md) each segment is then encoded
+// against the previous version's slot, into this slot's delta area, off the trainer's path: Publish
+// returns once the version is copied and hashed, and a thread of the store's own runs the encode on
+// the same workers while the trainer goes on. A tcp session sends a delta once it is encoded
+// (AwaitDelta); the next Publish, a write from outside and Close wait for the encode, so it never
+// reads a base being overwritten nor shares the workers.
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -18,7 +22,10 @@
 #include "transport/store/version_store.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
+#include "util/ledger.h"
 #include "util/logging.h"
+#include "util/mutex.h"
+#include "util/thread.h"
 #include "util/worker_pool.h"
 
 namespace weightsync::transport::store {
@@ -78,7 +85,7 @@ class HostStore final : public VersionStore {
                      const util::Deadline& /*deadline*/) override;
   Result<uint8_t*> WriteFromOutside(uint32_t slot) override {
     if (!arena_ || !arena_->frozen()) return Status::FailedPrecondition("host store not frozen");
-    SummarizeDelta(slot, nullptr);
+    BeginDelta(slot, nullptr);
     return arena_->slot(slot);
   }
   int fd() const override { return arena_->fd(); }
@@ -95,6 +102,11 @@ class HostStore final : public VersionStore {
   const SlotDelta* delta(uint32_t slot) const override {
     return slot < deltas_.size() ? &deltas_[slot] : nullptr;
   }
+  bool DeltaPending(uint32_t slot) const override {
+    util::MutexLock lock(&encode_mu_);
+    return pending_slot_ == static_cast<int64_t>(slot);
+  }
+  Result<const SlotDelta*> AwaitDelta(uint32_t slot, const util::Deadline& deadline) override;
   std::string Describe() const override {
     return std::to_string(slots_) + " slots of " + std::to_string(arena_->slot_bytes()) +
            " bytes in host memory, " + std::to_string(tasks_.size()) + " segments, " +
@@ -104,6 +116,7 @@ class HostStore final : public VersionStore {
                 : "");
   }
   Status Close() override {
+    StopEncoder();
     workers_.reset();
     Status result = arena_ ? arena_->Close() : Status::Ok();
     for (DeltaArea& area : delta_areas_) result.Update(area.Unmap());
@@ -114,8 +127,8 @@ class HostStore final : public VersionStore {
   }
 
  private:
-  // One unit of Publish work: copy (registered tensors) then hash one segment; then, with delta
-  // room and a base, encode it.
+  // One unit of Publish work: copy (registered tensors) then hash one segment; and, with delta
+  // room and a base, one unit of the encode that follows (EncodeTask).
   struct Task {
     const uint8_t* src = nullptr;  // null: hash in place (a tensor living in the arena)
     uint64_t arena_offset = 0;     // slot tensors: from the slot start; others: from the base
@@ -130,13 +143,23 @@ class HostStore final : public VersionStore {
   struct Job {
     HostStore* self;
     uint32_t slot;
-    uint64_t* digests;  // null: copy only (PublishCopy: a relay's digests are the trainer's)
-    const DeltaBase* base;
+    uint64_t* digests;   // null: copy only (PublishCopy: a relay's digests are the trainer's)
+    uint32_t base_slot;  // EncodeTask: where the base version lies
   };
-  void Run(Job job);
+  void Run(uint32_t slot, uint64_t* digests, const DeltaBase* base);
   static void RunTask(void* context, uint32_t index);
-  void EncodeTask(const Task& t, const Job& job, const uint8_t* written);
-  void SummarizeDelta(uint32_t slot, const DeltaBase* base);
+  static void EncodeTask(void* context, uint32_t index);
+  // Before a version is written into `slot`: waits for the encode still running, then sets the
+  // slot's delta to its base (digests copied, so the caller's may change) or none (every
+  // segment whole).
+  void BeginDelta(uint32_t slot, const DeltaBase* base);
+  // The encode of `slot` against `base_slot` on the workers, then its summary (FinishDelta).
+  void Encode(uint32_t slot, uint32_t base_slot);
+  void FinishDelta(uint32_t slot);
+  // The encoder thread, and the waits on it.
+  void EncodeLoop();
+  void WaitEncoded();
+  void StopEncoder();
 
   std::unique_ptr<HostArena> arena_;
   std::vector<Task> tasks_;
@@ -152,6 +175,15 @@ class HostStore final : public VersionStore {
   std::vector<SlotDelta> deltas_;
   std::vector<uint64_t> changed_bytes_;
   std::vector<delta::SegmentEncoder> encoders_;  // one per pool thread (WorkerPool::Slot)
+  // The encode off the trainer's path: the slot whose delta is not encoded yet (-1: none), the
+  // one handed to the encoder thread and not taken yet, and where its base lies.
+  std::thread encoder_;  // not joinable: no thread could be started, Publish encodes in line
+  mutable util::Mutex encode_mu_;
+  util::CondVar encode_cv_;
+  int64_t pending_slot_ WS_GUARDED_BY(encode_mu_) = -1;
+  int64_t queued_slot_ WS_GUARDED_BY(encode_mu_) = -1;
+  uint32_t queued_base_ WS_GUARDED_BY(encode_mu_) = 0;
+  bool encode_stop_ WS_GUARDED_BY(encode_mu_) = false;
 };
 
 void HostStore::RunTask(void* context, uint32_t index) {
@@ -174,32 +206,56 @@ void HostStore::RunTask(void* context, uint32_t index) {
     }
     job->digests[t.digest] = digest;
   }
-  if (job->base != nullptr && t.delta_room > 0) job->self->EncodeTask(t, *job, dst);
 }
 
-void HostStore::EncodeTask(const Task& t, const Job& job, const uint8_t* written) {
+void HostStore::EncodeTask(void* context, uint32_t index) {
+  const auto* job = static_cast<const Job*>(context);
+  HostStore& self = *job->self;
+  const Task& t = self.tasks_[index];
+  if (t.delta_room == 0) return;
+  // Tests: sleep:<ms> makes the encode outlast Publish (sessions and the next Publish wait).
+  (void)util::FailPoints::Check("publisher.encode");
   // One encoder per pool thread, sized when the delta areas were made: a step allocates nothing.
-  delta::SegmentEncoder& encoder = encoders_[util::WorkerPool::Slot()];
-  const uint8_t* before = arena_->slot(job.base->slot) + t.arena_offset;
-  SlotDelta& d = deltas_[job.slot];
-  const auto encoded = encoder.Encode({before, t.bytes}, {written, t.bytes}, t.element_bytes,
-                                      {delta_areas_[job.slot].data() + t.delta_at, t.delta_room});
+  delta::SegmentEncoder& encoder = self.encoders_[util::WorkerPool::Slot()];
+  const uint8_t* before = self.arena_->slot(job->base_slot) + t.arena_offset;
+  const uint8_t* written = self.arena_->slot(job->slot) + t.arena_offset;
+  SlotDelta& d = self.deltas_[job->slot];
+  const auto encoded =
+      encoder.Encode({before, t.bytes}, {written, t.bytes}, t.element_bytes,
+                     {self.delta_areas_[job->slot].data() + t.delta_at, t.delta_room});
   d.bytes[t.digest] = encoded ? encoded->bytes : 0;
-  changed_bytes_[t.digest] = encoded ? encoded->changed_elements * t.element_bytes : 0;
+  self.changed_bytes_[t.digest] = encoded ? encoded->changed_elements * t.element_bytes : 0;
 }
 
-// After the tasks: what the slot's delta holds, for the sessions and PublishStats.
-void HostStore::SummarizeDelta(uint32_t slot, const DeltaBase* base) {
+void HostStore::BeginDelta(uint32_t slot, const DeltaBase* base) {
+  // Before anything writes the slot: the encode still running may read it (its base), and
+  // uses the workers.
+  WaitEncoded();
   if (deltas_.empty()) return;
   SlotDelta& d = deltas_[slot];
   d.base_step = base != nullptr ? base->step : -1;
   d.delta_segments = d.whole_segments = 0;
   d.delta_bytes = d.changed_bytes = 0;
+  d.encode_seconds = 0;
   if (base == nullptr) {
     std::fill(d.bytes.begin(), d.bytes.end(), 0);
     return;
   }
   std::copy(base->digests.begin(), base->digests.end(), d.base_digests.begin());
+}
+
+void HostStore::Encode(uint32_t slot, uint32_t base_slot) {
+  const auto start = std::chrono::steady_clock::now();
+  Job job{this, slot, nullptr, base_slot};
+  workers_->Run(static_cast<uint32_t>(tasks_.size()), &HostStore::EncodeTask, &job);
+  FinishDelta(slot);
+  deltas_[slot].encode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// After the encode: what the slot's delta holds, for the sessions and PublishStats.
+void HostStore::FinishDelta(uint32_t slot) {
+  SlotDelta& d = deltas_[slot];
   for (const Task& t : tasks_) {
     if (t.delta_room == 0) {
       d.bytes[t.digest] = 0;  // an Allocate()d tensor's segment: always whole
@@ -218,6 +274,7 @@ void HostStore::SummarizeDelta(uint32_t slot, const DeltaBase* base) {
 }
 
 Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
+  WaitEncoded();  // a Freeze again replaces what an encode uses (none runs before a first Publish)
   StoreLayout layout = given;
   if (layout.segment_bytes == 0) layout.segment_bytes = kDefaultSegmentBytes;
   SegmentLayout segments = CutSegments(layout);
@@ -293,27 +350,95 @@ Status HostStore::Freeze(const StoreLayout& given, wire::Welcome* welcome) {
     for (const Task& t : tasks_) largest_room = std::max(largest_room, t.delta_room);
     encoders_.assign(static_cast<size_t>(workers_->size()), delta::SegmentEncoder());
     for (delta::SegmentEncoder& encoder : encoders_) encoder.Reserve(largest_room);
+    // Without its thread the store still works: Publish then encodes before it returns.
+    if (!encoder_.joinable()) {
+      if (Status s = util::StartThread(&encoder_, "delta encoder", [this] { EncodeLoop(); });
+          !s.ok()) {
+        WS_LOG(WARN, "publisher") << s << "; deltas are encoded inside Publish";
+      } else {
+        util::LedgerAdd(util::LedgerItem::kThreads, 1);
+      }
+    }
   }
   return Status::Ok();
 }
 
-void HostStore::Run(Job job) {
+void HostStore::Run(uint32_t slot, uint64_t* digests, const DeltaBase* base) {
   // A base in the slot being written is no base (a store of one slot).
-  if (deltas_.empty() || (job.base != nullptr && job.base->slot == job.slot)) job.base = nullptr;
+  if (base != nullptr && base->slot == slot) base = nullptr;
+  BeginDelta(slot, base);
+  Job job{this, slot, digests, 0};
   workers_->Run(static_cast<uint32_t>(tasks_.size()), &HostStore::RunTask, &job);
-  SummarizeDelta(job.slot, job.base);
+  if (deltas_.empty() || base == nullptr) return;
+  if (!encoder_.joinable()) return Encode(slot, base->slot);
+  {
+    util::MutexLock lock(&encode_mu_);
+    pending_slot_ = queued_slot_ = slot;
+    queued_base_ = base->slot;
+  }
+  encode_cv_.NotifyAll();
+}
+
+void HostStore::EncodeLoop() {
+  for (;;) {
+    uint32_t slot = 0, base_slot = 0;
+    {
+      util::MutexLock lock(&encode_mu_);
+      while (queued_slot_ < 0 && !encode_stop_) encode_cv_.Wait(&encode_mu_);
+      if (queued_slot_ < 0) return;  // stopping, nothing left to encode
+      slot = static_cast<uint32_t>(std::exchange(queued_slot_, -1));
+      base_slot = queued_base_;
+    }
+    Encode(slot, base_slot);
+    {
+      util::MutexLock lock(&encode_mu_);
+      pending_slot_ = -1;
+    }
+    encode_cv_.NotifyAll();
+  }
+}
+
+// Unbounded: the encode is CPU work over memory the store owns, with nothing to wait for.
+void HostStore::WaitEncoded() {
+  util::MutexLock lock(&encode_mu_);
+  while (pending_slot_ >= 0) encode_cv_.Wait(&encode_mu_);
+}
+
+void HostStore::StopEncoder() {
+  {
+    util::MutexLock lock(&encode_mu_);
+    encode_stop_ = true;
+  }
+  encode_cv_.NotifyAll();
+  if (!encoder_.joinable()) return;
+  encoder_.join();  // after the encode it was handed, if any
+  util::LedgerAdd(util::LedgerItem::kThreads, -1);
+}
+
+Result<const SlotDelta*> HostStore::AwaitDelta(uint32_t slot, const util::Deadline& deadline) {
+  if (slot >= deltas_.size()) return nullptr;
+  util::MutexLock lock(&encode_mu_);
+  while (pending_slot_ == static_cast<int64_t>(slot)) {
+    if (deadline.cancelled()) return Status::Cancelled("waiting for a version's deltas");
+    if (deadline.expired()) {
+      return Status::Timeout("the delta against step ", deltas_[slot].base_step,
+                             " is still being encoded");
+    }
+    encode_cv_.WaitFor(&encode_mu_, std::chrono::milliseconds(deadline.SliceMs()));
+  }
+  return &deltas_[slot];
 }
 
 Status HostStore::Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                           void* /*cuda_stream*/, const util::Deadline& /*deadline*/) {
-  Run({this, slot, digests.data(), base});
+  Run(slot, digests.data(), base);
   for (auto [tied, original] : digest_copies_) digests[tied] = digests[original];
   return Status::Ok();
 }
 
 Status HostStore::PublishCopy(uint32_t slot, const DeltaBase* base,
                               const util::Deadline& /*deadline*/) {
-  Run({this, slot, nullptr, base});
+  Run(slot, nullptr, base);
   return Status::Ok();
 }
 

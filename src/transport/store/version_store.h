@@ -43,8 +43,9 @@ struct DeltaBase {
 };
 
 // The delta of the version in one slot against the version before it: written by Publish while
-// the slot is taken for writing, read by tcp sessions while it is pinned (so never both). Sized
-// at Freeze: a Publish allocates nothing.
+// the slot is taken for writing and by the encode that runs on after it, read by tcp sessions
+// while it is pinned, once the encode finished (VersionStore::AwaitDelta). Sized at Freeze: a
+// Publish allocates nothing.
 struct SlotDelta {
   int64_t base_step = -1;              // -1: no delta (the first version, or a base not kept)
   std::vector<uint64_t> base_digests;  // the base's digests, every one
@@ -55,6 +56,7 @@ struct SlotDelta {
   // the bytes of the elements that changed in the encoded ones.
   uint32_t delta_segments = 0, whole_segments = 0;
   uint64_t delta_bytes = 0, changed_bytes = 0;
+  double encode_seconds = 0;
 };
 
 // One published tensor as the store writes it.
@@ -134,8 +136,9 @@ class VersionStore {
   virtual Status Freeze(const StoreLayout& layout, wire::Welcome* welcome) = 0;
   // Writes version `slot`: every registered tensor copied in, `digests` (digest_count of them)
   // computed; with delta room and a `base` (another slot, the latest version), each registered
-  // tensor's segments encoded against it too (delta(slot)). `cuda_stream` (GPU store): the copies
-  // start after the work queued on it.
+  // tensor's segments encoded against it too (delta(slot)), by an encode that may run on after
+  // Publish returns; the `base` slot is left as it is until that encode finished. `cuda_stream`
+  // (GPU store): the copies start after the work queued on it.
   virtual Status Publish(uint32_t slot, std::span<uint64_t> digests, const DeltaBase* base,
                          void* cuda_stream, const util::Deadline& deadline) = 0;
   // Relays (docs/relays.md): writes version `slot` as Publish does but copies without hashing —
@@ -158,7 +161,14 @@ class VersionStore {
                                 "only)");
   }
   // The delta of version `slot` against the one before it; null for a store without delta room.
+  // Its base is set when Publish returns; what it holds (bytes, counts) only once its encode,
+  // which runs on after Publish, finished: DeltaPending says whether it still runs, AwaitDelta
+  // waits for it (Timeout past `deadline`).
   virtual const SlotDelta* delta(uint32_t /*slot*/) const { return nullptr; }
+  virtual bool DeltaPending(uint32_t /*slot*/) const { return false; }
+  virtual Result<const SlotDelta*> AwaitDelta(uint32_t slot, const util::Deadline& /*deadline*/) {
+    return delta(slot);
+  }
   virtual int fd() const = 0;  // what subscribers on this host map
   // Zero-copy store of cuMem memory: a fresh fd for chunk `index` of the Welcome's kPosixFdChunks
   // allocations (counted in Welcome order), for one subscriber; sent and closed before the next
