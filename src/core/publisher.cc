@@ -687,6 +687,17 @@ Status Publisher::Impl::BeginVersion(int64_t step) {
   return Status::Ok();
 }
 
+namespace {
+// What an encode counted, into PublishStats or DeltaStats (the same four fields).
+template <typename Stats>
+void CopyDeltaCounts(const transport::store::SlotDelta& delta, Stats* stats) {
+  stats->delta_segments = delta.delta_segments;
+  stats->whole_segments = delta.whole_segments;
+  stats->delta_bytes = delta.delta_bytes;
+  stats->changed_bytes = delta.changed_bytes;
+}
+}  // namespace
+
 PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
                                      std::chrono::steady_clock::time_point start) {
   PublishStats stats;
@@ -697,13 +708,7 @@ PublishStats Publisher::Impl::Report(int64_t step, uint32_t slot,
   if (const transport::store::SlotDelta* delta = store->delta(slot); delta != nullptr) {
     stats.delta_base_step = delta->base_step;
     stats.delta_pending = store->DeltaPending(slot);
-  }
-  if (const transport::store::SlotDelta* delta = store->delta(slot);
-      delta != nullptr && !stats.delta_pending) {
-    stats.delta_segments = delta->delta_segments;
-    stats.whole_segments = delta->whole_segments;
-    stats.delta_bytes = delta->delta_bytes;
-    stats.changed_bytes = delta->changed_bytes;
+    if (!stats.delta_pending) CopyDeltaCounts(*delta, &stats);  // the encode finished
   }
   stats.wait_for_readers_seconds = waited.seconds;
   stats.revoked_reads = waited.revoked;
@@ -794,10 +799,7 @@ Result<DeltaStats> Publisher::Deltas() {
       d.store->AwaitDelta(static_cast<uint32_t>(slot), Deadline(d.options.timeout)));
   if (delta == nullptr) return stats;  // a store that keeps no deltas
   stats.base_step = delta->base_step;
-  stats.delta_segments = delta->delta_segments;
-  stats.whole_segments = delta->whole_segments;
-  stats.delta_bytes = delta->delta_bytes;
-  stats.changed_bytes = delta->changed_bytes;
+  CopyDeltaCounts(*delta, &stats);
   stats.encode_seconds = delta->encode_seconds;
   return stats;
 }

@@ -492,6 +492,7 @@ TEST_P(DeltaUpdate, APublishDuringAnEncodeWaitsForItSoTheDeltasStayExact) {
   }
   Publish(3, 0.01, /*wait=*/false);
   update.join();
+  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);  // step 2's encode was held
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->step, 2);
   EXPECT_EQ(stats->delta_base_step, 1);
@@ -536,6 +537,7 @@ TEST_P(DeltaUpdate, ASubscriberTakingTheStepWholeNeverWaitsForItsEncode) {
   FailPoints::Arm("publisher.encode", FailAction::kSleep, 3000, /*count=*/1);
   Publish(3, 0.01, /*wait=*/false);  // encoded against step 2, which `behind` never had
   auto stats = behind->Update();
+  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);  // the encode was held meanwhile
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->step, 3);
   EXPECT_EQ(stats->delta_base_step, -1);
