@@ -485,11 +485,10 @@ TEST_P(DeltaUpdate, APublishDuringAnEncodeWaitsForItSoTheDeltasStayExact) {
   std::thread update([&] { stats = sub->Update(); });
   // Once the subscriber is being sent step 2 (pinned, waiting for its deltas), step 3 rewrites
   // the slot of step 1, the base step 2 is being encoded against.
-  for (int i = 0; i < 500; ++i) {
+  EXPECT_TRUE(testing::Eventually([&] {
     const std::vector<MemberInfo> members = publisher_->Members();
-    if (!members.empty() && members[0].receiving_step == 2) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+    return !members.empty() && members[0].receiving_step == 2;
+  }));
   Publish(3, 0.01, /*wait=*/false);
   update.join();
   EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);  // step 2's encode was held
@@ -528,16 +527,18 @@ TEST_P(DeltaUpdate, DeltasWaitsForTheEncodeThenCountsIt) {
 // shorter than the encode.
 TEST_P(DeltaUpdate, ASubscriberTakingTheStepWholeNeverWaitsForItsEncode) {
   // A session's deadline for one step, and the update's: both far shorter than the encode.
-  publisher_timeout_ = subscriber_timeout_ = std::chrono::milliseconds(1000);
+  publisher_timeout_ = subscriber_timeout_ = std::chrono::milliseconds(1500);
   StartPublisher();
   Publish(1, 0);
   auto behind = Connect(dst_);
   ASSERT_OK(behind->Update().status());
   Publish(2, 0.01);
-  FailPoints::Arm("publisher.encode", FailAction::kSleep, 3000, /*count=*/1);
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 4000, /*count=*/1);
   Publish(3, 0.01, /*wait=*/false);  // encoded against step 2, which `behind` never had
+  // The update starts only once the encode is held: on a loaded machine the encoder thread may
+  // reach its fail point after a quick whole update, which would then prove nothing.
+  ASSERT_TRUE(testing::Eventually([] { return FailPoints::Hits("publisher.encode") == 1; }));
   auto stats = behind->Update();
-  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);  // the encode was held meanwhile
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->step, 3);
   EXPECT_EQ(stats->delta_base_step, -1);
