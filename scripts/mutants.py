@@ -306,9 +306,27 @@ MUTANTS = [
     Mutant("delta-fresh-handle", "a handle that committed nothing yet (after a failure, a restart, "
            "sleep) applies deltas onto what its shadow or the weights hold",
            "src/transport/path/tcp_read_path.h",
-           [("return fits_deltas_ && committed_here_;", "return fits_deltas_;")],
+           [("return reader_.AcceptsDeltas(committed_here_);",
+             "return reader_.AcceptsDeltas(true);")],
            "core_delta_update_test",
            "*NoDeltaOntoWeightsAFailedUpdateLeftInvalid*:*AfterSleep*:*NoDeltaAcrossAPublisherRestart*"),
+    # The tcp-to-gpu mutants need a GPU: BUILD=build-gpu on the GPU machine (docs/ci.md).
+    Mutant("tcp-gpu-fresh-handle", "tcp-to-gpu applies deltas onto a mirror that holds no base "
+           "(a handle prepared again after sleep)",
+           "src/transport/path/tcp_to_gpu_path.h",
+           [("return reader_.AcceptsDeltas(committed_here_);",
+             "return reader_.AcceptsDeltas(true);")],
+           "gpu_tcp_to_gpu_test", "*AfterSleepTheFirstStepComesWhole*"),
+    Mutant("tcp-gpu-second-hop", "tcp-to-gpu does not check what landed on the GPU against the "
+           "mirror",
+           "src/transport/path/tcp_to_gpu_path.cc",
+           [("  Status s = receiver_.Verify(gpu_kind_, step, deadline);",
+             "  Status s = Status::Ok();")],
+           "gpu_tcp_to_gpu_test", "*TheCopyToTheGpuIsCheckedAgainstTheMirror*"),
+    Mutant("tcp-gpu-converted-deltas", "tcp-to-gpu takes converted tensors whole only",
+           "src/transport/path/tcp_to_gpu_path.cc",
+           [("/*keeps_converted_bytes=*/true", "/*keeps_converted_bytes=*/false")],
+           "gpu_tcp_to_gpu_test", "*ConvertedTensorsTakeDeltas*"),
     Mutant("delta-option-off", "SubscriberOptions::delta false still asks for deltas",
            "src/core/subscriber.cc",
            [("    const bool delta = options.delta;", "    const bool delta = true;")],
@@ -499,6 +517,8 @@ def check(m: Mutant, build: str, jobs: str) -> str:
                          text=True, timeout=m.timeout)
         except subprocess.TimeoutExpired:
             return f"killed: its tests hung past {m.timeout} s"
+        if tested.returncode == 0 and "[  PASSED  ] 0 tests." in tested.stdout:
+            return "NOT RUN (its tests skip here: the gpu_ ones need a CUDA device)"
         if tested.returncode == 0:
             return "SURVIVED (its tests pass)"
         failed = [line for line in tested.stdout.splitlines() if line.startswith("[  FAILED  ]")]
@@ -518,10 +538,11 @@ def main() -> int:
         return 0
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     build, jobs = os.environ.get("BUILD", "build"), os.environ.get("JOBS", "2")
-    survivors = 0
+    survivors = not_run = 0
     for m in chosen:
         result = check(m, build, jobs)
-        survivors += not result.startswith("killed")
+        not_run += result.startswith("NOT RUN")
+        survivors += not result.startswith(("killed", "NOT RUN"))
         print(f"{m.name:18} {result}", flush=True)
     # The sources are restored; so are the binaries, rebuilt now: a test binary (and the library)
     # left built from the last mutant fails its tests when run directly, without a build first.
@@ -532,7 +553,8 @@ def main() -> int:
     if rebuilt.returncode != 0:
         print("rebuilding from the restored sources failed:\n" + rebuilt.stdout[-2000:])
         return 1
-    print(f"{len(chosen) - survivors} of {len(chosen)} mutants killed")
+    print(f"{len(chosen) - survivors - not_run} of {len(chosen)} mutants killed"
+          + (f", {not_run} not run (no CUDA device)" if not_run else ""))
     return 1 if survivors else 0
 
 

@@ -9,6 +9,7 @@
 #include "transport/path/nccl_path.h"
 #include "transport/path/tcp_delivery.h"
 #include "transport/path/tcp_read_path.h"
+#include "transport/path/tcp_to_gpu_path.h"
 
 namespace weightsync::transport {
 namespace {
@@ -27,10 +28,11 @@ bool Serves(LinkKind link, ArenaKind store, DestinationKind destinations) {
 }
 
 // A host store or a host ring's publisher: over tcp both stream the version on the connection.
+template <DestinationKind kDestinations>
 bool ServesTcp(LinkKind link, ArenaKind store, DestinationKind destinations) {
   return link == LinkKind::kTcp &&
          (store == ArenaKind::kHostMemfd || store == ArenaKind::kHostRing) &&
-         destinations == DestinationKind::kHost;
+         destinations == kDestinations;
 }
 
 constexpr PathEntry kPaths[] = {
@@ -76,7 +78,12 @@ constexpr PathEntry kPaths[] = {
      "host store -> host memory: the bytes stream on the connection into place (from a ring "
      "publisher, straight from its tensors); from an arena, only what changed when the "
      "destinations hold the version before (deltas)",
-     &ServesTcp, &Make<path::TcpReadPath>, &path::DeliverOnSocket},
+     &ServesTcp<DestinationKind::kHost>, &Make<path::TcpReadPath>, &path::DeliverOnSocket},
+    {"tcp-to-gpu",
+     "host store -> one CUDA device: the bytes stream on the connection into a pinned host "
+     "mirror (from an arena, only what changed: deltas applied there), then the copy engines "
+     "move it to the GPU",
+     &ServesTcp<DestinationKind::kCuda>, &Make<path::TcpToGpuPath>, &path::DeliverOnSocket},
     {"nccl", "GPU store -> one CUDA device: grouped broadcasts over a two-rank communicator",
      &Serves<LinkKind::kTcp, ArenaKind::kCudaMem, DestinationKind::kCuda>, &Make<path::NcclPath>,
      &path::DeliverOverNccl},

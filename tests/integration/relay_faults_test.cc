@@ -46,7 +46,8 @@ class RelayProcess {
   void Kill() {
     child_.Signal(SIGKILL);
     const int status = child_.Wait();
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "wait status " << status << (WIFEXITED(status) ? " (exited)" : "");
   }
   ChildProcess& child() { return child_; }
   const std::string& endpoint() const { return endpoint_; }

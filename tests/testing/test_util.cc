@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -262,7 +263,12 @@ bool ChildProcess::Stop() {
 
 int ChildProcess::Wait() {
   int status = 0;
-  if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  if (pid_ > 0) {
+    // Interrupted by a signal (EINTR), waitpid returns no status: wait again, or a killed child
+    // would read as one that exited 0.
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
   pid_ = -1;
   return status;
 }

@@ -93,6 +93,9 @@ inline std::vector<PathRow> GpuRows() {
                       // 128 KiB buckets: the 2 MB model is 16 buckets through a ring of 2.
                       {"cuda-ipc-ring", true, true, false, {}, nullptr, "2:131072"},
                       {"host-to-gpu-ring", false, true, false, {}, nullptr, "2:131072"},
+                      // A host store over tcp into the GPU, through the pinned host mirror.
+                      {"tcp-to-gpu", false, true, true, {}},
+                      {"tcp-to-gpu", false, true, true, {}, nullptr, "2:131072"},
                       {"gpu-to-host-ring", true, false, false, {}, nullptr, "2:131072"},
                       {"nccl", true, true, true, {}},
                       // From the publisher's own tensors, nothing exported or staged.

@@ -66,6 +66,25 @@ TEST(PathTable, ZeroCopyAndRingGpuPublishersOverTcpGoToTheirNcclRows) {
                    "destination 'w' is on cpu");
 }
 
+// A host store over tcp: into host memory the tcp row, into CUDA tensors tcp-to-gpu (through a
+// pinned host mirror), and into both at once no path.
+TEST(PathTable, AHostStoreOverTcpGoesToTcpOrTcpToGpuByItsDestinations) {
+  auto tcp = LinkTo("tcp://127.0.0.1:1");
+  wire::Welcome host;
+  host.arena_kind = wire::ArenaKind::kHostMemfd;
+  ASSERT_OK_AND_ASSIGN(const transport::PathEntry* entry, ChoosePath(*tcp, host, On(Device{})));
+  EXPECT_EQ(entry->name, "tcp");
+  ASSERT_OK_AND_ASSIGN(entry, ChoosePath(*tcp, host, On(kCuda0)));
+  EXPECT_EQ(entry->name, "tcp-to-gpu");
+  host.arena_kind = wire::ArenaKind::kHostRing;
+  ASSERT_OK_AND_ASSIGN(entry, ChoosePath(*tcp, host, On(kCuda0)));
+  EXPECT_EQ(entry->name, "tcp-to-gpu");
+  std::vector<plan::Destination> mixed = On(kCuda0);
+  mixed.push_back({{"b", DType::kFloat32, {4}, 16}, nullptr, Device{}});
+  EXPECT_STATUS_IS(kNotSupported, ChoosePath(*tcp, host, mixed), "over tcp into host and CUDA",
+                   "'b' is on cpu");
+}
+
 TEST(PathTable, ALocalSubscriberRefusesAZeroCopyLayoutWithoutAllocations) {
   auto local = LinkTo("local://path-table-test");
   wire::Welcome zero = GpuWelcome(wire::ArenaKind::kCudaIpc);

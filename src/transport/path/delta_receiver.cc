@@ -14,10 +14,14 @@ std::span<const uint8_t> DeltaOf(const util::StagingBuffer& buffer, uint64_t at,
 
 }  // namespace
 
-bool DeltaReceiver::Fits(const plan::Plan& plan, const wire::Welcome& welcome) {
+bool DeltaReceiver::Fits(const plan::Plan& plan, const wire::Welcome& welcome,
+                         bool keeps_converted_bytes) {
   if (plan.regions) return false;
   for (const plan::PlannedTensor& t : plan.tensors) {
-    if (t.transform != plan::Transform::kCopy || t.src_offset != 0 ||
+    const bool converted_ok =
+        keeps_converted_bytes &&
+        (t.transform == plan::Transform::kCast || t.transform == plan::Transform::kQuantizeFp8);
+    if ((t.transform != plan::Transform::kCopy && !converted_ok) || t.src_offset != 0 ||
         t.nbytes != welcome.tensors[t.publisher_index].spec.nbytes) {
       return false;
     }

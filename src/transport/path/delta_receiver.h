@@ -35,7 +35,10 @@ class DeltaReceiver {
  public:
   // Whether `plan` can take deltas: no regions, every planned tensor a whole published tensor
   // copied as published (a delta describes the published bytes, so a conversion needs them all).
-  static bool Fits(const plan::Plan& plan, const wire::Welcome& welcome);
+  // `keeps_converted_bytes`: the path keeps every converted tensor's published bytes whole where
+  // they land and converts from there (tcp-to-gpu's mirror), so converted tensors fit too.
+  static bool Fits(const plan::Plan& plan, const wire::Welcome& welcome,
+                   bool keeps_converted_bytes = false);
 
   // Sizes the per-step scratch for `plan` (which, with `welcome` and `landing`, outlives this).
   void Prepare(const plan::Plan* plan, const wire::Welcome* welcome, HostLanding* landing);

@@ -189,6 +189,30 @@ void Conversions::Clear() {
   copies_.Clear();
 }
 
+void HostPin::Pin(std::span<const uint8_t> memory, bool read_only, int device,
+                  std::string_view what) {
+  Result<cuda::HostRegistration> pin =
+      cuda::HostRegistration::Register(memory.data(), memory.size(), read_only);
+  if (pin.ok()) {
+    registration_ = std::move(pin).value();
+    pageable_reason_.clear();
+    return;
+  }
+  pageable_reason_ = pin.status().ToString();
+  WS_LOG(INFO, "gpu") << what << " stays pageable (copies to cuda:" << device
+                      << " go through the driver's bounce buffers): " << pin.status();
+}
+
+std::string HostPin::Describe() const {
+  return pageable_reason_.empty() ? " from pinned memory"
+                                  : " from pageable memory (" + pageable_reason_ + ")";
+}
+
+Status HostPin::Close() {
+  pageable_reason_.clear();
+  return registration_.Close();
+}
+
 std::vector<uint32_t> WrittenDestinations(const plan::Plan& plan, const plan::PlannedTensor& t) {
   std::vector<uint32_t> out;
   if (t.transform == plan::Transform::kExtract) {
@@ -229,9 +253,8 @@ uint8_t* GpuLanding::Received(const plan::Segment& s) const {
   return landing_.as<uint8_t>() + s.landing_offset;
 }
 
-Status GpuLanding::MaybeInjectBitFlip() {
-  if (util::FailPoints::Check("subscriber.flip_received").action != util::FailAction::kFlip ||
-      plan_->segments.empty()) {
+Status GpuLanding::MaybeInjectBitFlip(const char* point) {
+  if (util::FailPoints::Check(point).action != util::FailAction::kFlip || plan_->segments.empty()) {
     return Status::Ok();
   }
   // The middle segment, or the next one after it (wrapping) whose bytes landed here: never the
@@ -244,9 +267,9 @@ Status GpuLanding::MaybeInjectBitFlip() {
   }
   if (chosen == nullptr) {
     // Fired but nothing to flip: say so, so no fault test passes with nothing injected.
-    return Status::FailedPrecondition(
-        "fail point subscriber.flip_received: no received byte to "
-        "flip (every segment is converted from the publisher)");
+    return Status::FailedPrecondition("fail point ", point,
+                                      ": no received byte to flip (every segment is converted "
+                                      "from the publisher)");
   }
   const plan::Segment& s = *chosen;
   uint8_t* where = Received(s);

@@ -54,6 +54,23 @@ class Conversions {
   cuda::CopyBatch copies_;  // kExtract pieces of the published dtype
 };
 
+// Host memory the copy engines of a path read (a store mapped here, a mirror), pinned once per
+// handle, or left pageable with the reason: the copies then go through the driver's bounce
+// buffers (slower), and the prepare line says why.
+class HostPin {
+ public:
+  // Pins `memory` for the current device (`device`, for the log line); `what` names it there
+  // ("the arena", "the host mirror"). Never fails: pageable memory still works.
+  void Pin(std::span<const uint8_t> memory, bool read_only, int device, std::string_view what);
+  // " from pinned memory", or " from pageable memory (why)": the path's Describe() ends with it.
+  std::string Describe() const;
+  Status Close();  // unpins; nothing may read the memory any more
+
+ private:
+  cuda::HostRegistration registration_;
+  std::string pageable_reason_;  // "" when pinned
+};
+
 // Every destination index planned tensor `t` writes (its destination, an fp8 scale destination,
 // a kExtract's pieces' destinations), in plan order; duplicates possible.
 std::vector<uint32_t> WrittenDestinations(const plan::Plan& plan, const plan::PlannedTensor& t);
@@ -85,8 +102,8 @@ class GpuLanding {
   uint8_t* Received(const plan::Segment& s) const;
   // The stream the digests and the commit run on (mover copies may run on it too).
   cuda::CopyQueue& queue() { return queue_; }
-  // Test hook (fail point subscriber.flip_received): flips one received bit.
-  Status MaybeInjectBitFlip();
+  // Test hook (fail point `point`): flips one received bit.
+  Status MaybeInjectBitFlip(const char* point = "subscriber.flip_received");
   Status Verify(std::span<const uint64_t> digests, int64_t step, const util::Deadline& deadline);
   // Staged: staging → destinations. Both modes: the prepared conversion launches.
   Status Commit(const util::Deadline& deadline);

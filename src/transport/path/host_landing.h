@@ -71,6 +71,8 @@ class HostLanding {
   void MaybeInjectBitFlip();
 
   util::WorkerPool* workers() { return workers_.get(); }
+  // The shadow (staged): every received byte, by the plan's shadow offsets.
+  std::span<uint8_t> shadow() const { return {shadow_.data(), shadow_.size()}; }
   // Bytes of the shadow (staged) and of the landing buffer (in place, converted tensors): what
   // Prepare added to the ledger's staging_bytes.
   uint64_t staging_bytes() const { return shadow_.size() + landing_.size(); }

@@ -36,17 +36,7 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   cuda::ScopedDevice restore;
   WS_RETURN_IF_ERROR(cuda::SetDevice(device));
   // Pinned once: the copy engines read the published units directly (read-only, like the mapping).
-  const std::span<const uint8_t> memory = view_->host_memory();
-  Result<cuda::HostRegistration> pin =
-      cuda::HostRegistration::Register(memory.data(), memory.size(), /*read_only=*/true);
-  if (pin.ok()) {
-    pinned_ = std::move(pin).value();
-    pageable_reason_.clear();
-  } else {
-    pageable_reason_ = pin.status().ToString();
-    WS_LOG(INFO, "shm") << "the arena stays pageable (copies to cuda:" << device
-                        << " go through the driver's bounce buffers): " << pin.status();
-  }
+  pinned_.Pin(view_->host_memory(), /*read_only=*/true, device, "the arena");
   WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
   uint32_t digests = 0;
   for (const plan::Segment& s : plan->segments) digests = std::max(digests, s.digest_index + 1);
@@ -178,7 +168,6 @@ Status HostToGpuPath::Release() {
   hash_pieces_ = {};
   plan_ = nullptr;
   welcome_ = nullptr;
-  pageable_reason_.clear();
   names_.clear();
   if (view_) result.Update(view_->Release());  // after the unpin
   view_.reset();
@@ -187,9 +176,7 @@ Status HostToGpuPath::Release() {
 
 std::string HostToGpuPath::Describe() const {
   return (view_ ? view_->Describe() : std::string()) +
-         " into cuda:" + std::to_string(receiver_.device()) +
-         (pageable_reason_.empty() ? " from pinned memory"
-                                   : " from pageable memory (" + pageable_reason_ + ")");
+         " into cuda:" + std::to_string(receiver_.device()) + pinned_.Describe();
 }
 
 }  // namespace weightsync::transport::path

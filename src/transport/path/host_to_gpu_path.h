@@ -78,8 +78,7 @@ class HostToGpuPath final : public DataPath {
   const wire::Welcome* welcome_ = nullptr;
   std::unique_ptr<view::StoreView> view_;  // the publisher's host store, mapped
   GpuLanding receiver_;
-  cuda::HostRegistration pinned_;
-  std::string pageable_reason_;     // why the copies read pageable memory ("" when pinned)
+  HostPin pinned_;
   std::vector<std::string> names_;  // destination names, for errors
   std::unique_ptr<util::WorkerPool> workers_;
   std::vector<cuda::CopyBatch> unit_batches_;  // per unit of the view, prepared

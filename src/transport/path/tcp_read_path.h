@@ -5,13 +5,9 @@
 // and are applied onto the committed version where it lands (delta_receiver.h).
 #pragma once
 
-#include <sys/uio.h>
-
-#include <vector>
-
 #include "transport/path/data_path.h"
-#include "transport/path/delta_receiver.h"
 #include "transport/path/host_landing.h"
+#include "transport/path/tcp_step_reader.h"
 
 namespace weightsync::transport::path {
 
@@ -23,29 +19,22 @@ class TcpReadPath final : public DataPath {
   Status Verify(std::span<const uint64_t> digests, int64_t step,
                 const util::Deadline& deadline) override;
   Status Commit(const util::Deadline& deadline) override;
-  bool AcceptsDeltas() const override { return fits_deltas_ && committed_here_; }
+  bool AcceptsDeltas() const override { return reader_.AcceptsDeltas(committed_here_); }
   void ExpectDeltas(int64_t base_step, std::span<const uint64_t> base_digests) override {
-    deltas_.Expect(base_step, base_digests);
+    reader_.ExpectDeltas(base_step, base_digests);
   }
   void ObserveLanding(LandingObserver* observer) override { observer_ = observer; }
-  DeltaReceipt delta_receipt() const override {
-    return deltas_.expected() ? deltas_.receipt() : DeltaReceipt{};
-  }
+  DeltaReceipt delta_receipt() const override { return reader_.receipt(); }
   uint64_t staging_bytes() const override {
-    return landing_.staging_bytes() + deltas_.buffer_bytes();
+    return landing_.staging_bytes() + reader_.deltas().buffer_bytes();
   }
   Status Release() override;
 
  private:
-  link::Link* link_ = nullptr;
-  const plan::Plan* plan_ = nullptr;
   wire::DigestKind digest_kind_ = wire::DigestKind::kXxh3;
   HostLanding landing_;
-  std::vector<iovec> parts_;  // one per planned tensor, refilled per step without allocating
-  std::vector<LandingPart> landing_parts_;  // parts_ as a LandingObserver sees them
+  TcpStepReader reader_;  // deltas when DeltaReceiver::Fits the plan
   LandingObserver* observer_ = nullptr;
-  DeltaReceiver deltas_;
-  bool fits_deltas_ = false;  // DeltaReceiver::Fits the plan
   bool staged_ = false;
   // The last Copy was committed through this handle, and no Copy began since: the shadow
   // (staged) holds the committed version, which deltas apply to. Not merely "the core says the

@@ -2,8 +2,9 @@
 // (missing library, missing symbol, version strings), and the tcp conversation around it — a
 // subscriber of CUDA tensors facing a publisher whose arena is GPU memory gets Unavailable with a
 // clear reason when this machine has no NCCL or no GPU (and sends the publisher nothing it cannot
-// follow through); a host-arena publisher refuses nccl_setup; mismatched memory kinds are
-// NotSupported naming the tensor. The GPU end to end is tests/gpu/nccl_test.cc.
+// follow through); a host-arena publisher refuses nccl_setup; host and CUDA destinations at once
+// are NotSupported naming the tensor, CUDA ones without a device Unavailable. The GPU end to end is
+// tests/gpu/nccl_test.cc.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -262,14 +263,18 @@ TEST_F(HostTcpPublisher, RefusesASelectedRangeOutsideItsTensor) {
   ASSERT_OK(sub->Update());
 }
 
-TEST_F(HostTcpPublisher, CudaDestinationsForAHostArenaAreNotSupported) {
+// A host arena over tcp into CUDA tensors takes the tcp-to-gpu path (tests/gpu/tcp_to_gpu_test.cc
+// runs it); without a CUDA device the subscriber is told that is what is missing.
+TEST_F(HostTcpPublisher, CudaDestinationsForAHostArenaWithoutADeviceAreToldWhatIsMissing) {
+  if (cuda::CudaAvailable().ok()) GTEST_SKIP() << "a CUDA device: tests/gpu runs this path";
   auto like = model_.Tensors();
   auto storage = SyntheticModel::PoisonedStorage(like);
   auto dst = SyntheticModel::Views(like, storage);
   for (auto& t : dst) t.view.device = {Device::Kind::kCUDA, 0};
   auto sub = Connect(pub_->endpoint(), dst);
   auto stats = sub->Update();
-  ASSERT_STATUS_IS(kNotSupported, stats, "keeps its arena in host memory", "is on cuda:0");
+  ASSERT_STATUS_IS(kUnavailable, stats,
+                   "streams its host store over tcp and the destinations are CUDA tensors");
 }
 
 TEST_F(HostTcpPublisher, MixedHostAndCudaDestinationsAreNotSupported) {
