@@ -291,6 +291,12 @@ MUTANTS = [
              "    if (delta == nullptr || base_step < 0 || delta->base_step != base_step) return nullptr;\n"
              "    return delta;")],
            "core_delta_update_test", "*ASubscriberTakingTheStepWholeNeverWaits*"),
+    Mutant("encode-late-fails", "an encode outlasting half of the session's time fails the step "
+           "(Timeout) instead of sending it whole",
+           "src/transport/path/tcp_delivery.cc",
+           [("        } else if (awaited.status().code() != StatusCode::kTimeout) {",
+             "        } else if (true) {")],
+           "core_delta_update_test", "*AnEncodeOutlastingHalfTheSessionsTime*"),
     Mutant("delta-commit-whole", "a sparse staged commit leaves out the segments that came whole",
            "src/transport/path/delta_receiver.cc",
            [("  landing_->CommitSegments(whole_segments_);\n", "")],

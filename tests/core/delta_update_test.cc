@@ -538,10 +538,42 @@ TEST_P(DeltaUpdate, ASubscriberTakingTheStepWholeNeverWaitsForItsEncode) {
   // The update starts only once the encode is held: on a loaded machine the encoder thread may
   // reach its fail point after a quick whole update, which would then prove nothing.
   ASSERT_TRUE(testing::Eventually([] { return FailPoints::Hits("publisher.encode") == 1; }));
+  testing::LogCapture log;
   auto stats = behind->Update();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->step, 3);
   EXPECT_EQ(stats->delta_base_step, -1);
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
+  // Whole from the start: not after waiting for the encode (then the session sends it whole too,
+  // and says so).
+  EXPECT_FALSE(log.Contains("took over half of the session's time"));
+}
+
+// An encode that outlasts half of the session's time for the step (the subscriber's wait, which
+// its request carries): the session sends the step whole on the time left instead of failing it
+// with Timeout, and deltas resume with the next step.
+TEST_P(DeltaUpdate, AnEncodeOutlastingHalfTheSessionsTimeSendsTheStepWhole) {
+  subscriber_timeout_ = std::chrono::milliseconds(4000);
+  StartPublisher();
+  Publish(1, 0);
+  auto sub = Connect(dst_, /*delta=*/true, /*verify=*/true);
+  ASSERT_OK(sub->Update().status());
+  FailPoints::Arm("publisher.encode", FailAction::kSleep, 6000, /*count=*/1);
+  Publish(2, 0.01, /*wait=*/false);
+  testing::LogCapture log;
+  auto late = sub->Update();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(FailPoints::Hits("publisher.encode"), 1);
+  EXPECT_EQ(late->step, 2);
+  EXPECT_EQ(late->delta_base_step, -1);
+  EXPECT_EQ(late->received_bytes, late->bytes);
+  EXPECT_TRUE(late->verified);
+  EXPECT_TRUE(trainer_.HeldBy(dst_));
+  EXPECT_TRUE(log.Contains("step 2 sent whole: its deltas")) << "no line saying why";
+  Publish(3, 0.01);  // waits for step 2's encode before it writes
+  auto next = sub->Update();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->delta_base_step, 2);
   EXPECT_TRUE(trainer_.HeldBy(dst_));
 }
 

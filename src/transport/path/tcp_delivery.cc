@@ -65,7 +65,21 @@ class SocketDelivery final : public StepDelivery {
       // Only a delta against the step the subscriber holds (the source waits for its encode).
       const store::SlotDelta* delta = nullptr;
       if (!segments_.empty()) {
-        WS_ASSIGN_OR_RETURN(delta, source_->AwaitDelta(pin, request.after_step, deadline));
+        // An encode that outlasts half of the session's time for the step (the subscriber's
+        // wait): the step goes whole on the time left rather than failing with Timeout.
+        const Deadline encode_deadline =
+            deadline.Sooner(std::chrono::milliseconds(deadline.RemainingMs() / 2));
+        Result<const store::SlotDelta*> awaited =
+            source_->AwaitDelta(pin, request.after_step, encode_deadline);
+        if (awaited.ok()) {
+          delta = *awaited;
+        } else if (awaited.status().code() != StatusCode::kTimeout) {
+          return awaited.status();
+        } else {
+          WS_LOG(INFO, "publisher")
+              << "step " << begin.step << " sent whole: its deltas (" << awaited.status().message()
+              << ") took over half of the session's time for the step";
+        }
       }
       if (delta != nullptr) {
         return DeliverDelta(begin, *delta, slot_base, ch, deadline, streaming);
