@@ -38,10 +38,8 @@ Status HostToGpuPath::Prepare(const PathContext& ctx) {
   // Pinned once: the copy engines read the published units directly (read-only, like the mapping).
   pinned_.Pin(view_->host_memory(), /*read_only=*/true, device, "the arena");
   WS_RETURN_IF_ERROR(receiver_.Prepare(plan, destinations, mode, device));
-  uint32_t digests = 0;
-  for (const plan::Segment& s : plan->segments) digests = std::max(digests, s.digest_index + 1);
   published_kind_.assign(plan->segments.size(), 0);
-  gpu_kind_.assign(digests, 0);
+  gpu_kind_.assign(plan->digest_count, 0);  // by digest index, as GpuLanding::Verify reads it
   workers_ = std::make_unique<util::WorkerPool>(std::max(threads, 1));
   // Per unit of the store (a slot, or a ring's bucket): one copy batch of every planned tensor's
   // bytes it holds, and what it holds of each segment, hashed while the copy engines read it.

@@ -8,30 +8,29 @@ void TcpStepReader::Prepare(const PathContext& ctx, HostLanding* landing, bool d
   link_ = ctx.link;
   plan_ = ctx.plan;
   landing_ = landing;
-  parts_.assign(plan_->tensors.size(), iovec{});
-  landing_parts_.assign(plan_->tensors.size(), LandingPart{});
+  // Where a whole step lands is fixed once the landing is prepared: built once, read every step.
+  parts_.clear();
+  landing_parts_.clear();
+  for (const plan::PlannedTensor& t : plan_->tensors) {
+    parts_.push_back({landing_->ReceivedTensor(t), t.nbytes});
+    landing_parts_.push_back(
+        {t.publisher_index, t.src_offset, landing_->ReceivedTensor(t), t.nbytes});
+  }
   deltas_fit_ = deltas_fit;
   if (deltas_fit_) deltas_.Prepare(plan_, ctx.welcome, landing_);
 }
 
 Status TcpStepReader::Read(const wire::StepBegin& begin, LandingObserver* observer,
                            const util::Deadline& deadline) {
+  WS_FAIL_POINT_RETURN("tcp.before_data");
   if (deltas_.expected()) {
-    WS_FAIL_POINT_RETURN("tcp.before_data");
     WS_RETURN_IF_ERROR(
         deltas_.Receive(link_->channel(), link_->peer(), begin.step, deadline, observer));
-    landing_->MaybeInjectBitFlip();
-    return Status::Ok();
+  } else {
+    const bool observed = observer != nullptr && observer->Begin(begin.step, landing_parts_);
+    Status s = link_->channel().ReadAll(parts_, deadline, observed ? observer : nullptr);
+    if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step) + " data");
   }
-  for (size_t i = 0; i < plan_->tensors.size(); ++i) {
-    const plan::PlannedTensor& t = plan_->tensors[i];
-    parts_[i] = {landing_->ReceivedTensor(t), t.nbytes};
-    landing_parts_[i] = {t.publisher_index, t.src_offset, landing_->ReceivedTensor(t), t.nbytes};
-  }
-  WS_FAIL_POINT_RETURN("tcp.before_data");
-  const bool observed = observer != nullptr && observer->Begin(begin.step, landing_parts_);
-  Status s = link_->channel().ReadAll(parts_, deadline, observed ? observer : nullptr);
-  if (!s.ok()) return s.WithContext("step " + std::to_string(begin.step) + " data");
   landing_->MaybeInjectBitFlip();
   return Status::Ok();
 }

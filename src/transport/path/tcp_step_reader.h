@@ -50,7 +50,7 @@ class TcpStepReader {
   link::Link* link_ = nullptr;
   const plan::Plan* plan_ = nullptr;
   HostLanding* landing_ = nullptr;
-  std::vector<iovec> parts_;                // one per planned tensor, refilled per step
+  std::vector<iovec> parts_;                // one per planned tensor, built at Prepare
   std::vector<LandingPart> landing_parts_;  // parts_ as a LandingObserver sees them
   DeltaReceiver deltas_;
   bool deltas_fit_ = false;

@@ -1,7 +1,5 @@
 #include "transport/path/tcp_to_gpu_path.h"
 
-#include <algorithm>
-
 #include "cuda/device.h"
 #include "util/logging.h"
 
@@ -34,9 +32,7 @@ Status TcpToGpuPath::Prepare(const PathContext& ctx) {
   for (const plan::PlannedTensor& t : plan_->tensors) {
     upload_.Add(receiver_.Received(t), mirror_.ReceivedTensor(t), t.nbytes, t.destination);
   }
-  uint32_t digests = 0;
-  for (const plan::Segment& s : plan_->segments) digests = std::max(digests, s.digest_index + 1);
-  gpu_kind_.assign(digests, 0);
+  gpu_kind_.assign(plan_->digest_count, 0);  // by digest index, as GpuLanding::Verify reads it
   // The mirror keeps converted tensors' published bytes whole (the GPU converts them at commit
   // from what was copied): deltas fit them too.
   reader_.Prepare(ctx, &mirror_,
