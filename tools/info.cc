@@ -63,10 +63,16 @@ int RunInfo(int argc, char** argv) {
   // Where a step can travel as deltas, and what decides it (docs/deltas.md).
   std::printf(
       "deltas (docs/deltas.md): over tcp, from the host-arena store (registered host tensors), "
-      "to host destinations; encoded after Publish returns; delta='auto' sends a segment as its "
-      "delta when that is at most 1/%u of it. Not yet: shm, cuda-ipc, nccl, rings, regions, "
-      "conversions\n",
+      "to host destinations and (tcp-to-gpu) CUDA ones; encoded after Publish returns; "
+      "delta='auto' sends a segment as its delta when that is at most 1/%u of it. Not yet: shm, "
+      "cuda-ipc, nccl, rings, regions, conversions into host memory\n",
       static_cast<unsigned>(delta::kAutoRoomDivisor));
+  // What a subscriber can convert into (docs/quantized.md).
+  std::printf(
+      "conversions (convert_dtypes): casts among float32/float16/bfloat16; bfloat16 -> "
+      "float8_e4m3fn with one float32 or e8m0 scale per 128x128 block; bfloat16/float32 -> MXFP8 "
+      "(e8m0 per 32) and NVFP4 (e4m3 per 16 + float32 global), scales row-major or swizzled "
+      "128x4, into host memory (docs/quantized.md)\n");
   std::printf("environment knobs (docs/env_vars.md):\n");
   for (const util::KnobInfo& k : util::AllKnobs()) {
     std::optional<std::string> v = util::KnobValue(k.knob);

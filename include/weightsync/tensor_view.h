@@ -47,6 +47,28 @@ struct RegionPart {
   bool operator==(const RegionPart&) const = default;
 };
 
+// A subscriber's destination that holds block-scaled weights (SubscriberOptions::convert_dtypes
+// on; docs/quantized.md): the format, and where the scales go. The published tensor is bfloat16
+// or float32 [..., cols]; the rows are every dimension but the last, blocks run along the last.
+//   kMxfp8: the destination is float8_e4m3fn of the published shape; the scales float8_e8m0fnu
+//     (or uint8), one per 32 elements of a row.
+//   kNvfp4: the destination is float4_e2m1fn of the published shape (cols even: two per byte,
+//     the even element in the low nibble); the scales float8_e4m3fn (or uint8), one per 16
+//     elements; and one float32 global scale (shape [] or [1]).
+// kNone (the default): the dtypes alone decide (bfloat16 -> float8_e4m3fn: 128x128 blocks).
+struct Quantization {
+  enum class Format : uint8_t { kNone, kMxfp8, kNvfp4 };
+  enum class ScaleLayout : uint8_t {
+    kRowMajor,       // [rows, blocks per row]: what checkpoints store
+    kSwizzled128x4,  // cuBLAS/CUTLASS block-scaled GEMMs: rows padded to 128, blocks to 4
+  };
+  Format format = Format::kNone;
+  ScaleLayout scale_layout = ScaleLayout::kRowMajor;
+  std::string scales;        // the scale tensor's name; empty: NAME + fp8_scale_suffix
+  std::string global_scale;  // kNvfp4: the global scale's name; empty: NAME + "_scale_2"
+  bool operator==(const Quantization&) const = default;
+};
+
 struct NamedTensor {
   std::string name;
   TensorView view;
@@ -54,6 +76,8 @@ struct NamedTensor {
   // tensor it holds (extent = its shape). A subscriber's destination: the parts that together
   // write every one of its elements exactly once (a fused destination has several).
   std::vector<RegionPart> regions;
+  // A subscriber's destination only: block-scaled quantized weights (not with regions yet).
+  Quantization quantization;
 };
 
 }  // namespace weightsync

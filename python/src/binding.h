@@ -88,6 +88,12 @@ std::vector<ImportedTensor> ImportTensors(nb::handle tensors, nb::handle dtypes,
 // InvalidArgument.
 void ApplyRegions(nb::handle regions, std::vector<ImportedTensor>* tensors);
 
+// quantization.cc: `quantization` (None, or a mapping name → 'mxfp8' / 'nvfp4', or a dict with
+// format, scale_layout ('row_major' / 'swizzled_128x4'), scales and global_scale names) set on the
+// named destinations of this call; a name not among them, an unknown format, layout or key is an
+// InvalidArgument.
+void ApplyQuantization(nb::handle quantization, std::vector<ImportedTensor>* tensors);
+
 // Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
 // Not a str: TypeError; a str with lone surrogates (no UTF-8 encoding): InvalidArgument.
 std::string Utf8Arg(nb::handle text, const char* what);

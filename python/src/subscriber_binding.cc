@@ -516,9 +516,11 @@ void BindSubscriber(nb::module_& m) {
           "same locality first.")
       .def(
           "register",
-          [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions) {
+          [](PySubscriber& self, nb::handle tensors, nb::handle dtypes, nb::handle regions,
+             nb::handle quantization) {
             std::vector<ImportedTensor> imported = ImportTensors(tensors, dtypes, true);
             ApplyRegions(regions, &imported);
+            ApplyQuantization(quantization, &imported);
             std::vector<NamedTensor> views;
             for (const auto& t : imported) views.push_back(t.tensor);
             ThrowIfError(self.subscriber->Register(views));
@@ -527,9 +529,11 @@ void BindSubscriber(nb::module_& m) {
             }
           },
           "tensors"_a, "dtypes"_a = nb::none(), "regions"_a = nb::none(),
+          "quantization"_a = nb::none(),
           nb::sig("def register(self, tensors: collections.abc.Mapping[str, typing.Any] | "
                   "collections.abc.Iterable[tuple[str, typing.Any]], dtypes: "
                   "collections.abc.Mapping[str, typing.Any] | None = None, regions: "
+                  "collections.abc.Mapping[str, typing.Any] | None = None, quantization: "
                   "collections.abc.Mapping[str, typing.Any] | None = None) -> None"),
           "Registers writable, C-contiguous tensors (any __dlpack__ producer on the CPU or a\n"
           "CUDA device, or a NumPy array) as destinations, by name. Updates write them in place\n"
@@ -541,7 +545,12 @@ void BindSubscriber(nb::module_& m) {
           "are written once. `dtypes` maps names to an element type for tensors passed as raw\n"
           "bits. regions: name → the region(s) of global tensors that fill that destination (a\n"
           "sharded engine's slice, or a fused parameter such as qkv_proj; weightsync.regions\n"
-          "builds them): only those bytes move, from whichever publisher holds them.")
+          "builds them): only those bytes move, from whichever publisher holds them.\n"
+          "quantization (convert_dtypes=True; docs/quantized.md): name → 'mxfp8' or 'nvfp4', or\n"
+          "a dict {'format', 'scale_layout': 'row_major' | 'swizzled_128x4', 'scales': name,\n"
+          "'global_scale': name}: the destination holds block-scaled values; its scales (default\n"
+          "NAME + fp8_scale_suffix) and NVFP4's float32 global scale (default NAME + '_scale_2')\n"
+          "are registered in the same or an earlier call.")
       .def(
           "unregister",
           [](PySubscriber& self, nb::handle names) {

@@ -96,7 +96,8 @@ Status DestinationSet::IndexRanges(size_t first) {
     if (next != ranges_.end() && next->first == key) {
       const plan::Destination& original = destinations_[next->second];
       if (original.spec.nbytes == d.spec.nbytes && original.spec.dtype == d.spec.dtype &&
-          original.spec.shape == d.spec.shape && original.regions == d.regions) {
+          original.spec.shape == d.spec.shape && original.regions == d.regions &&
+          original.quantization == d.quantization) {
         d.alias_of = next->second;
         continue;
       }
@@ -133,6 +134,14 @@ Status DestinationSet::Add(const std::vector<NamedTensor>& tensors) {
     replaces = replaces || by_name_.count(spec.name) > 0;
     added.push_back({spec, static_cast<uint8_t*>(tensors[i].view.data), tensors[i].view.device});
     WS_ASSIGN_OR_RETURN(added.back().regions, CompleteRegions(spec, tensors[i].regions));
+    added.back().quantization = tensors[i].quantization;
+    if (tensors[i].quantization.format != Quantization::Format::kNone &&
+        !tensors[i].regions.empty()) {
+      return Status::InvalidArgument(
+          "tensor '", spec.name,
+          "': block-scaled quantization (MXFP8, NVFP4) of a destination filled by regions is not "
+          "supported yet; register it whole");
+    }
   }
   if (destinations_.size() + added.size() > kMaxTensors) {
     return Status::InvalidArgument("registering ", added.size(), " tensors after ",

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "plan/block_scaled_plan.h"
 #include "plan/mismatch_list.h"
 #include "plan/segments.h"
 #include "weightsync/dtype.h"
@@ -46,6 +47,9 @@ Status PlanConversion(const TensorSpec& src, const std::vector<Destination>& des
   if (!from_bytes.ok() || !to_bytes.ok() || *from_bytes != src.nbytes || *to_bytes != dst.nbytes) {
     return Status::InvalidArgument("byte sizes ", src.nbytes, " (publisher) and ", dst.nbytes,
                                    " (subscriber) do not fit ", elements, " elements");
+  }
+  if (t->transform == Transform::kQuantizeMxfp8 || t->transform == Transform::kQuantizeNvfp4) {
+    return PlanBlockScaled(src, destinations, by_name, convert, t);
   }
   if (t->transform != Transform::kQuantizeFp8) return Status::Ok();
   // rows = the product of every dimension but the last, also when the last is 0 (a [256, 0]
@@ -354,6 +358,10 @@ const char* TransformName(Transform t) {
       return "cast";
     case Transform::kQuantizeFp8:
       return "fp8 quantization";
+    case Transform::kQuantizeMxfp8:
+      return "MXFP8 quantization";
+    case Transform::kQuantizeNvfp4:
+      return "NVFP4 quantization";
     case Transform::kExtract:
       return "region extraction";
   }
@@ -478,7 +486,14 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     t.from = src.dtype;
     t.to = dst.dtype;
     bool same = true;
-    if (src.dtype != dst.dtype) {
+    const Transform block_scaled = BlockScaledTransform(destinations[d].quantization);
+    if (block_scaled != Transform::kCopy && !convert.enabled) {
+      mismatches.Add("tensor '", src.name, "': ", TransformName(block_scaled),
+                     " needs SubscriberOptions.convert_dtypes");
+      same = false;
+    } else if (block_scaled != Transform::kCopy) {
+      t.transform = block_scaled;  // PlanBlockScaled checks the dtypes
+    } else if (src.dtype != dst.dtype) {
       t.transform = TransformFor(src.dtype, dst.dtype);
       if (!convert.enabled || t.transform == Transform::kCopy) {
         mismatches.Add("tensor '", src.name, "': dtype mismatch: publisher ", DTypeName(src.dtype),
@@ -505,15 +520,17 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
                                 : Status::InvalidArgument("byte size mismatch: publisher ",
                                                           src.nbytes, ", subscriber ", dst.nbytes))
                          : PlanConversion(src, destinations, by_name, convert, &t);
-      if (!sizes.ok()) {
-        mismatches.Add("tensor '", src.name, "': ", sizes.message());
-      } else if (t.scale_destination != kNoDestination) {
-        if (scale_of[t.scale_destination] != kNoDestination) {
-          mismatches.Add("tensor '", destinations[t.scale_destination].spec.name,
-                         "': receives the fp8 scales of two tensors");
+      if (!sizes.ok()) mismatches.Add("tensor '", src.name, "': ", sizes.message());
+      // The scale tensors found are claimed even when one is wrong: the problem is listed above,
+      // not again as "registered but not published".
+      for (uint32_t aux : {t.scale_destination, t.global_scale_destination}) {
+        if (aux == kNoDestination) continue;
+        if (scale_of[aux] != kNoDestination) {
+          mismatches.Add("tensor '", destinations[aux].spec.name,
+                         "': receives the scales of two tensors");
         }
-        scale_of[t.scale_destination] = i;
-        matched[t.scale_destination] = true;
+        scale_of[aux] = i;
+        matched[aux] = true;
       }
     }
     // Round shadow_end up to kShadowAlignment, then reserve nbytes, both overflow-checked: the
@@ -537,7 +554,7 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     if (published_into[d] && scale_of[d] != kNoDestination) {
       mismatches.Add("tensor '", destinations[d].spec.name,
                      "': published, but it is also where "
-                     "the fp8 scales of '",
+                     "the scales of '",
                      welcome.tensors[scale_of[d]].spec.name, "' go");
     }
     if (matched[d] || destinations[d].alias_of != kNoDestination) continue;

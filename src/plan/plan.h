@@ -29,6 +29,8 @@ struct Destination {
   // Regions of global tensors that fill it (Subscriber registration, every field completed:
   // tensor, extent and at set); empty: the whole tensor `spec.name`.
   std::vector<RegionPart> regions;
+  // Block-scaled quantized weights (MXFP8, NVFP4); kNone: the dtypes decide the transform.
+  Quantization quantization;
 };
 
 // How a planned tensor's published bytes become its destination's (SubscriberOptions::
@@ -38,6 +40,10 @@ enum class Transform : uint8_t {
   kCopy,         // same dtype: the bytes as published
   kCast,         // one of float32/float16/bfloat16 to another (round to nearest even)
   kQuantizeFp8,  // bfloat16 → float8_e4m3fn, one scale per 128×128 block into a second tensor
+  // bfloat16/float32 → a block-scaled format the destination names (Quantization): MXFP8 (e8m0
+  // scale per 32 elements of a row) or NVFP4 (e4m3 scale per 16, and a float32 global scale).
+  kQuantizeMxfp8,
+  kQuantizeNvfp4,
   // Regions with verification: a digest segment the subscriber wants only part of (or scattered
   // over several destinations) is received whole, verified, and its wanted pieces (Extract) are
   // copied (or cast) out at commit.
@@ -95,6 +101,8 @@ struct PlannedTensor {
   int64_t rows = 0, cols = 0;  // kQuantizeFp8: cols = last dimension, rows = the rest
   uint32_t scale_destination = kNoDestination;  // kQuantizeFp8: index into destinations
   bool e8m0_scales = false;                     // kQuantizeFp8: power-of-two scales (else float32)
+  Quantization::ScaleLayout scale_layout = Quantization::ScaleLayout::kRowMajor;  // MXFP8, NVFP4
+  uint32_t global_scale_destination = kNoDestination;                             // NVFP4
   uint64_t landing_offset = 0;  // converted tensors: offset in the in-place landing buffer
   uint32_t first_extract = 0;   // kExtract: its pieces in Plan::extracts
   uint32_t extract_count = 0;

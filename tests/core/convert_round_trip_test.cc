@@ -12,16 +12,13 @@
 #include <vector>
 
 #include "cuda/transform_reference.h"
+#include "testing/convert_fixture.h"
 #include "testing/test_util.h"
-#include "testing/transport_modes.h"
-#include "util/fail_point.h"
 
 namespace weightsync {
 namespace {
 
 namespace ref = cuda::reference;
-
-using Param = testing::TransportMode;
 
 // Publisher-side tensors: bf16 matrices (fp8 with partial edge blocks, casts), f32, f16, bytes.
 struct Source {
@@ -91,32 +88,7 @@ Destinations Expected(Source& src) {
   return x;
 }
 
-class ConvertRoundTrip : public ::testing::TestWithParam<Param> {
- protected:
-  void SetUp() override {
-    PublisherOptions o;
-    o.endpoint = GetParam().tcp ? "tcp://127.0.0.1:0" : testing::UniqueEndpoint("convert");
-    o.segment_bytes = 4096;
-    ASSERT_OK_AND_ASSIGN(pub_, Publisher::Create(o));
-    ASSERT_OK(pub_->Register(src_.Tensors()));
-  }
-  std::unique_ptr<Subscriber> Connect(bool convert) {
-    SubscriberOptions o;
-    o.endpoint = pub_->endpoint();
-    o.mode = GetParam().mode;
-    o.verify = true;
-    o.convert_dtypes = convert;
-    return testing::NewSubscriber(o, dst_.Tensors());
-  }
-  void Publish(int64_t step) {
-    src_.Fill(step);
-    ASSERT_OK(pub_->Publish(step));
-  }
-
-  Source src_;
-  Destinations dst_;
-  std::unique_ptr<Publisher> pub_;
-};
+using ConvertRoundTrip = testing::ConvertFixture<Source, Destinations>;
 
 TEST_P(ConvertRoundTrip, EveryConvertedTensorEqualsTheReferenceStepAfterStep) {
   auto sub = Connect(true);
@@ -143,22 +115,12 @@ TEST_P(ConvertRoundTrip, WithoutConvertDtypesTheDifferencesAreListedMismatches) 
 
 TEST_P(ConvertRoundTrip, ACorruptStepConvertsNothingWhenStaged) {
   auto sub = Connect(true);
-  Publish(1);
-  ASSERT_OK(sub->Update());
-  const std::vector<uint64_t> step1 = dst_.Digests();
-  Publish(2);
-  util::FailPoints::Arm("subscriber.flip_received", util::FailAction::kFlip, 0, 1);
-  auto r = sub->Update();
-  util::FailPoints::DisarmAll();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status();
-  if (GetParam().mode == UpdateMode::kStaged) {
-    EXPECT_EQ(dst_.Digests(), step1) << "staged: a corrupt step must not reach the destinations";
-  } else {
-    EXPECT_FALSE(sub->weights_valid());
-  }
-  auto again = sub->Update();
-  ASSERT_TRUE(again.ok()) << again.status();
+  Source step1;
+  step1.Fill(1);
+  ExpectACorruptStepConvertsNothing(sub, [&] {
+    EXPECT_EQ(dst_.Digests(), Expected(step1).Digests())
+        << "staged: a corrupt step must not reach the destinations";
+  });
   EXPECT_EQ(dst_.Digests(), Expected(src_).Digests());
 }
 

@@ -1,6 +1,8 @@
 // Tests for planned conversions (SubscriberOptions::convert_dtypes): which dtype pairs become a
 // cast or an fp8 quantization, the fp8 scale destination's checks, the in-place landing layout,
-// and that with conversion off (the default) every dtype difference is still a listed mismatch.
+// and that with conversion off (the default) every dtype difference is still a listed mismatch;
+// then destinations that name a block-scaled format (MXFP8, NVFP4): what each takes and writes,
+// and one clear listed problem for each way a registration can be wrong.
 
 #include <gtest/gtest.h>
 
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "testing/test_util.h"
 
 namespace weightsync::plan {
 namespace {
@@ -162,9 +165,8 @@ TEST(ConvertPlan, EveryScaleProblemIsListed) {
       << m;
   EXPECT_NE(m.find("'dtype': scale destination 'dtype_scale_inv' is float16"), std::string::npos)
       << m;
-  EXPECT_NE(
-      m.find("'clash_scale_inv': published, but it is also where the fp8 scales of 'clash' go"),
-      std::string::npos)
+  EXPECT_NE(m.find("'clash_scale_inv': published, but it is also where the scales of 'clash' go"),
+            std::string::npos)
       << m;
 }
 
@@ -188,6 +190,90 @@ TEST(ConvertPlan, InPlaceLandingHoldsOnlyConvertedTensorsAndSegmentsKnowIt) {
       EXPECT_EQ(s.landing_offset, t.landing_offset + s.dst_offset);
     }
   }
+}
+
+// ---- block-scaled destinations (plan/block_scaled_plan.h): MXFP8, NVFP4 ----------------------
+
+using F = Quantization::Format;
+using L = Quantization::ScaleLayout;
+
+Destination Dst(TensorSpec spec, Quantization q = {}) {
+  Destination d{std::move(spec), nullptr, Device{}};
+  d.quantization = std::move(q);
+  return d;
+}
+
+Result<Plan> Build(const std::vector<TensorSpec>& published, const std::vector<Destination>& dsts,
+                   const ConvertOptions& convert = kOn) {
+  return BuildPlan(Publishes(published), dsts, MatchPolicy::kStrict, 1 << 20, convert);
+}
+
+TEST(BlockScaledPlan, Mxfp8AndNvfp4ArePlannedWithTheirScaleTensors) {
+  auto p =
+      Build({Spec("a", DType::kBFloat16, {2, 130, 64}), Spec("b", DType::kFloat32, {20, 48})},
+            {Dst(Spec("a", DType::kFloat8E4M3FN, {2, 130, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+             Dst(Spec("a_scale_inv", DType::kFloat8E8M0FNU, {384, 4})),
+             Dst(Spec("b", DType::kFloat4E2M1FN, {20, 48}), {F::kNvfp4, L::kRowMajor, "bs", "bg"}),
+             Dst(Spec("bs", DType::kUInt8, {20, 3})), Dst(Spec("bg", DType::kFloat32, {}))});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->tensors.size(), 2u);
+  const PlannedTensor& a = p->tensors[0];
+  EXPECT_EQ(a.transform, Transform::kQuantizeMxfp8);
+  EXPECT_EQ(a.rows, 260);
+  EXPECT_EQ(a.cols, 64);
+  EXPECT_EQ(a.scale_destination, 1u);
+  EXPECT_EQ(a.scale_layout, L::kSwizzled128x4);
+  const PlannedTensor& b = p->tensors[1];
+  EXPECT_EQ(b.transform, Transform::kQuantizeNvfp4);
+  EXPECT_EQ(b.scale_destination, 3u);
+  EXPECT_EQ(b.global_scale_destination, 4u);
+  EXPECT_EQ(p->converted, (std::vector<uint32_t>{0, 1}));
+}
+
+TEST(BlockScaledPlan, EveryWrongRegistrationIsAListedProblem) {
+  auto p = Build(
+      {Spec("off", DType::kBFloat16, {4, 32}), Spec("f16", DType::kFloat16, {4, 32}),
+       Spec("odd", DType::kBFloat16, {4, 33}), Spec("noscale", DType::kBFloat16, {4, 32}),
+       Spec("shape", DType::kBFloat16, {130, 64}), Spec("noglobal", DType::kBFloat16, {4, 32}),
+       Spec("badglobal", DType::kBFloat16, {4, 32})},
+      {Dst(Spec("off", DType::kFloat8E4M3FN, {4, 32}), {F::kNvfp4}),
+       Dst(Spec("f16", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+       Dst(Spec("odd", DType::kFloat4E2M1FN, {4, 33}), {F::kNvfp4}),
+       Dst(Spec("noscale", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+       // Row-major [130, 2] registered where the swizzled layout needs [256, 4].
+       Dst(Spec("shape", DType::kFloat8E4M3FN, {130, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+       Dst(Spec("shape_scale_inv", DType::kFloat8E8M0FNU, {130, 2})),
+       Dst(Spec("noglobal", DType::kFloat4E2M1FN, {4, 32}), {F::kNvfp4}),
+       Dst(Spec("noglobal_scale_inv", DType::kFloat8E4M3FN, {4, 2})),
+       Dst(Spec("badglobal", DType::kFloat4E2M1FN, {4, 32}), {F::kNvfp4}),
+       Dst(Spec("badglobal_scale_inv", DType::kFloat8E4M3FN, {4, 2})),
+       Dst(Spec("badglobal_scale_2", DType::kFloat16, {1}))});
+  ASSERT_STATUS_IS(kInvalidArgument, p, "7 mismatches");
+  const std::string m = p.status().message();
+  for (const char* want :
+       {"'off': NVFP4 quantizes bfloat16 or float32 into float4_e2m1fn; the publisher has "
+        "bfloat16, the destination float8_e4m3fn",
+        "'f16': MXFP8 quantizes bfloat16 or float32 into float8_e4m3fn; the publisher has "
+        "float16",
+        "'odd': NVFP4 packs two elements of a row per byte; rows of 33 elements (odd)",
+        "'noscale': MXFP8 needs a destination 'noscale_scale_inv' (its scales: float8_e8m0fnu "
+        "or uint8, [4, 1] (row-major)); none is registered",
+        "'shape': MXFP8 scale destination 'shape_scale_inv' is float8_e8m0fnu [130, 2]; [130, "
+        "64] needs float8_e8m0fnu or uint8, [256, 4] (swizzled 128x4)",
+        "'noglobal': NVFP4 needs a destination 'noglobal_scale_2' (its global scale",
+        "'badglobal': NVFP4 global scale destination 'badglobal_scale_2' is float16 [1]; one "
+        "float32 expected"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+  }
+}
+
+TEST(BlockScaledPlan, WithoutConvertDtypesANamedFormatSaysHowToEnableIt) {
+  auto p = Build({Spec("a", DType::kBFloat16, {4, 32})},
+                 {Dst(Spec("a", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+                  Dst(Spec("a_scale_inv", DType::kFloat8E8M0FNU, {4, 1}))},
+                 ConvertOptions{});
+  ASSERT_STATUS_IS(kInvalidArgument, p,
+                   "'a': MXFP8 quantization needs SubscriberOptions.convert_dtypes");
 }
 
 }  // namespace

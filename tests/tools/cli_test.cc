@@ -85,6 +85,8 @@ TEST_F(CliTest, InfoListsEveryKnobAndNeverPrintsTheToken) {
   // Where deltas go, and the rule that picks them.
   EXPECT_TRUE(Has(info, "deltas (docs/deltas.md): over tcp")) << info.output;
   EXPECT_TRUE(Has(info, "at most 1/4 of it")) << info.output;
+  // And the formats a subscriber converts into.
+  EXPECT_TRUE(Has(info, "-> MXFP8 (e8m0 per 32) and NVFP4 (e4m3 per 16")) << info.output;
   // A knob set to a value it cannot take is named, with the value, and fails the command.
   CliRun bad = RunCli("info", "WEIGHTSYNC_LOG_LEVEL=loud");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/block_scaled_reference.h"
 #include "cuda/gpu_digest_reference.h"
 #include "cuda/transform_reference.h"
 #include "util/fail_point.h"
@@ -10,6 +11,23 @@
 
 namespace weightsync::transport::path {
 namespace {
+
+// MXFP8 or NVFP4 (plan/block_scaled_plan.h) with the CPU reference: values into `dst`, scales into
+// `scales` in the destination's layout, NVFP4's float32 global scale into `global`.
+Status QuantizeBlockScaled(const plan::PlannedTensor& t, const uint8_t* src, uint8_t* dst,
+                           uint8_t* scales, uint8_t* global) {
+  const cuda::ScaleLayout layout = t.scale_layout == Quantization::ScaleLayout::kRowMajor
+                                       ? cuda::ScaleLayout::kRowMajor
+                                       : cuda::ScaleLayout::kSwizzled128x4;
+  if (t.transform == plan::Transform::kQuantizeMxfp8) {
+    return cuda::reference::QuantizeMxfp8(t.from, src, t.rows, t.cols, dst, scales, layout);
+  }
+  float global_scale = 1.0f;
+  WS_RETURN_IF_ERROR(cuda::reference::QuantizeNvfp4(t.from, src, t.rows, t.cols, dst, scales,
+                                                    &global_scale, layout));
+  std::memcpy(global, &global_scale, sizeof(global_scale));
+  return Status::Ok();
+}
 constexpr uint32_t kNoMismatch = 0xFFFFFFFFu;
 }  // namespace
 
@@ -170,11 +188,16 @@ void HostLanding::ConvertTensor(void* context, uint32_t index) {
   if (t.transform == plan::Transform::kCast) {
     // Regions: a run of the destination (dst_offset); whole tensors: all of it (offset 0).
     out = cuda::reference::Cast(t.from, t.to, src, dst + t.dst_offset, t.elements);
-  } else {
+  } else if (t.transform == plan::Transform::kQuantizeFp8) {
     out = cuda::reference::QuantizeFp8(
         reinterpret_cast<const uint16_t*>(src), t.rows, t.cols, dst,
         self->destinations_[t.scale_destination],
         t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32);
+  } else {
+    out = QuantizeBlockScaled(t, src, dst, self->destinations_[t.scale_destination],
+                              t.global_scale_destination == plan::kNoDestination
+                                  ? nullptr
+                                  : self->destinations_[t.global_scale_destination]);
   }
 }
 
