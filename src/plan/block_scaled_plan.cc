@@ -72,6 +72,14 @@ Status PlanBlockScaled(const TensorSpec& src, const std::vector<Destination>& de
   const std::string scale_name = q.scales.empty() ? src.name + convert.scale_suffix : q.scales;
   WS_ASSIGN_OR_RETURN(t->scale_destination,
                       Auxiliary(by_name, scale_name, format, "its scales: " + wanted));
+  if (q.scale_layout == Quantization::ScaleLayout::kSwizzled128x4 && src.shape.size() > 2) {
+    // Engines pad each leading index's rows separately (an MoE [E, N, K] is E swizzled [N, K/b]
+    // matrices); flattening them into one would put every scale of a later expert elsewhere.
+    return Status::InvalidArgument(
+        format, " with swizzled scales of a tensor of ", src.shape.size(),
+        " dimensions is not supported yet (engines swizzle each leading index's matrix on its "
+        "own); register 2-D tensors or use row-major scales");
+  }
   const TensorSpec& scale = destinations[t->scale_destination].spec;
   const bool shape_fits =
       scale.nbytes == static_cast<uint64_t>(shape.bytes()) &&

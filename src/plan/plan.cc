@@ -470,6 +470,7 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
     matched[d] = true;
     if (destinations[d].alias_of != kNoDestination) {
       // Written through the tensor it aliases; only checked against what is published here.
+      published_into[destinations[d].alias_of] = true;
       if (src.dtype != dst.dtype || src.shape != dst.shape) {
         mismatches.Add("tensor '", src.name, "': publisher ", DTypeName(src.dtype), " ",
                        ShapeString(src.shape), ", subscriber ", DTypeName(dst.dtype), " ",
@@ -521,16 +522,19 @@ Result<Plan> BuildPlan(const wire::Welcome& welcome, const std::vector<Destinati
                                                           src.nbytes, ", subscriber ", dst.nbytes))
                          : PlanConversion(src, destinations, by_name, convert, &t);
       if (!sizes.ok()) mismatches.Add("tensor '", src.name, "': ", sizes.message());
-      // The scale tensors found are claimed even when one is wrong: the problem is listed above,
-      // not again as "registered but not published".
+      // The scale tensors found are claimed even when one of them is wrong: that problem is
+      // listed above, not again as "registered but not published" (a problem found before the
+      // scale tensors were looked up, such as the dtypes, leaves them unclaimed).
       for (uint32_t aux : {t.scale_destination, t.global_scale_destination}) {
         if (aux == kNoDestination) continue;
+        matched[aux] = true;
+        // An alias is the memory of the tensor it aliases: that one is what gets written.
+        if (destinations[aux].alias_of != kNoDestination) aux = destinations[aux].alias_of;
         if (scale_of[aux] != kNoDestination) {
           mismatches.Add("tensor '", destinations[aux].spec.name,
                          "': receives the scales of two tensors");
         }
         scale_of[aux] = i;
-        matched[aux] = true;
       }
     }
     // Round shadow_end up to kShadowAlignment, then reserve nbytes, both overflow-checked: the

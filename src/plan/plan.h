@@ -50,6 +50,9 @@ enum class Transform : uint8_t {
   kExtract,
 };
 const char* TransformName(Transform t);
+inline bool IsBlockScaled(Transform t) {
+  return t == Transform::kQuantizeMxfp8 || t == Transform::kQuantizeNvfp4;
+}
 // The transform that turns `from` into `to`; kCopy when none is needed or none exists.
 Transform TransformFor(DType from, DType to);
 

@@ -28,6 +28,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
     bool exact;      // same dtype: no conversion
   };
   std::vector<std::vector<Holder>> holders(destinations.size());
+  std::vector<bool> refused(destinations.size(), false);  // listed once already
   for (uint32_t s = 0; s < sources.size(); ++s) {
     for (const wire::TensorPlacement& p : sources[s].welcome->tensors) {
       auto it = by_name.find(p.spec.name);
@@ -39,6 +40,15 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
         continue;
       }
       const TensorSpec& dst = destinations[it->second].spec;
+      if (destinations[it->second].quantization.format != Quantization::Format::kNone) {
+        if (!refused[it->second]) {  // once, not once per publisher holding it
+          mismatches.Add("tensor '", p.spec.name,
+                         "': block-scaled quantization (MXFP8, NVFP4) from several publishers is "
+                         "not supported yet; one publisher must hold the whole tensor");
+        }
+        refused[it->second] = true;
+        continue;
+      }
       bool same = true;
       const bool converts =
           convert.enabled && TransformFor(p.spec.dtype, dst.dtype) != Transform::kCopy;
@@ -74,6 +84,7 @@ Result<Schedule> AssignSources(const std::vector<SourceManifest>& sources,
   }
   for (uint32_t d = 0; d < destinations.size(); ++d) {
     if (destinations[d].alias_of != kNoDestination) continue;  // goes with the tensor it aliases
+    if (refused[d]) continue;
     if (holders[d].empty() && scale_base[d] == kNoDestination) {
       bool reported = false;  // a holder with the wrong dtype/shape was already listed above
       for (const auto& s : sources) {

@@ -46,7 +46,7 @@ struct Source {
     return {{"w1", {w1.data(), DType::kBFloat16, {130, 96}}},
             {"w2", {w2.data(), DType::kFloat32, {3, 40}}},
             {"w3", {w3.data(), DType::kBFloat16, {20, 48}}},
-            {"w4", {w4.data(), DType::kFloat32, {2, 100, 64}}}};
+            {"w4", {w4.data(), DType::kFloat32, {200, 64}}}};
   }
 };
 
@@ -80,7 +80,7 @@ struct Destinations {
         {"w3_scale_inv", {w3_scales.data(), DType::kFloat8E4M3FN, {20, 3}}},
         {"w3_scale_2", {&w3_global, DType::kFloat32, {}}},
         {"w4",
-         {w4.data(), DType::kFloat4E2M1FN, {2, 100, 64}},
+         {w4.data(), DType::kFloat4E2M1FN, {200, 64}},
          {},
          Q(F::kNvfp4, Layout::kSwizzled128x4, "w4.scales", "w4.global")},
         {"w4.scales", {w4_scales.data(), DType::kUInt8, {1024}}},
@@ -119,7 +119,6 @@ using BlockScaledRoundTrip = testing::ConvertFixture<Source, Destinations>;
 
 TEST_P(BlockScaledRoundTrip, ValuesAndScalesEqualTheReferenceStepAfterStep) {
   auto sub = Connect();
-  const uint8_t* before = dst_.w4_scales.data();
   for (int64_t step = 1; step <= 4; ++step) {
     Publish(step);
     auto r = sub->Update();
@@ -128,7 +127,6 @@ TEST_P(BlockScaledRoundTrip, ValuesAndScalesEqualTheReferenceStepAfterStep) {
     EXPECT_EQ(r->tensors, 4u);
     ExpectSame(dst_, Expected(src_), step);
   }
-  EXPECT_EQ(dst_.w4_scales.data(), before);
   EXPECT_NE(dst_.w3_global, 1.0f) << "a real global scale, not the fallback";
 }
 

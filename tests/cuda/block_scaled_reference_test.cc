@@ -387,6 +387,20 @@ TEST(BlockScaledReference, RandomTensorsRoundTripWithinEachFormatsError) {
         float amax = 0;
         for (float v : x) amax = std::max(amax, std::fabs(v));
         const Nvfp4TensorScale tensor = Nvfp4TensorScaleFor(amax);
+        // The scales themselves, from the rules stated independently: MXFP8's floor(log2 amax)
+        // - 8 by ilogb, NVFP4's global scale amax / (6 * 448).
+        for (int64_t r = 0; r < rows && format == BlockFormat::kMxfp8; ++r) {
+          for (int64_t b = 0; b * 32 < cols; ++b) {
+            float block_amax = 0;
+            for (int64_t c = b * 32; c < std::min(cols, b * 32 + 32); ++c) {
+              block_amax = std::max(block_amax, std::fabs(x[r * cols + c]));
+            }
+            const int want =
+                block_amax == 0 ? 0 : std::clamp(std::ilogb(block_amax) - 8, -127, 127) + 127;
+            ASSERT_EQ(s[ScaleOffset(layout, shape, r, b)], want) << r << "," << b;
+          }
+        }
+        if (format == BlockFormat::kNvfp4) EXPECT_EQ(global, amax / 2688.0f);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
             const uint8_t sb = s[ScaleOffset(layout, shape, r, c / BlockSize(format))];

@@ -210,8 +210,8 @@ Result<Plan> Build(const std::vector<TensorSpec>& published, const std::vector<D
 
 TEST(BlockScaledPlan, Mxfp8AndNvfp4ArePlannedWithTheirScaleTensors) {
   auto p =
-      Build({Spec("a", DType::kBFloat16, {2, 130, 64}), Spec("b", DType::kFloat32, {20, 48})},
-            {Dst(Spec("a", DType::kFloat8E4M3FN, {2, 130, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+      Build({Spec("a", DType::kBFloat16, {260, 64}), Spec("b", DType::kFloat32, {20, 48})},
+            {Dst(Spec("a", DType::kFloat8E4M3FN, {260, 64}), {F::kMxfp8, L::kSwizzled128x4}),
              Dst(Spec("a_scale_inv", DType::kFloat8E8M0FNU, {384, 4})),
              Dst(Spec("b", DType::kFloat4E2M1FN, {20, 48}), {F::kNvfp4, L::kRowMajor, "bs", "bg"}),
              Dst(Spec("bs", DType::kUInt8, {20, 3})), Dst(Spec("bg", DType::kFloat32, {}))});
@@ -274,6 +274,53 @@ TEST(BlockScaledPlan, WithoutConvertDtypesANamedFormatSaysHowToEnableIt) {
                  ConvertOptions{});
   ASSERT_STATUS_IS(kInvalidArgument, p,
                    "'a': MXFP8 quantization needs SubscriberOptions.convert_dtypes");
+}
+
+TEST(BlockScaledPlan, ScaleTensorsOfTheWrongSizeTypeOrMemoryAreRefused) {
+  std::vector<Destination> dsts = {
+      // The right last dimension, too few rows for the swizzled layout ([256, 4] needed).
+      Dst(Spec("rows", DType::kFloat8E4M3FN, {130, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+      Dst(Spec("rows_scale_inv", DType::kFloat8E8M0FNU, {2, 4})),
+      // The right bytes ([512, 2] and [256, 4] are both 1024), the wrong last dimension.
+      Dst(Spec("cols", DType::kFloat8E4M3FN, {130, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+      Dst(Spec("cols_scale_inv", DType::kFloat8E8M0FNU, {512, 2})),
+      Dst(Spec("dtype", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+      Dst(Spec("dtype_scale_inv", DType::kFloat32, {4, 1})),
+      Dst(Spec("empty", DType::kFloat4E2M1FN, {4, 32}), {F::kNvfp4}),
+      Dst(Spec("empty_scale_inv", DType::kFloat8E4M3FN, {4, 2})),
+      Dst(Spec("empty_scale_2", DType::kFloat32, {0})),
+      Dst(Spec("moe", DType::kFloat8E4M3FN, {2, 128, 64}), {F::kMxfp8, L::kSwizzled128x4}),
+      Dst(Spec("moe_scale_inv", DType::kFloat8E8M0FNU, {256, 4})),
+      // Two tensors whose scale tensors are one memory (the second aliases the first).
+      Dst(Spec("x", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+      Dst(Spec("x_scale_inv", DType::kFloat8E8M0FNU, {4, 1})),
+      Dst(Spec("y", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}),
+      Dst(Spec("y_scale_inv", DType::kFloat8E8M0FNU, {4, 1}))};
+  dsts.back().alias_of = static_cast<uint32_t>(dsts.size() - 3);
+  // A published tensor registered at the memory of another tensor's scales.
+  dsts.push_back(Dst(Spec("q", DType::kFloat8E4M3FN, {4, 32}), {F::kMxfp8}));
+  dsts.push_back(Dst(Spec("q_scale_inv", DType::kFloat8E8M0FNU, {4, 1})));
+  dsts.push_back(Dst(Spec("pub", DType::kFloat8E8M0FNU, {4, 1})));
+  dsts.back().alias_of = static_cast<uint32_t>(dsts.size() - 2);
+  auto p =
+      Build({Spec("rows", DType::kBFloat16, {130, 64}), Spec("cols", DType::kBFloat16, {130, 64}),
+             Spec("dtype", DType::kBFloat16, {4, 32}), Spec("empty", DType::kBFloat16, {4, 32}),
+             Spec("moe", DType::kBFloat16, {2, 128, 64}), Spec("x", DType::kBFloat16, {4, 32}),
+             Spec("y", DType::kBFloat16, {4, 32}), Spec("q", DType::kBFloat16, {4, 32}),
+             Spec("pub", DType::kFloat8E8M0FNU, {4, 1})},
+            dsts);
+  ASSERT_STATUS_IS(kInvalidArgument, p, "7 mismatches");
+  const std::string m = p.status().message();
+  for (const char* want :
+       {"'rows': MXFP8 scale destination 'rows_scale_inv' is float8_e8m0fnu [2, 4]",
+        "'cols': MXFP8 scale destination 'cols_scale_inv' is float8_e8m0fnu [512, 2]",
+        "'dtype': MXFP8 scale destination 'dtype_scale_inv' is float32 [4, 1]",
+        "'empty': NVFP4 global scale destination 'empty_scale_2' is float32 [0]",
+        "'moe': MXFP8 with swizzled scales of a tensor of 3 dimensions is not supported yet",
+        "'x_scale_inv': receives the scales of two tensors",
+        "'q_scale_inv': published, but it is also where the scales of 'q' go"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+  }
 }
 
 }  // namespace

@@ -189,5 +189,18 @@ TEST(AssignSources, EveryDestinationHasExactlyOneSourceThatHoldsIt) {
   }
 }
 
+TEST(AssignSources, ABlockScaledDestinationFromSeveralPublishersIsRefusedByName) {
+  wire::Welcome a = Publishes({Bytes("l0", 100)});
+  wire::Welcome b = Publishes({Bytes("l1", 100)});
+  auto dst = Registers({Bytes("l0", 100), Bytes("l1", 100)});
+  dst[1].quantization.format = Quantization::Format::kNvfp4;
+  auto s = AssignSources({{"A", &a}, {"B", &b}}, dst, MatchPolicy::kStrict);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("'l1': block-scaled quantization (MXFP8, NVFP4) from several "
+                                      "publishers is not supported yet"),
+            std::string::npos)
+      << s.status();
+}
+
 }  // namespace
 }  // namespace weightsync::plan

@@ -31,6 +31,9 @@ Status DestinationCheck::Prepare(const plan::Plan& plan,
     }
     unchecked_[t.destination] = 1;
     if (t.scale_destination != plan::kNoDestination) unchecked_[t.scale_destination] = 1;
+    if (t.global_scale_destination != plan::kNoDestination) {
+      unchecked_[t.global_scale_destination] = 1;
+    }
     for (uint32_t e = 0; e < t.extract_count; ++e) {
       unchecked_[plan.extracts[t.first_extract + e].destination] = 1;
     }

@@ -228,6 +228,9 @@ std::vector<uint32_t> WrittenDestinations(const plan::Plan& plan, const plan::Pl
   }
   out.push_back(t.destination);
   if (t.scale_destination != plan::kNoDestination) out.push_back(t.scale_destination);
+  if (t.global_scale_destination != plan::kNoDestination) {
+    out.push_back(t.global_scale_destination);
+  }
   return out;
 }
 
@@ -237,7 +240,7 @@ Status GpuLanding::PrepareConversions() {
   conversions_.Clear();
   for (uint32_t k : plan_->converted) {
     const plan::PlannedTensor& t = plan_->tensors[k];
-    if (t.nbytes == 0) continue;
+    if (t.nbytes == 0 && !plan::IsBlockScaled(t.transform)) continue;  // those are refused
     WS_RETURN_IF_ERROR(
         conversions_.Add(*plan_, t, Received(t), destinations_, names_, queue_.stream()));
   }
