@@ -314,9 +314,7 @@ MUTANTS = [
     Mutant("block-scaled-layout", "a host landing writes every block-scaled scale row-major, "
            "whatever layout the destination named",
            "src/transport/path/host_landing.cc",
-           [("  const cuda::ScaleLayout layout = t.scale_layout == Quantization::ScaleLayout::kRowMajor\n"
-             "                                       ? cuda::ScaleLayout::kRowMajor\n"
-             "                                       : cuda::ScaleLayout::kSwizzled128x4;",
+           [("  const cuda::ScaleLayout layout = plan::ScaleLayoutOf(t.scale_layout);",
              "  const cuda::ScaleLayout layout = cuda::ScaleLayout::kRowMajor;")],
            "core_block_scaled_round_trip_test", "*ValuesAndScalesEqualTheReference*shm_staged*"),
     Mutant("block-scaled-global", "a host landing never writes NVFP4's global scale",

@@ -97,6 +97,39 @@ void ApplyQuantization(nb::handle quantization, std::vector<ImportedTensor>* ten
 // Text in: a str that has a UTF-8 encoding. `what` names the argument ("tensor name", "endpoint").
 // Not a str: TypeError; a str with lone surrogates (no UTF-8 encoding): InvalidArgument.
 std::string Utf8Arg(nb::handle text, const char* what);
+
+// For register(..., regions=/quantization=): `mapping` (None, or a mapping name → value) walked
+// once; each value read by `parse(value, name)` (its errors first), then `set(tensor, parsed)` on
+// each tensor of this call with that name. `what` names the
+// argument in errors ("regions"), `expected` says what it takes; a key that is not a str is a
+// TypeError, a name not among `tensors` an InvalidArgument listing all of them.
+template <typename Parse, typename Set>
+void ApplyByName(nb::handle mapping, const char* what, const char* expected,
+                 std::vector<ImportedTensor>* tensors, Parse parse, Set set) {
+  if (mapping.is_none()) return;
+  if (!nb::hasattr(mapping, "items")) {
+    throw nb::type_error((std::string(what) + ": expected " + expected).c_str());
+  }
+  std::string unknown;
+  for (nb::handle item : mapping.attr("items")()) {
+    nb::object key = item[0];
+    if (!nb::isinstance<nb::str>(key)) {
+      throw nb::type_error((std::string(what) + ": keys must be tensor names").c_str());
+    }
+    const std::string name = Utf8Arg(key, "tensor name");
+    const auto parsed = parse(nb::handle(item[1]), name);
+    bool found = false;
+    for (ImportedTensor& t : *tensors) {
+      if (t.tensor.name != name) continue;
+      set(t.tensor, parsed);
+      found = true;
+    }
+    if (!found) unknown += (unknown.empty() ? "'" : ", '") + name + "'";
+  }
+  if (!unknown.empty()) {
+    throw StatusError(Status::InvalidArgument(what, " names tensors not in this call: ", unknown));
+  }
+}
 // Text out: UTF-8 from C++ (names, lineages from a peer); bytes that are not UTF-8 come back as
 // surrogate escapes, as os.fsdecode() does, instead of failing the whole call.
 nb::str Utf8Out(std::string_view text);

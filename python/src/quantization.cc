@@ -59,30 +59,8 @@ Quantization QuantizationArg(nb::handle value, const std::string& tensor) {
 }  // namespace
 
 void ApplyQuantization(nb::handle quantization, std::vector<ImportedTensor>* tensors) {
-  if (quantization.is_none()) return;
-  if (!nb::hasattr(quantization, "items")) {
-    throw nb::type_error("quantization: expected a mapping name → format or dict");
-  }
-  std::string unknown;
-  for (nb::handle item : quantization.attr("items")()) {
-    nb::object key = item[0];
-    if (!nb::isinstance<nb::str>(key)) {
-      throw nb::type_error("quantization: keys must be tensor names");
-    }
-    const std::string name = Utf8Arg(key, "tensor name");
-    const Quantization q = QuantizationArg(item[1], name);
-    bool found = false;
-    for (ImportedTensor& t : *tensors) {
-      if (t.tensor.name != name) continue;
-      t.tensor.quantization = q;
-      found = true;
-    }
-    if (!found) unknown += (unknown.empty() ? "'" : ", '") + name + "'";
-  }
-  if (!unknown.empty()) {
-    throw StatusError(
-        Status::InvalidArgument("quantization names tensors not in this call: ", unknown));
-  }
+  ApplyByName(quantization, "quantization", "a mapping name → format or dict", tensors,
+              QuantizationArg, [](NamedTensor& t, const Quantization& q) { t.quantization = q; });
 }
 
 }  // namespace weightsync::python

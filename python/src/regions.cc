@@ -45,33 +45,18 @@ RegionPart PartArg(nb::handle part, const std::string& tensor) {
 }  // namespace
 
 void ApplyRegions(nb::handle regions, std::vector<ImportedTensor>* tensors) {
-  if (regions.is_none()) return;
-  if (!nb::hasattr(regions, "items")) {
-    throw nb::type_error("regions: expected a mapping name → region part or list of parts");
-  }
-  std::string unknown;
-  for (nb::handle item : regions.attr("items")()) {
-    nb::object key = item[0];
-    if (!nb::isinstance<nb::str>(key)) throw nb::type_error("regions: keys must be tensor names");
-    const std::string name = Utf8Arg(key, "tensor name");
-    nb::handle value = item[1];
-    std::vector<RegionPart> parts;
-    if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
-      for (nb::handle part : value) parts.push_back(PartArg(part, name));
-    } else {
-      parts.push_back(PartArg(value, name));
-    }
-    bool found = false;
-    for (ImportedTensor& t : *tensors) {
-      if (t.tensor.name != name) continue;
-      t.tensor.regions = parts;
-      found = true;
-    }
-    if (!found) unknown += (unknown.empty() ? "'" : ", '") + name + "'";
-  }
-  if (!unknown.empty()) {
-    throw StatusError(Status::InvalidArgument("regions names tensors not in this call: ", unknown));
-  }
+  ApplyByName(
+      regions, "regions", "a mapping name → region part or list of parts", tensors,
+      [](nb::handle value, const std::string& name) {
+        std::vector<RegionPart> parts;
+        if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
+          for (nb::handle part : value) parts.push_back(PartArg(part, name));
+        } else {
+          parts.push_back(PartArg(value, name));
+        }
+        return parts;
+      },
+      [](NamedTensor& t, const std::vector<RegionPart>& parts) { t.regions = parts; });
 }
 
 }  // namespace weightsync::python

@@ -26,6 +26,11 @@ Result<uint32_t> Auxiliary(const std::unordered_map<std::string_view, uint32_t>&
 
 }  // namespace
 
+cuda::ScaleLayout ScaleLayoutOf(Quantization::ScaleLayout layout) {
+  return layout == Quantization::ScaleLayout::kRowMajor ? cuda::ScaleLayout::kRowMajor
+                                                        : cuda::ScaleLayout::kSwizzled128x4;
+}
+
 Transform BlockScaledTransform(const Quantization& quantization) {
   switch (quantization.format) {
     case Quantization::Format::kMxfp8:
@@ -59,9 +64,7 @@ Status PlanBlockScaled(const TensorSpec& src, const std::vector<Destination>& de
                                    " elements (odd) do not fill whole bytes");
   }
   t->scale_layout = q.scale_layout;
-  const cuda::ScaleLayout layout = q.scale_layout == Quantization::ScaleLayout::kRowMajor
-                                       ? cuda::ScaleLayout::kRowMajor
-                                       : cuda::ScaleLayout::kSwizzled128x4;
+  const cuda::ScaleLayout layout = ScaleLayoutOf(q.scale_layout);
   const cuda::ScaleShape shape =
       cuda::ScaleShapeFor(FormatOf(t->transform), layout, t->rows, t->cols);
   const DType scale_dtype = mx ? DType::kFloat8E8M0FNU : DType::kFloat8E4M3FN;

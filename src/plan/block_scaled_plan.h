@@ -7,9 +7,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/block_scaled_format.h"
 #include "plan/plan.h"
 
 namespace weightsync::plan {
+
+// The scale layout a destination names, as the references and kernels take it.
+cuda::ScaleLayout ScaleLayoutOf(Quantization::ScaleLayout layout);
 
 // kQuantizeMxfp8 or kQuantizeNvfp4 for a destination's quantization; kCopy for kNone.
 Transform BlockScaledTransform(const Quantization& quantization);

@@ -6,6 +6,7 @@
 #include "cuda/block_scaled_reference.h"
 #include "cuda/gpu_digest_reference.h"
 #include "cuda/transform_reference.h"
+#include "plan/block_scaled_plan.h"
 #include "util/fail_point.h"
 #include "util/hash.h"
 
@@ -16,9 +17,7 @@ namespace {
 // `scales` in the destination's layout, NVFP4's float32 global scale into `global`.
 Status QuantizeBlockScaled(const plan::PlannedTensor& t, const uint8_t* src, uint8_t* dst,
                            uint8_t* scales, uint8_t* global) {
-  const cuda::ScaleLayout layout = t.scale_layout == Quantization::ScaleLayout::kRowMajor
-                                       ? cuda::ScaleLayout::kRowMajor
-                                       : cuda::ScaleLayout::kSwizzled128x4;
+  const cuda::ScaleLayout layout = plan::ScaleLayoutOf(t.scale_layout);
   if (t.transform == plan::Transform::kQuantizeMxfp8) {
     return cuda::reference::QuantizeMxfp8(t.from, src, t.rows, t.cols, dst, scales, layout);
   }
