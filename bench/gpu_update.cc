@@ -5,7 +5,7 @@
 //   ws_gpu_update [--model qwen2.5-7b] [--scale 1] [--steps 20] [--mode in_place|staged]
 //                 [--verify 0|1] [--src 0] [--dst 1] [--nccl 0|1] [--fp8 0|1]
 //                 [--only
-//                 peer,model,zerocopy,ring,fp8,fp8dst,tiny,nccl,ncclzerocopy,ncclring,many,h2d,d2h,h2dring,d2hring]
+//                 peer,model,zerocopy,ring,fp8,mxfp8,nvfp4,fp8dst,tiny,nccl,ncclzerocopy,ncclring,many,h2d,d2h,h2dring,d2hring]
 //                 [--h2d-scale 0.25]   (model scale of the host ↔ GPU rows)
 //                 [--ring-buckets 2 --ring-bytes 1073741824]   (the ring row's ring)
 // Figures: first update (prepare), steady-state update (median, min), GB/s; the same for a model
@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/block_scaled_format.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
@@ -303,6 +304,34 @@ std::vector<ws::TensorSpec> Fp8Specs(const std::vector<ws::TensorSpec>& publishe
   return out;
 }
 
+// The subscriber's tensors for MXFP8 or NVFP4 weights (docs/quantized.md): every 2-D bf16 tensor
+// becomes e4m3 values (MXFP8) or e2m1 values two per byte (NVFP4), NAME_scale_inv (one e8m0 per 32
+// elements / one e4m3 per 16, row-major) and for NVFP4 NAME_scale_2 (float32); the rest stays
+// bf16. *quantized gets the value tensors' names.
+std::vector<ws::TensorSpec> BlockScaledSpecs(const std::vector<ws::TensorSpec>& published,
+                                             ws::cuda::BlockFormat format,
+                                             std::vector<std::string>* quantized) {
+  const bool nvfp4 = format == ws::cuda::BlockFormat::kNvfp4;
+  std::vector<ws::TensorSpec> out;
+  for (const auto& s : published) {
+    if (s.dtype != ws::DType::kBFloat16 || s.shape.size() != 2 || (nvfp4 && s.shape[1] % 2)) {
+      out.push_back(s);
+      continue;
+    }
+    const int64_t rows = s.shape[0], cols = s.shape[1];
+    out.push_back({s.name, nvfp4 ? ws::DType::kFloat4E2M1FN : ws::DType::kFloat8E4M3FN, s.shape,
+                   uint64_t(rows * ws::cuda::ValueBytesPerRow(format, cols))});
+    const int64_t blocks = ws::cuda::BlocksPerRow(format, cols);
+    out.push_back({s.name + "_scale_inv",
+                   nvfp4 ? ws::DType::kFloat8E4M3FN : ws::DType::kFloat8E8M0FNU,
+                   {rows, blocks},
+                   uint64_t(rows * blocks)});
+    if (nvfp4) out.push_back({s.name + "_scale_2", ws::DType::kFloat32, {}, 4});
+    quantized->push_back(s.name);
+  }
+  return out;
+}
+
 // Bytes in use on `device` (all processes: cudaMemGetInfo), or 0 where it cannot say.
 int64_t UsedGpuBytes(int device) {
   ws::cuda::ScopedDevice restore;
@@ -315,8 +344,11 @@ int64_t UsedGpuBytes(int device) {
 // tcp://127.0.0.1 and the bytes move over NCCL; otherwise local:// and cuda-ipc. `fp8`: the
 // destinations are fp8 (Fp8Specs) and the subscriber converts in flight, on the publisher's GPU
 // unless `fp8_on_destination_gpu`.
-void Measure(const Args& a, double scale, const std::string& label, bool tcp, bool fp8 = false,
-             bool fp8_on_destination_gpu = false) {
+enum class Convert { kNone, kFp8, kMxfp8, kNvfp4 };
+
+void Measure(const Args& a, double scale, const std::string& label, bool tcp,
+             Convert convert = Convert::kNone, bool fp8_on_destination_gpu = false) {
+  const bool fp8 = convert != Convert::kNone;  // any conversion in flight
   const std::string asked = tcp ? std::string("tcp://127.0.0.1:0")
                                 : "local://ws-gpu-bench-" + std::to_string(getpid()) + "-" + label;
   Child child = Spawn(a, scale, asked);
@@ -331,7 +363,19 @@ void Measure(const Args& a, double scale, const std::string& label, bool tcp, bo
       dst.push_back({spec.name, ws::TensorView{host_keep.back().data(), spec.dtype, spec.shape}});
     }
   } else {
-    dst = Allocate(fp8 ? Fp8Specs(specs) : specs, a.dst, 0xFF, &keep);
+    std::vector<std::string> quantized;
+    const auto format =
+        convert == Convert::kNvfp4 ? ws::cuda::BlockFormat::kNvfp4 : ws::cuda::BlockFormat::kMxfp8;
+    const bool block_scaled = convert == Convert::kMxfp8 || convert == Convert::kNvfp4;
+    dst = Allocate(block_scaled ? BlockScaledSpecs(specs, format, &quantized)
+                   : fp8        ? Fp8Specs(specs)
+                                : specs,
+                   a.dst, 0xFF, &keep);
+    for (auto& t : dst) {
+      if (std::find(quantized.begin(), quantized.end(), t.name) == quantized.end()) continue;
+      t.quantization.format = convert == Convert::kNvfp4 ? ws::Quantization::Format::kNvfp4
+                                                         : ws::Quantization::Format::kMxfp8;
+    }
   }
   ws::SubscriberOptions o;
   o.convert_dtypes = fp8;
@@ -555,9 +599,11 @@ int main(int argc, char** argv) {
                 std::to_string(ring.ring_bucket_bytes >> 20) + "MiB",
             /*tcp=*/false);
   }
-  if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, /*fp8=*/true);
+  if (a.fp8 && a.Row("fp8")) Measure(a, a.scale, "model_fp8", /*tcp=*/false, Convert::kFp8);
+  if (a.fp8 && a.Row("mxfp8")) Measure(a, a.scale, "model_mxfp8", /*tcp=*/false, Convert::kMxfp8);
+  if (a.fp8 && a.Row("nvfp4")) Measure(a, a.scale, "model_nvfp4", /*tcp=*/false, Convert::kNvfp4);
   if (a.fp8 && a.Row("fp8dst")) {
-    Measure(a, a.scale, "model_fp8_on_destination_gpu", /*tcp=*/false, /*fp8=*/true,
+    Measure(a, a.scale, "model_fp8_on_destination_gpu", /*tcp=*/false, Convert::kFp8,
             /*fp8_on_destination_gpu=*/true);
   }
   // Same tensors, 128 bytes each: host overhead of a step.

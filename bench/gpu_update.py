@@ -130,6 +130,13 @@ def main():
     if ws_fp8 and ws_in:
         line("cuda-ipc bf16→fp8 in flight ms (publisher's GPU)", ws_fp8["steady_median_s"] * 1e3,
              "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
+    for fmt in ("mxfp8", "nvfp4"):
+        r = by.get(f"weightsync_cuda_ipc/model_{fmt}")
+        if r and ws_in:
+            line(f"cuda-ipc bf16→{fmt.upper()} in flight ms", r["steady_median_s"] * 1e3,
+                 "bf16 copy ms", ws_in["steady_median_s"] * 1e3)
+            line(f"cuda-ipc bf16→{fmt.upper()} heap allocations per step",
+                 r["heap_allocs_per_step"])
     if ws_fp8_dst and ws_in:
         line("cuda-ipc bf16→fp8 in flight ms (destination GPU)",
              ws_fp8_dst["steady_median_s"] * 1e3, "bf16 copy ms", ws_in["steady_median_s"] * 1e3)

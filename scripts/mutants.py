@@ -344,6 +344,14 @@ MUTANTS = [
            "src/plan/plan.cc",
            [("      published_into[destinations[d].alias_of] = true;\n", "")],
            "plan_convert_plan_test", "*ScaleTensorsOfTheWrongSize*"),
+    Mutant("converted-stats-up-to-date",
+           "an up-to-date update reports conversions it did not run",
+           "src/core/subscriber.cc",
+           [("    WS_RETURN_IF_ERROR(MoveStep(run, step));\n"
+             "    for (const Source* src : active) {",
+             "    WS_RETURN_IF_ERROR(MoveStep(run, step));\n  }\n  {\n"
+             "    for (const Source* src : active) {")],
+           "core_block_scaled_round_trip_test", "*ValuesAndScalesEqualTheReferenceStepAfterStep*"),
     Mutant("block-scaled-publishers", "a block-scaled destination is scheduled from several publishers",
            "src/plan/schedule.cc",
            [("      if (destinations[it->second].quantization.format != Quantization::Format::kNone) {",

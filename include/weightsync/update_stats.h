@@ -19,6 +19,17 @@ struct LineageName {
   }
 };
 
+// Where an update's conversions in flight ran (UpdateStats::converted_on).
+enum class ConvertedOn : uint8_t {
+  kNone,            // nothing converted
+  kHost,            // on the CPU (host destinations), with the reference conversions
+  kDestinationGpu,  // on the destinations' GPU (UpdateStats::converted_device)
+  kPublisherGpu,    // on the publisher's GPU (cuda-ipc, convert_on_publisher_gpu): only the
+                    // converted bytes crossed the link
+};
+// "none", "host", "destination-gpu", "publisher-gpu" (static storage).
+std::string_view ConvertedOnName(ConvertedOn where);
+
 struct UpdateStats {
   int64_t step = -1;   // version now committed
   uint64_t bytes = 0;  // bytes moved into destinations
@@ -71,6 +82,15 @@ struct UpdateStats {
   // taken to hand the version over (the copy into its store).
   int64_t served_step = -1;
   double serve_seconds = 0;
+  // Conversions in flight (SubscriberOptions::convert_dtypes, docs/quantized.md): the tensors
+  // this update converted (casts, fp8 blocks, MXFP8, NVFP4 — all of its publishers'), the bytes
+  // they were published in, and where they ran: converted_device is the CUDA device for
+  // kDestinationGpu and kPublisherGpu (-1 otherwise). With several publishers converting in
+  // different places, the first one's place. 0 / kNone when nothing moved (up to date).
+  uint32_t converted_tensors = 0;
+  uint64_t converted_bytes = 0;
+  ConvertedOn converted_on = ConvertedOn::kNone;
+  int converted_device = -1;
 };
 
 // What Subscriber::CheckWeights() compared: the destinations' own memory, digested where it lives

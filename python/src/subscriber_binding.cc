@@ -307,6 +307,22 @@ nb::object AllocateAlias(PySubscriber& self, const std::string& name, DType dtyp
   return view;
 }
 
+// UpdateStats.converted_on as Python shows it.
+std::string ConvertedOnText(const UpdateStats& s) {
+  const std::string device = "cuda:" + std::to_string(s.converted_device);
+  switch (s.converted_on) {
+    case ConvertedOn::kNone:
+      return "";
+    case ConvertedOn::kHost:
+      return "host";
+    case ConvertedOn::kDestinationGpu:
+      return device;
+    case ConvertedOn::kPublisherGpu:
+      return device + " (publisher's GPU)";
+  }
+  return std::string(ConvertedOnName(s.converted_on));
+}
+
 }  // namespace
 
 void BindSubscriber(nb::module_& m) {
@@ -361,6 +377,17 @@ void BindSubscriber(nb::module_& m) {
               "before, or -1 when it failed while replacing its serving publisher).")
       .def_ro("serve_seconds", &UpdateStats::serve_seconds,
               "A relay: the time taken to hand the version to its store.")
+      .def_ro("converted_tensors", &UpdateStats::converted_tensors,
+              "convert_dtypes: tensors this update converted in flight (casts, fp8 blocks,\n"
+              "MXFP8, NVFP4); 0 when nothing moved.")
+      .def_ro("converted_bytes", &UpdateStats::converted_bytes,
+              "The bytes those tensors were published in.")
+      .def_prop_ro(
+          "converted_on", [](const UpdateStats& s) { return ConvertedOnText(s); },
+          "Where the conversions ran: 'host', 'cuda:N' (the destinations' GPU),\n"
+          "'cuda:N (publisher's GPU)' (only converted bytes crossed the link), or '' (none).")
+      .def_ro("converted_device", &UpdateStats::converted_device,
+              "The CUDA device that converted (-1: none, or the host).")
       .def("__repr__", [](const UpdateStats& s) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return "UpdateStats(step=" + std::to_string(s.step) + ", bytes=" + std::to_string(s.bytes) +
@@ -373,7 +400,13 @@ void BindSubscriber(nb::module_& m) {
                ", staging_bytes=" + std::to_string(s.staging_bytes) +
                ", delta_base_step=" + std::to_string(s.delta_base_step) +
                ", received_bytes=" + std::to_string(s.received_bytes) +
-               (s.served_step >= 0 ? ", served_step=" + std::to_string(s.served_step) : "") + ")";
+               (s.served_step >= 0 ? ", served_step=" + std::to_string(s.served_step) : "") +
+               (s.converted_tensors > 0
+                    ? ", converted_tensors=" + std::to_string(s.converted_tensors) +
+                          ", converted_bytes=" + std::to_string(s.converted_bytes) +
+                          ", converted_on='" + ConvertedOnText(s) + "'"
+                    : "") +
+               ")";
       });
 
   nb::class_<WeightsCheck>(m, "WeightsCheck",

@@ -50,7 +50,13 @@ def test_nvfp4_packed_values_scales_and_global_worked_by_hand(endpoint):
             sub.register({"w": values, "w_scale_inv": scales, "w_scale_2": glob},
                          dtypes={"w": "float4_e2m1fn", "w_scale_inv": "float8_e4m3fn"},
                          quantization={"w": "nvfp4"})
-            sub.update()
+            stats = sub.update()
+            again = sub.update()  # up to date: nothing moved, nothing converted
+    # The update says what it converted (the bytes as published: 32 float32) and where.
+    assert (stats.converted_tensors, stats.converted_bytes, stats.converted_on,
+            stats.converted_device) == (1, 128, "host", -1)
+    assert "converted_tensors=1, converted_bytes=128, converted_on='host'" in repr(stats)
+    assert (again.up_to_date, again.converted_tensors, again.converted_on) == (True, 0, "")
     assert values.tobytes() == bytes([0x10, 0x32, 0x54, 0x76, 0x28, 0x64, 0x7F, 0xA0,
                                       0xD7, 0x03, 0, 0, 0, 0, 0, 0])
     assert list(scales.ravel()) == [0x7E, 0x76]  # e4m3 448 and 224

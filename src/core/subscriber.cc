@@ -877,6 +877,16 @@ Result<UpdateStats> Subscriber::Impl::Update(const UpdateOptions& update) {
       stats.lineage_changed = true;
     }
     WS_RETURN_IF_ERROR(MoveStep(run, step));
+    for (const Source* src : active) {
+      const transport::path::ConversionReport c = src->handle->conversion();
+      if (c.tensors == 0) continue;
+      stats.converted_tensors += c.tensors;
+      stats.converted_bytes += c.bytes;
+      if (stats.converted_on == ConvertedOn::kNone) {
+        stats.converted_on = c.where;
+        stats.converted_device = c.device;
+      }
+    }
   }
   // What the prepared handles hold, after the copy (a delta buffer may have grown in it), reported
   // by up-to-date updates too (no allocation).

@@ -14,6 +14,14 @@
 
 #include <cstdint>
 
+// The shape and offset functions below run on both sides: the plan and the references call them
+// on the host, the kernels (block_scaled_kernels.cu) on the device.
+#if defined(__CUDACC__)
+#define WS_HOST_DEVICE __host__ __device__
+#else
+#define WS_HOST_DEVICE
+#endif
+
 namespace weightsync::cuda {
 
 enum class BlockFormat : uint8_t { kMxfp8, kNvfp4 };
@@ -35,39 +43,41 @@ inline constexpr int64_t kMxfp8BlockSize = 32;
 inline constexpr int64_t kNvfp4BlockSize = 16;
 inline constexpr float kE2M1Max = 6.0f;  // largest finite float4_e2m1
 
-inline constexpr int64_t BlockSize(BlockFormat format) {
+WS_HOST_DEVICE inline constexpr int64_t BlockSize(BlockFormat format) {
   return format == BlockFormat::kMxfp8 ? kMxfp8BlockSize : kNvfp4BlockSize;
 }
 
 // Scale blocks per row.
-inline constexpr int64_t BlocksPerRow(BlockFormat format, int64_t cols) {
+WS_HOST_DEVICE inline constexpr int64_t BlocksPerRow(BlockFormat format, int64_t cols) {
   return (cols + BlockSize(format) - 1) / BlockSize(format);
 }
 
 // Bytes of one row of values: one per element (MXFP8), one per two (NVFP4; an odd row's last
 // byte has a zero high nibble).
-inline constexpr int64_t ValueBytesPerRow(BlockFormat format, int64_t cols) {
+WS_HOST_DEVICE inline constexpr int64_t ValueBytesPerRow(BlockFormat format, int64_t cols) {
   return format == BlockFormat::kMxfp8 ? cols : (cols + 1) / 2;
 }
 
 // The scale tensor's shape in a layout: [rows, blocks] row-major; swizzled, both padded.
 struct ScaleShape {
   int64_t rows = 0, cols = 0;
-  int64_t bytes() const { return rows * cols; }
+  WS_HOST_DEVICE int64_t bytes() const { return rows * cols; }
 };
 
-inline constexpr int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+WS_HOST_DEVICE inline constexpr int64_t RoundUp(int64_t n, int64_t to) {
+  return (n + to - 1) / to * to;
+}
 
-inline constexpr ScaleShape ScaleShapeFor(BlockFormat format, ScaleLayout layout, int64_t rows,
-                                          int64_t cols) {
+WS_HOST_DEVICE inline constexpr ScaleShape ScaleShapeFor(BlockFormat format, ScaleLayout layout,
+                                                         int64_t rows, int64_t cols) {
   const int64_t blocks = BlocksPerRow(format, cols);
   if (layout == ScaleLayout::kRowMajor) return {rows, blocks};
   return {RoundUp(rows, 128), RoundUp(blocks, 4)};
 }
 
 // The byte offset of row r's block b in the scale tensor of `shape` (from ScaleShapeFor).
-inline constexpr int64_t ScaleOffset(ScaleLayout layout, const ScaleShape& shape, int64_t r,
-                                     int64_t b) {
+WS_HOST_DEVICE inline constexpr int64_t ScaleOffset(ScaleLayout layout, const ScaleShape& shape,
+                                                    int64_t r, int64_t b) {
   if (layout == ScaleLayout::kRowMajor) return r * shape.cols + b;
   const int64_t tile = (r / 128) * (shape.cols / 4) + b / 4;
   const int64_t in_band = r % 128;

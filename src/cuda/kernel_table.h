@@ -29,6 +29,8 @@ enum class KernelId : uint8_t {
   kDigestGroupCombine,    // ... then every range's digest from its chunk hashes
   kCopy,                  // bytes, 16-byte vectors where src and dst allow
   kCopyGroup,             // many copies (a device table of them) in one launch
+  kBlockScaledAmax,       // NVFP4 tensors' amax (their global scales need it first)
+  kQuantizeBlockScaled,   // bf16/f32 -> MXFP8 or NVFP4, many tensors (a device table of them)
   kArgProbe,              // writes back its 18 typed scalars: checks the argument ABI on a device
   kCount,
 };
@@ -55,6 +57,14 @@ struct QuantizeFp8GroupArgs {
   static constexpr size_t kJobs = 0, kCount = 1, kTiles = 2;
 };
 inline constexpr ArgType kQuantizeFp8GroupSignature[] = {
+    ArgType::Pointer(), ArgType::Scalar(DType::kUInt32), ArgType::Scalar(DType::kUInt64)};
+
+// block-scaled, grouped: (const BlockScaledJob* jobs, uint32 count, uint64 units) — both
+// kernels (amax, quantize) walk `units` work items of the job table (block_scaled_kernels.h).
+struct BlockScaledGroupArgs {
+  static constexpr size_t kJobs = 0, kCount = 1, kUnits = 2;
+};
+inline constexpr ArgType kBlockScaledGroupSignature[] = {
     ArgType::Pointer(), ArgType::Scalar(DType::kUInt32), ArgType::Scalar(DType::kUInt64)};
 
 // digest chunks: (const uint8* data, uint64 bytes, uint64* chunk_hashes)
@@ -147,6 +157,8 @@ inline constexpr KernelInfo kKernels[kKernelCount] = {
     {KernelId::kDigestGroupCombine, "digest_group_combine", kDigestGroupSignature},
     {KernelId::kCopy, "copy", kCopySignature},
     {KernelId::kCopyGroup, "copy_group", kCopyGroupSignature},
+    {KernelId::kBlockScaledAmax, "block_scaled_amax", kBlockScaledGroupSignature},
+    {KernelId::kQuantizeBlockScaled, "quantize_block_scaled", kBlockScaledGroupSignature},
     {KernelId::kArgProbe, "arg_probe", kArgProbeSignature},
 };
 

@@ -11,12 +11,13 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/gpu_digest_reference.h"
+#include "cuda/kernel_prepare.h"
 #include "cuda/kernels.h"
 
 namespace weightsync::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // every kernel here runs 256-thread blocks (8 warps)
+constexpr int kThreads = detail::kKernelThreads;
 constexpr int kWarps = kThreads / 32;
 
 // ---- casts ---------------------------------------------------------------------------------
@@ -484,8 +485,10 @@ static_assert(KernelMatchesSignature(&DigestGroupChunksKernel, kDigestGroupSigna
 static_assert(KernelMatchesSignature(&DigestGroupCombineKernel, kDigestGroupSignature));
 static_assert(KernelMatchesSignature(&ArgProbeKernel, kArgProbeSignature));
 
+}  // namespace
+
 // The host stub of each kernel, by KernelId.
-const void* KernelFunction(KernelId id) {
+const void* detail::KernelFunction(KernelId id) {
   switch (id) {
     case KernelId::kCastBF16ToF32:
       return reinterpret_cast<const void*>(&CastKernel<__nv_bfloat16, float>);
@@ -519,13 +522,19 @@ const void* KernelFunction(KernelId id) {
       return reinterpret_cast<const void*>(&CopyGroupKernel);
     case KernelId::kArgProbe:
       return reinterpret_cast<const void*>(&ArgProbeKernel);
+    case KernelId::kBlockScaledAmax:
+    case KernelId::kQuantizeBlockScaled:
+      return detail::BlockScaledKernelFunction(id);
     case KernelId::kCount:
       break;
   }
   return nullptr;
 }
 
-// ---- preparing -------------------------------------------------------------------------------
+namespace detail {
+
+// ---- preparing (kernel_prepare.h) --------------------------------------------------------------
+namespace {
 
 Result<int> MultiprocessorCount() {
   int device = 0;
@@ -535,6 +544,8 @@ Result<int> MultiprocessorCount() {
                           "reading the multiprocessor count of device ", device);
   return std::max(sms, 1);
 }
+
+}  // namespace
 
 // A grid for `work` items of `per_block` each, capped at `waves` blocks per multiprocessor
 // (the kernels loop over the rest); at least one block.
@@ -562,6 +573,47 @@ Status CheckDevicePointer(std::string_view kernel, std::string_view what, const 
   }
   return Status::Ok();
 }
+
+Result<PreparedLaunch> Make(KernelId id, uint32_t grid, uint32_t block, StreamHandle stream) {
+  return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1}, Dim3{block, 1, 1},
+                                0, stream);
+}
+
+// A grouped kernel's launch over a job table: the table in device memory (*table), uploaded on
+// `stream`, the one its launches use (a cudaMemcpy from pageable memory may return before its DMA
+// lands, and the legacy stream it runs on does not order a non-blocking one; `jobs` lives with
+// the group that owns the table); as many blocks as stay resident at once, each looping over its
+// share of `work` items. Arguments 0 and 1 of every grouped kernel: the table and the job count.
+Result<PreparedLaunch> PrepareGroupLaunch(KernelId id, const void* jobs, size_t count,
+                                          size_t job_bytes, uint64_t work, StreamHandle stream,
+                                          DeviceBuffer* table) {
+  const std::string_view name = Kernel(id).name;
+  if (count > UINT32_MAX) {
+    return Status::InvalidArgument(name, ": ", count, " jobs, at most ", UINT32_MAX);
+  }
+  const size_t bytes = count * job_bytes;
+  WS_ASSIGN_OR_RETURN(*table, DeviceBuffer::Allocate(bytes));
+  WS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table->data(), jobs, bytes, cudaMemcpyHostToDevice,
+                                          static_cast<cudaStream_t>(stream)),
+                          "uploading the job table of ", name);
+  int per_sm = 0;
+  WS_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KernelFunction(id), kThreads, 0),
+      "occupancy of ", name);
+  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(work, 1, std::max(per_sm, 1)));
+  WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
+  launch.args().Set(0, table->data());
+  launch.args().Set(1, uint32_t(count));
+  return Result<PreparedLaunch>(std::move(launch));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::CheckDevicePointer;
+using detail::GridFor;
+using detail::Make;
 
 // A copy group reads and writes with this device's SMs: memory of another GPU (or host memory,
 // even mapped) stays with the copy engines, so only this device's memory is accepted.
@@ -593,37 +645,10 @@ Result<uint64_t> CheckFp8Tensor(std::string_view kernel, const Fp8GroupTensor& t
   return tiles;
 }
 
-Result<PreparedLaunch> Make(KernelId id, uint32_t grid, uint32_t block, StreamHandle stream) {
-  return PreparedLaunch::Create(Kernel(id), KernelFunction(id), Dim3{grid, 1, 1}, Dim3{block, 1, 1},
-                                0, stream);
-}
-
-// A grouped kernel's launch over `jobs`: the table in device memory (*table), uploaded on
-// `stream`, the one its launches use (a cudaMemcpy from pageable memory may return before its DMA
-// lands, and the legacy stream it runs on does not order a non-blocking one; `jobs` lives with
-// the group that owns the table); as many blocks as stay resident at once, each looping over its
-// share of `work` items. Arguments 0 and 1 of every grouped kernel: the table and the job count.
 template <typename Job>
 Result<PreparedLaunch> PrepareGroupLaunch(KernelId id, const std::vector<Job>& jobs, uint64_t work,
                                           StreamHandle stream, DeviceBuffer* table) {
-  const std::string_view name = Kernel(id).name;
-  if (jobs.size() > UINT32_MAX) {
-    return Status::InvalidArgument(name, ": ", jobs.size(), " jobs, at most ", UINT32_MAX);
-  }
-  const size_t bytes = jobs.size() * sizeof(Job);
-  WS_ASSIGN_OR_RETURN(*table, DeviceBuffer::Allocate(bytes));
-  WS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table->data(), jobs.data(), bytes, cudaMemcpyHostToDevice,
-                                          static_cast<cudaStream_t>(stream)),
-                          "uploading the job table of ", name);
-  int per_sm = 0;
-  WS_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KernelFunction(id), kThreads, 0),
-      "occupancy of ", name);
-  WS_ASSIGN_OR_RETURN(uint32_t grid, GridFor(work, 1, std::max(per_sm, 1)));
-  WS_ASSIGN_OR_RETURN(PreparedLaunch launch, Make(id, grid, kThreads, stream));
-  launch.args().Set(0, table->data());
-  launch.args().Set(1, uint32_t(jobs.size()));
-  return Result<PreparedLaunch>(std::move(launch));
+  return detail::PrepareGroupLaunch(id, jobs.data(), jobs.size(), sizeof(Job), work, stream, table);
 }
 
 uint64_t ElementBytes(DType d) { return Info(d).bits / 8; }

@@ -4,6 +4,7 @@
 // define these functions instead.
 #if !WS_WITH_CUDA
 
+#include "cuda/block_scaled_kernels.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "cuda/prepared_launch.h"
@@ -76,6 +77,11 @@ Status PreparedDigest::Launch() { return NoCuda(); }
 Status PreparedDigest::SetRange(const void*, uint64_t) { return NoCuda(); }
 Result<PreparedLaunch> PrepareCopy(const void*, void*, uint64_t, StreamHandle) { return NoCuda(); }
 Result<PreparedLaunch> PrepareArgProbe(uint64_t*, StreamHandle) { return NoCuda(); }
+Result<PreparedBlockScaledGroup> PrepareQuantizeBlockScaledGroup(std::span<const BlockScaledTensor>,
+                                                                 StreamHandle) {
+  return NoCuda();
+}
+Status PreparedBlockScaledGroup::Launch() { return NoCuda(); }
 
 }  // namespace weightsync::cuda
 

@@ -336,6 +336,21 @@ Status CheckVerifiable(const Plan& plan, int64_t step) {
       "verification");
 }
 
+ConvertedFootprint ConvertedOf(const Plan& plan) {
+  ConvertedFootprint out;
+  for (uint32_t k : plan.converted) {
+    const PlannedTensor& t = plan.tensors[k];
+    bool converts = t.transform != Transform::kExtract;
+    for (uint32_t e = 0; !converts && e < t.extract_count; ++e) {
+      converts = plan.extracts[t.first_extract + e].to != t.from;
+    }
+    if (!converts) continue;
+    ++out.tensors;
+    out.bytes += t.nbytes;
+  }
+  return out;
+}
+
 uint64_t SegmentCount(uint64_t nbytes, uint64_t segment_bytes) {
   // segment_bytes == 0 is rejected by ValidateLayout; answering 0 keeps a misuse from trapping.
   if (segment_bytes == 0) return 0;

@@ -142,6 +142,14 @@ struct Plan {
   uint32_t destination_count = 0;  // distinct destinations written (UpdateStats::tensors)
 };
 
+// What a plan converts every step (UpdateStats::converted_*): its tensors with a transform — a
+// kExtract one only when a piece changes dtype — and the bytes they are published in.
+struct ConvertedFootprint {
+  uint32_t tensors = 0;
+  uint64_t bytes = 0;
+};
+ConvertedFootprint ConvertedOf(const Plan& plan);
+
 // Checks a Welcome against itself: regions inside the arena, every placement inside its region,
 // segment_bytes > 0, slot_count ≥ 1 when any tensor is in a slot. ProtocolError names the tensor,
 // the field and both values.

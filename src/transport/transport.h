@@ -83,6 +83,10 @@ class TransferHandle {
   const plan::Plan& plan() const { return plan_; }
   // Bytes of staging the prepared path holds (DataPath::staging_bytes); 0 unprepared.
   uint64_t staging_bytes() const { return path_ ? path_->staging_bytes() : 0; }
+  // What each step converts and where (DataPath::conversion); nothing unprepared.
+  path::ConversionReport conversion() const {
+    return path_ ? path_->conversion() : path::ConversionReport{};
+  }
 
   // Asks for `step` (nullopt: the latest) newer than `after_step`; returns the step the publisher
   // holds for us. Returning `after_step` means "already up to date": no copy follows.

@@ -400,7 +400,9 @@ TEST(BlockScaledReference, RandomTensorsRoundTripWithinEachFormatsError) {
             ASSERT_EQ(s[ScaleOffset(layout, shape, r, b)], want) << r << "," << b;
           }
         }
-        if (format == BlockFormat::kNvfp4) EXPECT_EQ(global, amax / 2688.0f);
+        if (format == BlockFormat::kNvfp4) {
+          EXPECT_EQ(global, amax / 2688.0f);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
             const uint8_t sb = s[ScaleOffset(layout, shape, r, c / BlockSize(format))];

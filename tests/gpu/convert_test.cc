@@ -1,7 +1,8 @@
 // Conversions in flight on the GPU (label gpu): a publisher process keeps the synthetic model's
 // CUDA tensors on cuda:0; this process subscribes into CUDA destinations of other dtypes on
 // cuda:1 (cuda:0 with one GPU for cuda-ipc) with SubscriberOptions.convert_dtypes: bf16 → fp8
-// e4m3 with float32 and with e8m0 block scales, and casts among f32/f16/bf16, over cuda-ipc (from
+// e4m3 with float32 and with e8m0 block scales, MXFP8 and NVFP4 (NamedTensor::quantization: values,
+// scales in both layouts, global scales), and casts among f32/f16/bf16, over cuda-ipc (from
 // the GPU arena, and from a GPU ring of 64 KiB buckets) and nccl, staged and in place. Every
 // destination must equal the CPU reference of the published bytes, bit for bit, step after step,
 // with the handle prepared once.
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/block_scaled_reference.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "cuda/nccl_link.h"
@@ -29,7 +31,9 @@ using testing::ChildProcess;
 using testing::SyntheticModel;
 namespace ref = cuda::reference;
 
-constexpr int kTensors = 24;
+// Tensors 0-23 convert by dtype (fp8 128x128 blocks, casts); 25, 32, 40 and 41 are block-scaled
+// (TargetFor).
+constexpr int kTensors = 42;
 constexpr int64_t kElements = 70000;
 constexpr char kToken[] = "convert test token, 32 bytes....";
 
@@ -48,9 +52,34 @@ struct Target {
   DType dtype;
   DType scale = DType::kUInt8;  // kFloat32 or kFloat8E8M0FNU when quantized
   bool quantized = false;       // bf16 → fp8 with a scale tensor
+  // MXFP8 or NVFP4 (docs/quantized.md): values, NAME_scale_inv and for NVFP4 NAME_scale_2.
+  Quantization::Format format = Quantization::Format::kNone;
+  Quantization::ScaleLayout layout = Quantization::ScaleLayout::kRowMajor;
 };
 
+Target BlockScaled(Quantization::Format f, Quantization::ScaleLayout layout) {
+  const bool nvfp4 = f == Quantization::Format::kNvfp4;
+  return {nvfp4 ? DType::kFloat4E2M1FN : DType::kFloat8E4M3FN,
+          nvfp4 ? DType::kFloat8E4M3FN : DType::kFloat8E8M0FNU, false, f, layout};
+}
+
+cuda::BlockFormat BlockFormatOf(Quantization::Format f) {
+  return f == Quantization::Format::kNvfp4 ? cuda::BlockFormat::kNvfp4 : cuda::BlockFormat::kMxfp8;
+}
+cuda::ScaleLayout ScaleLayoutOf(Quantization::ScaleLayout l) {
+  return l == Quantization::ScaleLayout::kRowMajor ? cuda::ScaleLayout::kRowMajor
+                                                   : cuda::ScaleLayout::kSwizzled128x4;
+}
+
 Target TargetFor(int i, DType published, size_t ndim) {
+  using F = Quantization::Format;
+  using L = Quantization::ScaleLayout;
+  // Block-scaled, from bf16 and f32 2-D tensors of even (NVFP4) and odd rows: [2, 70052] f32,
+  // [2, 70020] bf16, [2, 70025] bf16, [2, 70062] f32.
+  if (i == 25) return BlockScaled(F::kNvfp4, L::kRowMajor);
+  if (i == 32) return BlockScaled(F::kNvfp4, L::kSwizzled128x4);
+  if (i == 40) return BlockScaled(F::kMxfp8, L::kRowMajor);
+  if (i == 41) return BlockScaled(F::kMxfp8, L::kSwizzled128x4);
   if (published == DType::kBFloat16 && ndim == 2) {
     return {DType::kFloat8E4M3FN, i % 16 == 8 ? DType::kFloat32 : DType::kFloat8E8M0FNU, true};
   }
@@ -118,6 +147,16 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
       const TensorView& v = like_[i].view;
       const Target t = TargetFor(static_cast<int>(i), v.dtype, v.shape.size());
       Add(like_[i].name, t.dtype, v.shape);
+      if (t.format != Quantization::Format::kNone) {
+        ASSERT_EQ(v.shape.size(), 2u) << like_[i].name;
+        dst_.back().quantization = {t.format, t.layout};
+        const cuda::ScaleShape scale = cuda::ScaleShapeFor(
+            BlockFormatOf(t.format), ScaleLayoutOf(t.layout), v.shape[0], v.shape[1]);
+        Add(like_[i].name + "_scale_inv", t.scale, {scale.rows, scale.cols});
+        if (t.format == Quantization::Format::kNvfp4) {
+          Add(like_[i].name + "_scale_2", DType::kFloat32, {});
+        }
+      }
       if (t.quantized) {
         const int64_t rows = v.shape[0], cols = v.shape[1];
         Add(like_[i].name + "_scale_inv", t.scale,
@@ -146,10 +185,23 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
       std::vector<uint8_t> published(*v.NumBytes());
       SyntheticModel::Pattern(static_cast<int>(i), step, published.data(), published.size());
       const uint64_t n = *v.NumElements();
-      std::vector<uint8_t> want(*dst_[d].view.NumBytes()), scales;
+      std::vector<uint8_t> want(*dst_[d].view.NumBytes()), scales, global;
       const Target t = TargetFor(static_cast<int>(i), v.dtype, v.shape.size());
       Status s;
-      if (t.quantized) {
+      if (t.format != Quantization::Format::kNone) {
+        scales.resize(*dst_[d + 1].view.NumBytes());
+        const int64_t rows = v.shape[0], cols = v.shape[1];
+        if (t.format == Quantization::Format::kMxfp8) {
+          s = ref::QuantizeMxfp8(v.dtype, published.data(), rows, cols, want.data(), scales.data(),
+                                 ScaleLayoutOf(t.layout));
+        } else {
+          global.resize(4);
+          float g = 0;
+          s = ref::QuantizeNvfp4(v.dtype, published.data(), rows, cols, want.data(), scales.data(),
+                                 &g, ScaleLayoutOf(t.layout));
+          std::memcpy(global.data(), &g, 4);
+        }
+      } else if (t.quantized) {
         scales.resize(*dst_[d + 1].view.NumBytes());
         s = ref::QuantizeFp8(reinterpret_cast<const uint16_t*>(published.data()), v.shape[0],
                              v.shape[1], want.data(), scales.data(),
@@ -161,8 +213,8 @@ class GpuConvert : public ::testing::TestWithParam<Param> {
         want = published;
       }
       if (!s.ok()) return s.ToString();
-      for (const std::vector<uint8_t>* expect : {&want, &scales}) {
-        if (expect == &scales && scales.empty()) break;
+      for (const std::vector<uint8_t>* expect : {&want, &scales, &global}) {
+        if (expect != &want && expect->empty()) break;
         auto got = cuda::testing::Download<uint8_t>(dst_[d].view.data, expect->size());
         if (!got.ok()) return got.status().ToString();
         if (!SameUpToNaNPayload(dst_[d].view.dtype, *got, *expect)) {
@@ -222,6 +274,7 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
   // The caller's current device is its own business: an update that visits the publisher's GPU
   // (or any other) leaves it as it found it.
   const int callers_device = cuda::DeviceCount() > 1 ? 0 : device_;
+  UpdateStats last;
   for (int64_t step = 1; step <= 3; ++step) {
     Publish(step);
     ASSERT_OK(cuda::SetDevice(callers_device));
@@ -231,6 +284,8 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     EXPECT_TRUE(r->verified);
     EXPECT_EQ(r->prepare_count, 1u);
     EXPECT_EQ(Mismatch(step), "");
+    EXPECT_GE(r->converted_tensors, 4u) << "at least the block-scaled ones";
+    last = *r;
   }
   if (!GetParam().nccl) {
     // cuda-ipc: in place with the option on and a second GPU that reaches this one, the
@@ -249,6 +304,10 @@ TEST_P(GpuConvert, EveryDestinationEqualsTheCpuReferenceStepAfterStep) {
     const std::string where = at_source ? "conversions on cuda:0 (the publisher's GPU"
                                         : "conversions on cuda:" + std::to_string(device_);
     EXPECT_TRUE(log.Contains(where)) << "no log line with: " << where;
+    // UpdateStats says the same.
+    EXPECT_EQ(last.converted_on,
+              at_source ? ConvertedOn::kPublisherGpu : ConvertedOn::kDestinationGpu);
+    EXPECT_EQ(last.converted_device, at_source ? 0 : device_);
   }
 }
 

@@ -43,7 +43,8 @@ Result<std::vector<T>> Download(const void* device, uint64_t count) {
   return host;
 }
 
-// CUDA destinations on `device` shaped like `like`, poison-filled (0xFF); the buffers that back
+// CUDA destinations on `device` shaped like `like` (names, regions, quantization kept),
+// poison-filled (0xFF); the buffers that back
 // them go to `keep`. The caller must have made `device` current.
 inline Result<std::vector<NamedTensor>> PoisonedDestinations(const std::vector<NamedTensor>& like,
                                                              int device,
@@ -53,10 +54,10 @@ inline Result<std::vector<NamedTensor>> PoisonedDestinations(const std::vector<N
     WS_ASSIGN_OR_RETURN(uint64_t bytes, t.view.NumBytes());
     WS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1)));
     WS_RETURN_IF_ERROR(MemsetDevice(b.data(), 0xFF, b.size()));
-    TensorView v = t.view;
-    v.data = b.data();
-    v.device = {Device::Kind::kCUDA, device};
-    out.push_back({t.name, v});
+    NamedTensor n = t;  // regions and quantization too
+    n.view.data = b.data();
+    n.view.device = {Device::Kind::kCUDA, device};
+    out.push_back(std::move(n));
     keep->push_back(std::move(b));
   }
   return out;

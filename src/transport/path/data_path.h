@@ -20,6 +20,7 @@
 #include "util/unique_fd.h"
 #include "weightsync/options.h"
 #include "weightsync/status.h"
+#include "weightsync/update_stats.h"
 #include "wire/messages.h"
 
 namespace weightsync::transport::path {
@@ -69,6 +70,14 @@ class LandingObserver : public link::ReadObserver {
   ~LandingObserver() = default;
 };
 
+// What a prepared path converts every step, and where (DataPath::conversion()).
+struct ConversionReport {
+  uint32_t tensors = 0;
+  uint64_t bytes = 0;  // as published
+  ConvertedOn where = ConvertedOn::kNone;
+  int device = -1;  // the CUDA device that converts (kDestinationGpu, kPublisherGpu)
+};
+
 class DataPath {
  public:
   virtual ~DataPath() = default;
@@ -108,6 +117,9 @@ class DataPath {
   // nothing. A path with a landing (host_landing.h, gpu_landing.h) says what it holds; one
   // without holds none.
   virtual uint64_t staging_bytes() const { return 0; }
+  // What each step converts and where (UpdateStats::converted_*): a path with a landing says
+  // what its plan converts there; one whose conversions run elsewhere says so.
+  virtual ConversionReport conversion() const { return {}; }
   // Undoes Prepare in reverse order; each failure logged with its cause, the rest still released.
   virtual Status Release() = 0;
 };

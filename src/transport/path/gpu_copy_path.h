@@ -42,6 +42,14 @@ class GpuCopyPath final : public DataPath {
   Status Commit(const util::Deadline& deadline) override { return receiver_.Commit(deadline); }
   std::string Describe() const override;
   uint64_t staging_bytes() const override { return receiver_.staging_bytes(); }
+  ConversionReport conversion() const override {
+    ConversionReport r = receiver_.conversion();
+    if (r.tensors > 0 && source_device_ >= 0) {
+      r.where = ConvertedOn::kPublisherGpu;
+      r.device = source_device_;
+    }
+    return r;
+  }
   Status Release() override;  // the landing (digests, staging, stream), then the mapping
   // The device the conversions run on: the publisher's GPU, or -1 for the destinations' one.
   int conversion_source_device() const { return source_device_; }

@@ -1,6 +1,7 @@
 #include "transport/path/gpu_landing.h"
 
 #include "cuda/gpu_digest_reference.h"
+#include "plan/block_scaled_plan.h"
 #include "util/fail_point.h"
 #include "util/ledger.h"
 #include "util/logging.h"
@@ -102,6 +103,13 @@ Status GpuLanding::Prepare(const plan::Plan* plan,
   return PrepareConversions();
 }
 
+ConversionReport GpuLanding::conversion() const {
+  if (plan_ == nullptr) return {};
+  const plan::ConvertedFootprint converted = plan::ConvertedOf(*plan_);
+  if (converted.tensors == 0) return {};
+  return {converted.tensors, converted.bytes, ConvertedOn::kDestinationGpu, device_};
+}
+
 Status GpuLanding::HashConvertedSource(const uint8_t* base) {
   if (converted_source_ == nullptr) return Status::Ok();
   if (base == nullptr) return Status::Internal("hashing converted bytes of no source");
@@ -143,10 +151,16 @@ Status Conversions::Add(const plan::Plan& plan, const plan::PlannedTensor& t, co
           t.e8m0_scales ? cuda::Fp8ScaleFormat::kE8M0 : cuda::Fp8ScaleFormat::kFloat32});
       return Status::Ok();
     case plan::Transform::kQuantizeMxfp8:
-    case plan::Transform::kQuantizeNvfp4:
-      return Status::NotSupported(
-          "'", names[t.destination], "': ", plan::TransformName(t.transform),
-          " into CUDA memory is not built yet (issue 43: host destinations convert it)");
+    case plan::Transform::kQuantizeNvfp4: {
+      const bool nvfp4 = t.transform == plan::Transform::kQuantizeNvfp4;
+      block_scaled_tensors_.push_back(cuda::BlockScaledTensor{
+          t.from, src, destinations[t.destination], destinations[t.scale_destination],
+          nvfp4 ? destinations[t.global_scale_destination] : nullptr, t.rows, t.cols,
+          nvfp4 ? cuda::BlockFormat::kNvfp4 : cuda::BlockFormat::kMxfp8,
+          plan::ScaleLayoutOf(t.scale_layout)});
+      block_scaled_names_.push_back(names[t.destination]);
+      return Status::Ok();
+    }
     case plan::Transform::kCast:
       // Regions: a run of the destination (dst_offset); whole tensors: all of it (offset 0).
       return AddCast(t.from, t.to, src, destinations[t.destination] + t.dst_offset, t.elements,
@@ -171,26 +185,46 @@ Status Conversions::Add(const plan::Plan& plan, const plan::PlannedTensor& t, co
 }
 
 Status Conversions::Finish(cuda::StreamHandle stream) {
-  if (fp8_tensors_.empty()) return Status::Ok();
-  Result<cuda::PreparedFp8Group> group = cuda::PrepareQuantizeFp8Group(fp8_tensors_, stream);
-  if (!group.ok()) {
-    return group.status().WithContext("preparing the fp8 quantization of " +
-                                      std::to_string(fp8_tensors_.size()) + " tensor(s)");
+  if (!fp8_tensors_.empty()) {
+    Result<cuda::PreparedFp8Group> group = cuda::PrepareQuantizeFp8Group(fp8_tensors_, stream);
+    if (!group.ok()) {
+      return group.status().WithContext("preparing the fp8 quantization of " +
+                                        std::to_string(fp8_tensors_.size()) + " tensor(s)");
+    }
+    fp8_ = std::move(group).value();
   }
-  fp8_ = std::move(group).value();
+  if (!block_scaled_tensors_.empty()) {
+    Result<cuda::PreparedBlockScaledGroup> group =
+        cuda::PrepareQuantizeBlockScaledGroup(block_scaled_tensors_, stream);
+    if (!group.ok()) {
+      // The kernel names a tensor by its index in the group: say which one that is.
+      std::string names;
+      for (size_t i = 0; i < block_scaled_names_.size(); ++i) {
+        names += (i ? ", " : "") + std::to_string(i) + ": '" + block_scaled_names_[i] + "'";
+      }
+      return group.status().WithContext("preparing the MXFP8/NVFP4 quantization of " +
+                                        std::to_string(block_scaled_tensors_.size()) +
+                                        " tensor(s) (" + names + ")");
+    }
+    block_scaled_ = std::move(group).value();
+  }
   return Status::Ok();
 }
 
 Status Conversions::Launch(cuda::CopyQueue& queue) {
   if (!copies_.empty()) WS_RETURN_IF_ERROR(queue.EnqueueBatch(copies_));
   for (cuda::PreparedLaunch& launch : casts_) WS_RETURN_IF_ERROR(launch.Launch());
-  return fp8_.Launch();
+  WS_RETURN_IF_ERROR(fp8_.Launch());
+  return block_scaled_.Launch();
 }
 
 void Conversions::Clear() {
   casts_.clear();
   fp8_tensors_.clear();
   fp8_ = cuda::PreparedFp8Group();
+  block_scaled_tensors_.clear();
+  block_scaled_names_.clear();
+  block_scaled_ = cuda::PreparedBlockScaledGroup();
   copies_.Clear();
 }
 

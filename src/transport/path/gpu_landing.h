@@ -13,10 +13,12 @@
 #include <string_view>
 #include <vector>
 
+#include "cuda/block_scaled_kernels.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
 #include "plan/plan.h"
+#include "transport/path/data_path.h"
 #include "util/deadline.h"
 #include "weightsync/options.h"
 #include "wire/messages.h"
@@ -30,17 +32,18 @@ namespace weightsync::transport::path {
 // wants only part of, or scattered over several destinations: plan.h).
 class Conversions {
  public:
-  // Adds planned tensor `t` of `plan` (a cast, an fp8 quantization or a kExtract) reading `src`
+  // Adds planned tensor `t` of `plan` (a cast, a quantization or a kExtract) reading `src`
   // (where its published bytes are). `destinations`: every destination's base address by plan
   // index; `names` (same indices) label errors. A cast or kExtract writes at its dst_offset.
   Status Add(const plan::Plan& plan, const plan::PlannedTensor& t, const uint8_t* src,
              std::span<uint8_t* const> destinations, std::span<const std::string> names,
              cuda::StreamHandle stream);
-  Status Finish(cuda::StreamHandle stream);  // prepares the grouped fp8 launch
+  Status Finish(cuda::StreamHandle stream);  // prepares the grouped fp8 and block-scaled launches
   // Submits everything on `queue` (whose stream the launches were prepared on).
   Status Launch(cuda::CopyQueue& queue);
   bool empty() const {
-    return casts_.empty() && fp8_.empty() && fp8_tensors_.empty() && copies_.empty();
+    return casts_.empty() && fp8_.empty() && fp8_tensors_.empty() && block_scaled_.empty() &&
+           block_scaled_tensors_.empty() && copies_.empty();
   }
   void Clear();
 
@@ -51,6 +54,9 @@ class Conversions {
   std::vector<cuda::PreparedLaunch> casts_;
   std::vector<cuda::Fp8GroupTensor> fp8_tensors_;
   cuda::PreparedFp8Group fp8_;
+  std::vector<cuda::BlockScaledTensor> block_scaled_tensors_;  // MXFP8, NVFP4 (one group)
+  std::vector<std::string> block_scaled_names_;                // same order: errors name them
+  cuda::PreparedBlockScaledGroup block_scaled_;
   cuda::CopyBatch copies_;  // kExtract pieces of the published dtype
 };
 
@@ -114,6 +120,9 @@ class GpuLanding {
   // Device bytes of the staging buffer (staged) and of the landing buffer (in place, tensors
   // converted at commit): what Prepare added to the ledger's staging_bytes.
   uint64_t staging_bytes() const { return shadow_.size() + landing_.size(); }
+  // The plan's conversions, on this landing's device (DataPath::conversion; a path converting on
+  // the publisher's GPU says so itself).
+  ConversionReport conversion() const;
   Status Release();  // digests, staging, stream
 
  private:

@@ -47,6 +47,7 @@ class GpuToHostPath final : public DataPath {
   Status Commit(const util::Deadline& /*deadline*/) override { return host_.Commit(); }
   std::string Describe() const override;
   uint64_t staging_bytes() const override { return host_.staging_bytes(); }
+  ConversionReport conversion() const override { return host_.conversion(); }
   Status Release() override;  // stream (drained), pins, host landing, then the mapping
 
  private:

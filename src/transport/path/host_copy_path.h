@@ -23,6 +23,7 @@ class HostCopyPath final : public DataPath {
   Status Commit(const util::Deadline& deadline) override;
   std::string Describe() const override { return view_ ? view_->Describe() : ""; }
   uint64_t staging_bytes() const override { return landing_.staging_bytes(); }
+  ConversionReport conversion() const override { return landing_.conversion(); }
   Status Release() override;
 
  private:

@@ -46,6 +46,9 @@ Status HostLanding::Prepare(const plan::Plan* plan,
     WS_ASSIGN_OR_RETURN(landing_, util::StagingBuffer::Allocate(plan->landing_bytes));
   }
   convert_status_.assign(plan->converted.size(), Status::Ok());
+  const plan::ConvertedFootprint converted = plan::ConvertedOf(*plan);
+  conversion_ = {converted.tensors, converted.bytes,
+                 converted.tensors > 0 ? ConvertedOn::kHost : ConvertedOn::kNone, -1};
   threads = std::max(1, threads);
   workers_ = std::make_unique<util::WorkerPool>(threads);
   return Status::Ok();

@@ -12,6 +12,7 @@
 
 #include "plan/plan.h"
 #include "plan/ring_cut.h"
+#include "transport/path/data_path.h"
 #include "transport/view/store_view.h"
 #include "util/deadline.h"
 #include "util/staging_buffer.h"
@@ -76,6 +77,8 @@ class HostLanding {
   // Bytes of the shadow (staged) and of the landing buffer (in place, converted tensors): what
   // Prepare added to the ledger's staging_bytes.
   uint64_t staging_bytes() const { return shadow_.size() + landing_.size(); }
+  // The plan's conversions, on the CPU (DataPath::conversion).
+  ConversionReport conversion() const { return conversion_; }
   Status Release();  // workers, then the shadow
 
  private:
@@ -100,6 +103,7 @@ class HostLanding {
   util::StagingBuffer shadow_;
   util::StagingBuffer landing_;
   std::vector<Status> convert_status_;  // one per converted tensor, reused every commit
+  ConversionReport conversion_;
   std::unique_ptr<util::WorkerPool> workers_;
   // Per-step scratch, set before each parallel run.
   const util::Deadline* copy_deadline_ = nullptr;

@@ -58,6 +58,7 @@ class HostToGpuPath final : public DataPath {
   Status Commit(const util::Deadline& deadline) override;
   std::string Describe() const override;
   uint64_t staging_bytes() const override { return receiver_.staging_bytes(); }
+  ConversionReport conversion() const override { return receiver_.conversion(); }
   Status Release() override;  // the landing (stream, staging), the pin, the workers, the mapping
 
  private:

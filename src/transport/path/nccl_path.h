@@ -105,6 +105,7 @@ class NcclPath final : public DataPath {
   Status Commit(const util::Deadline& deadline) override { return gpu_.Commit(deadline); }
   std::string Describe() const override;
   uint64_t staging_bytes() const override { return gpu_.staging_bytes(); }
+  ConversionReport conversion() const override { return gpu_.conversion(); }
   Status Release() override;
 
  private:

@@ -28,6 +28,7 @@ class TcpReadPath final : public DataPath {
   uint64_t staging_bytes() const override {
     return landing_.staging_bytes() + reader_.deltas().buffer_bytes();
   }
+  ConversionReport conversion() const override { return landing_.conversion(); }
   Status Release() override;
 
  private:

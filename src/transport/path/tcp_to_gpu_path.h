@@ -61,6 +61,7 @@ class TcpToGpuPath final : public DataPath {
   uint64_t staging_bytes() const override {
     return mirror_.staging_bytes() + reader_.deltas().buffer_bytes() + receiver_.staging_bytes();
   }
+  ConversionReport conversion() const override { return receiver_.conversion(); }  // the GPU's
   Status Release() override;  // the delta buffer, the landing (stream first), the pin, the mirror
 
  private:
